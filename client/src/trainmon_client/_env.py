@@ -1,0 +1,95 @@
+"""Where a training process learns its rank, world size and run id from the launcher."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+DEFAULT_SOCKET = "/run/trainmon/trainmon.sock"
+"""Default socket path, shared with the exporter (override: ``TRAINMON_SOCKET``)."""
+
+# (rank, local rank, world size) variables, first match wins: torchrun / torch.distributed,
+# Slurm (srun), Open MPI, MPICH / Intel MPI (PMI).
+_LAUNCHERS = (
+    ("RANK", "LOCAL_RANK", "WORLD_SIZE"),
+    ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS"),
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE"),
+    ("PMI_RANK", "MPI_LOCALRANKID", "PMI_SIZE"),
+)
+
+
+def _int(env: Mapping[str, str], key: str) -> int | None:
+    value = env.get(key)
+    if value is None or value.strip() == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {key}={value!r} is not an integer") from None
+
+
+def detect_ranks(env: Mapping[str, str] | None = None) -> tuple[int, int, int]:
+    """Return ``(rank, local_rank, world_size)`` from the launcher's environment.
+
+    Looks at torchrun's ``RANK``/``LOCAL_RANK``/``WORLD_SIZE``, then Slurm, Open MPI and PMI;
+    without any, a single process: ``(0, 0, 1)``.
+
+    Raises:
+        ValueError: a variable is set but is not an integer.
+    """
+    env = os.environ if env is None else env
+    for rank_key, local_key, size_key in _LAUNCHERS:
+        rank = _int(env, rank_key)
+        if rank is None:
+            continue
+        local = _int(env, local_key)
+        size = _int(env, size_key)
+        return rank, rank if local is None else local, max(size or 1, rank + 1)
+    return 0, 0, 1
+
+
+def _process_start(pid: int) -> float | None:
+    """Start time of ``pid`` in Unix seconds, from ``/proc`` (Linux); None elsewhere."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        start_ticks = int(stat.rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            btime = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return btime + start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def detect_run_id(world_size: int, env: Mapping[str, str] | None = None) -> str:
+    """A run id shared by every rank of one launch.
+
+    Order: ``TRAINMON_RUN``; torchrun's ``TORCHELASTIC_RUN_ID`` (unless it is the static
+    rendezvous's ``"none"``); ``SLURM_JOB_ID`` (as ``slurm-<id>``); otherwise generated as
+    ``<script>-<YYYYmmdd-HHMMSS>-<4 hex>`` from the start of the launching process: the process
+    itself when alone, the parent (torchrun's agent) when ``world_size > 1`` so that all local
+    ranks agree. Ranks on other nodes cannot agree on a generated id: multi-node launches
+    without a rendezvous id should pass ``run=`` or set ``TRAINMON_RUN``.
+    """
+    env = os.environ if env is None else env
+    explicit = env.get("TRAINMON_RUN", "").strip()
+    if explicit:
+        return explicit
+    elastic = env.get("TORCHELASTIC_RUN_ID", "").strip()
+    if elastic and elastic.lower() != "none":
+        return elastic
+    slurm = env.get("SLURM_JOB_ID", "").strip()
+    if slurm:
+        return f"slurm-{slurm}"
+    prog = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] else "python"
+    prog = "".join(c if c.isalnum() or c in "_-." else "_" for c in prog)[:48].lstrip("-.")
+    prog = prog or "python"
+    pid = os.getppid() if world_size > 1 else os.getpid()
+    started = _process_start(pid) or time.time()
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(started))
+    digest = hashlib.sha1(f"{socket.gethostname()}:{pid}:{started}".encode()).hexdigest()[:4]
+    return f"{prog}-{stamp}-{digest}"

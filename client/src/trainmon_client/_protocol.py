@@ -1,0 +1,310 @@
+"""The trainmon wire protocol: one definition, shared by the client and the exporter.
+
+Transport: a ``SOCK_SEQPACKET`` Unix socket. Every ``send()`` is one *packet*; the kernel keeps
+packet boundaries, so no stream framing is needed, and the exporter sees EOF the moment a
+trainer process dies (which is how it tells "crashed" from "finished": a clean end sends a
+FINISH record first).
+
+Packet layout (little endian)::
+
+    packet  := header record*
+    header  := magic "TM" (2 bytes) | version u8 | flags u8 (reserved, 0)
+    record  := type u8 | payload_length u16 | payload
+
+A packet is at most :data:`MAX_PACKET_BYTES` bytes. Record types:
+
+``HELLO`` (1)
+    UTF-8 JSON object identifying the sender; the first record on every connection. Keys are
+    listed in :data:`HELLO_FIELDS`.
+``NAME`` (2)
+    ``id u16 | utf-8 name``: binds a custom metric name to a field id (``id >= FIRST_CUSTOM_ID``)
+    for the rest of the connection. A client re-sends all its names after every (re)connect.
+``STEP`` (3)
+    :data:`STEP_HEADER` then ``n`` field ids (u16 each) then ``n`` values (f64 each). ``n`` is
+    implied by the payload length: ``(length - STEP_HEADER.size) / 10``.
+``FINISH`` (4)
+    ``status u8 (0 = finished, 1 = failed with an exception) | time f64`` — a clean end.
+
+All counters in STEP are cumulative since the client process started (never deltas), so a
+dropped packet or an exporter restart loses no totals.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import struct
+from collections.abc import Iterator
+from typing import Any, Final, NamedTuple
+
+PROTOCOL_VERSION: Final = 1
+MAGIC: Final = b"TM"
+MAX_PACKET_BYTES: Final = 65536
+"""Upper bound of one packet, header included (bytes)."""
+
+PACKET_HEADER: Final = struct.Struct("<2sBB")
+RECORD_HEADER: Final = struct.Struct("<BH")
+
+HELLO: Final = 1
+NAME: Final = 2
+STEP: Final = 3
+FINISH: Final = 4
+
+STEP_HEADER: Final = struct.Struct("<QQdddddQQQ")
+"""STEP payload header: step, steps_total, time, step_time, tokens_total, samples_total,
+overhead_seconds_total, dropped_disconnected_total, dropped_backpressure_total,
+refused_values_total.
+
+- ``step``: the caller's step number (u64).
+- ``steps_total``: steps this client process has logged so far, this one included (u64).
+- ``time``: wall-clock time of the ``log()`` call, Unix seconds (``time.time()``).
+- ``step_time``: seconds since the previous ``log()`` call of this process
+  (``time.perf_counter()`` difference); NaN for the first step.
+- ``tokens_total`` / ``samples_total``: cumulative sums of the per-step ``tokens`` / ``samples``.
+- ``overhead_seconds_total``: cumulative wall time spent inside the client's ``log()``.
+- ``dropped_disconnected_total`` / ``dropped_backpressure_total``: cumulative records the client
+  dropped because no exporter was connected, or because the socket buffer was full.
+- ``refused_values_total``: cumulative values (or whole records) the client refused: a bad
+  metric name, a value that is not a real scalar, a bad step, or a name past its name cap.
+"""
+
+
+class StepHeader(NamedTuple):
+    """A decoded :data:`STEP_HEADER` (units and meaning: see :data:`STEP_HEADER`)."""
+
+    step: int
+    steps_total: int
+    time: float
+    step_time: float
+    tokens_total: float
+    samples_total: float
+    overhead_seconds_total: float
+    dropped_disconnected_total: int
+    dropped_backpressure_total: int
+    refused_values_total: int
+
+
+FIELD_ID: Final = "H"
+FIELD_VALUE: Final = "d"
+FIELD_BYTES: Final = 10  # u16 id + f64 value
+FINISH_BODY: Final = struct.Struct("<Bd")
+NAME_ID: Final = struct.Struct("<H")
+
+FINISH_OK: Final = 0
+FINISH_FAILED: Final = 1
+
+STANDARD_FIELDS: Final[dict[str, int]] = {
+    "loss": 1,
+    "lr": 2,
+    "grad_norm": 3,
+    "batch_size": 4,
+    "seq_len": 5,
+}
+"""Field ids of the standard scalars. ``tokens`` and ``samples`` are not fields: the client
+adds them to the cumulative totals in the STEP header."""
+STANDARD_NAMES: Final[dict[int, str]] = {v: k for k, v in STANDARD_FIELDS.items()}
+FIRST_CUSTOM_ID: Final = 64
+MAX_FIELD_ID: Final = 0xFFFF
+
+HELLO_FIELDS: Final = (
+    "run",
+    "rank",
+    "local_rank",
+    "world_size",
+    "hostname",
+    "pid",
+    "client_version",
+    "gpu_uuid",
+    "started_at",
+    "flops_per_token",
+)
+"""Keys of the HELLO object: run id (str), rank / local_rank / world_size (int), hostname (str),
+pid (int, the client's own PID namespace), client_version (str), gpu_uuid (str or null, the CUDA
+device's UUID as NVML prints it), started_at (Unix seconds), flops_per_token (float or null)."""
+
+MAX_NAME_CHARS: Final = 128
+"""Longest run id or custom metric name accepted (characters)."""
+_NAME_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.:/\-]*\Z")
+_RUN_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@+\-]*\Z")
+
+
+class ProtocolError(ValueError):
+    """A packet or record that does not follow the protocol.
+
+    Attributes:
+        reason: a short, bounded token used as the ``reason`` label of
+            ``trainmon_ingest_messages_invalid_total`` (e.g. ``"truncated"``).
+    """
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+def valid_metric_name(name: object) -> bool:
+    """Whether ``name`` may be a custom metric name.
+
+    Rule: 1 to :data:`MAX_NAME_CHARS` characters, a letter or ``_`` first, then letters, digits
+    and ``_ . : / -``. Quotes, spaces, newlines and other control characters are refused.
+    """
+    return (
+        type(name) is str and 0 < len(name) <= MAX_NAME_CHARS and _NAME_RE.match(name) is not None
+    )
+
+
+def valid_run_id(run: object) -> bool:
+    """Whether ``run`` may be a run id: 1 to 128 of letters, digits and ``_ . : @ + -``."""
+    return type(run) is str and 0 < len(run) <= MAX_NAME_CHARS and _RUN_RE.match(run) is not None
+
+
+def packet_header() -> bytes:
+    """The 4-byte header that starts every packet."""
+    return PACKET_HEADER.pack(MAGIC, PROTOCOL_VERSION, 0)
+
+
+def encode_hello(fields: dict[str, Any]) -> bytes:
+    """Encode a HELLO record (record header included).
+
+    Raises:
+        ValueError: the JSON does not fit in one record.
+    """
+    body = json.dumps(fields, separators=(",", ":"), allow_nan=False).encode()
+    if len(body) > MAX_PACKET_BYTES - PACKET_HEADER.size - RECORD_HEADER.size:
+        raise ValueError("HELLO too large")
+    return RECORD_HEADER.pack(HELLO, len(body)) + body
+
+
+def encode_name(field_id: int, name: str) -> bytes:
+    """Encode a NAME record binding ``field_id`` to ``name`` (record header included)."""
+    body = NAME_ID.pack(field_id) + name.encode()
+    return RECORD_HEADER.pack(NAME, len(body)) + body
+
+
+def encode_finish(status: int, when: float) -> bytes:
+    """Encode a FINISH record: ``status`` is :data:`FINISH_OK` or :data:`FINISH_FAILED`."""
+    return RECORD_HEADER.pack(FINISH, FINISH_BODY.size) + FINISH_BODY.pack(status, when)
+
+
+_step_structs: dict[int, struct.Struct] = {}
+
+
+def step_struct(n_fields: int) -> struct.Struct:
+    """The cached :class:`struct.Struct` of a whole STEP record with ``n_fields`` fields.
+
+    Its ``pack`` takes ``(STEP, payload_length, *STEP_HEADER values, *ids, *values)``.
+    """
+    s = _step_structs.get(n_fields)
+    if s is None:
+        s = struct.Struct(
+            "<BH" + STEP_HEADER.format[1:] + FIELD_ID * n_fields + FIELD_VALUE * n_fields
+        )
+        _step_structs[n_fields] = s
+    return s
+
+
+def step_payload_length(n_fields: int) -> int:
+    """Payload bytes of a STEP record with ``n_fields`` fields."""
+    return STEP_HEADER.size + FIELD_BYTES * n_fields
+
+
+# ---------------------------------------------------------------------------------- decoding
+
+
+def iter_records(packet: bytes | bytearray | memoryview) -> Iterator[tuple[int, memoryview]]:
+    """Split a packet into ``(record type, payload)`` pairs.
+
+    Raises:
+        ProtocolError: ``oversized``, ``truncated``, ``bad_magic`` or ``unknown_version`` for the
+            packet header (nothing is yielded), ``truncated`` for a record that runs past the end
+            (the records before it have been yielded).
+    """
+    n = len(packet)
+    if n > MAX_PACKET_BYTES:
+        raise ProtocolError("oversized", f"{n} bytes > {MAX_PACKET_BYTES}")
+    if n < PACKET_HEADER.size:
+        raise ProtocolError("truncated", "packet shorter than its header")
+    magic, version, _flags = PACKET_HEADER.unpack_from(packet, 0)
+    if magic != MAGIC:
+        raise ProtocolError("bad_magic")
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError("unknown_version", str(version))
+    view = memoryview(packet)
+    off = PACKET_HEADER.size
+    rh = RECORD_HEADER.size
+    while off < n:
+        if off + rh > n:
+            raise ProtocolError("truncated", "record header")
+        rtype, length = RECORD_HEADER.unpack_from(packet, off)
+        off += rh
+        end = off + length
+        if end > n:
+            raise ProtocolError("truncated", "record payload")
+        yield rtype, view[off:end]
+        off = end
+
+
+def decode_hello(payload: memoryview) -> dict[str, Any]:
+    """Decode a HELLO payload to a dict (types are checked by the exporter).
+
+    Raises:
+        ProtocolError: ``malformed`` when it is not a UTF-8 JSON object.
+    """
+    try:
+        obj = json.loads(bytes(payload).decode())
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ProtocolError("malformed", f"HELLO is not JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError("malformed", "HELLO is not a JSON object")
+    return obj
+
+
+def decode_name(payload: memoryview) -> tuple[int, str]:
+    """Decode a NAME payload to ``(field id, name)``.
+
+    Raises:
+        ProtocolError: ``truncated`` or ``malformed`` (bad UTF-8, id below FIRST_CUSTOM_ID).
+    """
+    if len(payload) < NAME_ID.size + 1:
+        raise ProtocolError("truncated", "NAME")
+    (field_id,) = NAME_ID.unpack_from(payload, 0)
+    if field_id < FIRST_CUSTOM_ID:
+        raise ProtocolError("malformed", f"NAME id {field_id} is reserved")
+    try:
+        name = bytes(payload[NAME_ID.size :]).decode()
+    except UnicodeDecodeError:
+        raise ProtocolError("malformed", "NAME is not UTF-8") from None
+    return field_id, name
+
+
+def decode_step(payload: memoryview) -> tuple[StepHeader, tuple[int, ...], tuple[float, ...]]:
+    """Decode a STEP payload to ``(header values, field ids, field values)``.
+
+    Raises:
+        ProtocolError: ``truncated`` when shorter than the header or not a whole number of fields.
+    """
+    extra = len(payload) - STEP_HEADER.size
+    if extra < 0 or extra % FIELD_BYTES:
+        raise ProtocolError("truncated", "STEP")
+    n = extra // FIELD_BYTES
+    head = StepHeader._make(STEP_HEADER.unpack_from(payload, 0))
+    if n == 0:
+        return head, (), ()
+    off = STEP_HEADER.size
+    ids = struct.unpack_from(f"<{n}{FIELD_ID}", payload, off)
+    values = struct.unpack_from(f"<{n}{FIELD_VALUE}", payload, off + 2 * n)
+    return head, ids, values
+
+
+def decode_finish(payload: memoryview) -> tuple[int, float]:
+    """Decode a FINISH payload to ``(status, time)``.
+
+    Raises:
+        ProtocolError: ``truncated`` or ``malformed`` (unknown status).
+    """
+    if len(payload) != FINISH_BODY.size:
+        raise ProtocolError("truncated", "FINISH")
+    status, when = FINISH_BODY.unpack_from(payload, 0)
+    if status not in (FINISH_OK, FINISH_FAILED) or not math.isfinite(when):
+        raise ProtocolError("malformed", "FINISH")
+    return int(status), float(when)

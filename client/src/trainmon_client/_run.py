@@ -1,0 +1,646 @@
+"""The client's run handle: ``init()`` builds one, ``Run.log()`` is the training loop's only call.
+
+Design (see docs/client.md): ``log()`` keeps the keyword dict the call already built (after
+converting anything that is not a plain float or int, so a tensor changed later cannot change
+what was logged), appends it to a list and returns: about 10 us in a real training loop, no
+encoding and no syscall. At most every ``flush_interval`` seconds, at once when a value is NaN
+or infinite, after ``MAX_PENDING`` steps, and at ``finish()``, the queued steps are encoded as
+fixed-layout binary STEP records and sent as ``SOCK_SEQPACKET`` packets without blocking. A
+failed send drops the packet and counts it; the socket reconnects lazily with exponential
+backoff. Nothing in ``log()`` raises.
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import logging
+import math
+import operator
+import os
+import socket
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, NamedTuple
+
+from trainmon_client import _protocol as P
+from trainmon_client._env import DEFAULT_SOCKET, detect_ranks, detect_run_id
+
+__version__ = "0.1.0"
+
+log = logging.getLogger("trainmon_client")
+
+FLUSH_BYTES = 48 * 1024
+"""A buffer this large (bytes) is sent at once, well below :data:`MAX_PACKET_BYTES`."""
+MAX_CUSTOM_NAMES = 1024
+"""Distinct custom metric names one client interns; further names are refused and counted."""
+BACKOFF_MIN_S = 0.1
+BACKOFF_MAX_S = 2.0
+_SEND_FLAGS = getattr(socket, "MSG_DONTWAIT", 0) | getattr(socket, "MSG_NOSIGNAL", 0)
+_perf = time.perf_counter
+_wall = time.time
+_NAN = math.nan
+_REFUSED: Any = object()  # marks a value _coerce refused
+_MAX_STEP = 2**64 - 1
+_PLAIN = frozenset({float, int})
+MAX_PENDING = 256
+"""Records queued by ``log()`` before a flush is forced, whatever the interval."""
+
+
+def _as_step(step: Any) -> int | None:
+    """A valid step number from NumPy / tensor integers or integral floats, else None."""
+    try:
+        value = operator.index(step)
+    except Exception:
+        try:
+            f = float(step)
+        except Exception:
+            return None
+        if not f.is_integer():
+            return None
+        value = int(f)
+    return value if 0 <= value <= _MAX_STEP else None
+
+
+_live_runs: weakref.WeakSet[Run] = weakref.WeakSet()
+_uncaught_exception = False
+
+
+def _excepthook_chain() -> None:
+    """Remember whether the interpreter dies of an uncaught exception (FINISH status)."""
+    previous = sys.excepthook
+
+    def hook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        global _uncaught_exception
+        _uncaught_exception = True
+        previous(exc_type, exc, tb)
+
+    sys.excepthook = hook
+
+
+_excepthook_chain()
+
+
+def _after_fork_in_child() -> None:
+    # A forked child (e.g. a DataLoader worker) shares the parent's socket: it must never write
+    # to it, nor send FINISH at exit.
+    for run in list(_live_runs):
+        run._disable_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class _Plan(NamedTuple):
+    """How one set of ``log()`` keyword names is encoded; built once per distinct key tuple."""
+
+    struct_pack: Callable[..., bytes]
+    payload_length: int
+    ids: tuple[int, ...]
+    value_index: tuple[int, ...] | None  # None: every key is a field, in order
+    tokens_index: int  # -1 when absent
+    samples_index: int
+    batch_index: int
+    seq_index: int
+    refused: int  # keys dropped at every call (bad name, over the name cap)
+
+
+class Run:
+    """A handle on one training process's stream of step metrics.
+
+    Build it with :func:`trainmon_client.init`; do not construct it directly.
+
+    Example:
+        >>> import trainmon_client
+        >>> run = trainmon_client.init(run="demo", socket_path="/nonexistent/trainmon.sock")
+        >>> for step in range(3):
+        ...     run.log(step, loss=2.5 - step * 0.1, lr=3e-4, tokens=4096)
+        >>> run.finish()
+        >>> run.dropped["disconnected"]  # no exporter listening: counted, never raised
+        4
+    """
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        rank: int,
+        local_rank: int,
+        world_size: int,
+        socket_path: str,
+        flush_interval: float,
+        flops_per_token: float | None,
+        gpu_uuid: str | None,
+        enabled: bool,
+    ) -> None:
+        self.run_id = run_id
+        self.rank = rank
+        self.local_rank = local_rank
+        self.world_size = world_size
+        self.socket_path = socket_path
+        self.flush_interval = flush_interval
+        self.flops_per_token = flops_per_token
+        self.gpu_uuid = gpu_uuid
+        self._closed = not enabled
+        self._pid = os.getpid()
+        self._started_at = _wall()
+        self._header = P.packet_header()
+        self._buf = bytearray(self._header)
+        self._buf_records = 0
+        self._full: list[tuple[bytes, int]] = []  # encoded packets waiting to be sent
+        self._pending: list[tuple[Any, float, float, dict[str, Any]]] = []
+        self._resend_names = False
+        self._plans: dict[tuple[str, ...], _Plan] = {}
+        self._names: dict[str, int] = {}
+        self._sock: socket.socket | None = None
+        self._next_connect = 0.0
+        self._backoff = BACKOFF_MIN_S
+        self._warned = False
+        self._last_flush = _perf()
+        self._prev_t = _NAN
+        self._steps = 0
+        self._tokens = 0.0
+        self._samples = 0.0
+        self._overhead = 0.0
+        self._dropped_disconnected = 0
+        self._dropped_backpressure = 0
+        self._refused = 0
+        self._internal_errors = 0
+        self._lock = threading.Lock()  # guards flush/finish against atexit from another thread
+        if not self._closed:
+            _live_runs.add(self)
+            atexit.register(self._atexit)
+
+    # ------------------------------------------------------------------------- public API
+
+    def log(self, step: int, /, **metrics: Any) -> None:
+        """Record one training step. Never raises, never blocks.
+
+        Args:
+            step: the step number (int >= 0; NumPy and 0-d tensor integers accepted).
+            **metrics: scalars: Python numbers, NumPy scalars or 0-d torch tensors. Standard
+                names: ``loss``; ``lr`` (learning rate); ``grad_norm`` (global gradient L2
+                norm, before clipping); ``tokens`` and ``samples`` (processed in *this* step;
+                the client sends running totals); ``batch_size`` (samples per step; counts as
+                ``samples`` when ``samples`` is not given); ``seq_len`` (tokens per sample;
+                with ``batch_size`` counts as ``tokens`` when ``tokens`` is not given). Any other
+                name is a custom metric: 1 to 128 of letters, digits and ``_ . : / -``, starting
+                with a letter or ``_``. NaN and infinities are data and are sent as such.
+
+        Invalid names or values are dropped and counted in :attr:`refused`.
+
+        Example:
+            >>> run = init(run="doc", socket_path="/nonexistent/x.sock")
+            >>> run.log(10, loss=float("nan"), grad_norm=1.5, tokens=2048, my_signal=0.3)
+            >>> run.log(11, loss="oops")  # refused and counted, no exception
+            >>> run.refused
+            1
+        """
+        t0 = _perf()
+        if self._closed:
+            return
+        try:
+            for v in metrics.values():
+                if v.__class__ not in _PLAIN:
+                    metrics = self._snapshot(metrics)
+                    break
+            self._pending.append((step, t0, _wall(), metrics))
+            total = sum(metrics.values())
+            if (
+                t0 - self._last_flush >= self.flush_interval
+                or len(self._pending) >= MAX_PENDING
+                or total - total != 0.0  # a NaN or an infinity: send it now
+            ):
+                self._flush(t0)
+        except Exception:  # never raise into the training loop
+            self._internal_errors += 1
+            log.debug("trainmon_client: log() failed internally", exc_info=True)
+        self._overhead += _perf() - t0
+
+    def finish(self, *, failed: bool = False) -> None:
+        """Send everything buffered and a FINISH record, then close the socket. Idempotent.
+
+        Called automatically at interpreter exit (``atexit``) and by ``with`` blocks. The
+        exporter then reports the rank as finished (``failed=True``, or an exception leaving a
+        ``with`` block or the interpreter, marks it as failed) instead of crashed.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                if self._sock is None:
+                    self._next_connect = 0.0  # one last attempt, whatever the backoff
+                self._flush(_perf(), finish=P.FINISH_FAILED if failed else P.FINISH_OK)
+            except Exception:
+                self._internal_errors += 1
+                log.debug("trainmon_client: finish() failed internally", exc_info=True)
+            finally:
+                self._close_socket()
+                _live_runs.discard(self)
+                atexit.unregister(self._atexit)
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.finish(failed=exc_type is not None and not issubclass(exc_type, KeyboardInterrupt))
+
+    @property
+    def dropped(self) -> dict[str, int]:
+        """Records dropped so far, by reason.
+
+        ``disconnected``: no exporter was reachable; ``backpressure``: the socket buffer was full.
+        """
+        return {
+            "disconnected": self._dropped_disconnected,
+            "backpressure": self._dropped_backpressure,
+        }
+
+    @property
+    def refused(self) -> int:
+        """Values (or whole records) refused for a bad name, type or step number."""
+        return self._refused
+
+    @property
+    def overhead_seconds(self) -> float:
+        """Cumulative wall time spent inside :meth:`log` (seconds, ``time.perf_counter``)."""
+        return self._overhead
+
+    @property
+    def connected(self) -> bool:
+        """Whether the last send reached an exporter."""
+        return self._sock is not None
+
+    def __repr__(self) -> str:
+        return (
+            f"Run(run={self.run_id!r}, rank={self.rank}, world_size={self.world_size}, "
+            f"socket={self.socket_path!r}, connected={self.connected})"
+        )
+
+    # ------------------------------------------------------------------------- hot path
+
+    def _snapshot(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        """Convert every value that is not a plain float/int now (tensors may change later)."""
+        out = {}
+        for k, v in metrics.items():
+            if v.__class__ in _PLAIN:
+                out[k] = v
+            else:
+                f = self._coerce(v)
+                if f is not _REFUSED:
+                    out[k] = f
+        return out
+
+    def _coerce(self, v: Any) -> Any:
+        """Convert a scalar that is not a float or int; count and return ``_REFUSED`` if bad."""
+        if isinstance(v, (str, bytes)):
+            self._refused += 1
+            return _REFUSED
+        try:
+            # NumPy scalars, 0-d torch tensors, Decimal, Fraction, bool. A CUDA tensor is
+            # copied here, which synchronises with the device (see docs/client.md).
+            return float(v)
+        except Exception:
+            self._refused += 1
+            return _REFUSED
+
+    def _encode_pending(self) -> None:
+        """Encode the records ``log()`` queued since the last flush into ``self._buf``."""
+        pending = self._pending
+        self._pending = []
+        for step, t0, wall, metrics in pending:
+            if type(step) is not int or not 0 <= step <= _MAX_STEP:
+                step = _as_step(step)
+                if step is None:
+                    self._refused += 1
+                    continue
+            keys = tuple(metrics)
+            plan = self._plans.get(keys)
+            if plan is None:
+                plan = self._plan(keys)
+            vals = list(metrics.values())
+            if plan.tokens_index >= 0:
+                self._tokens += vals[plan.tokens_index]
+            elif plan.batch_index >= 0 and plan.seq_index >= 0:
+                self._tokens += vals[plan.batch_index] * vals[plan.seq_index]
+            if plan.samples_index >= 0:
+                self._samples += vals[plan.samples_index]
+            elif plan.batch_index >= 0:
+                self._samples += vals[plan.batch_index]
+            fields = vals if plan.value_index is None else [vals[i] for i in plan.value_index]
+            self._refused += plan.refused
+            self._steps += 1
+            record = plan.struct_pack(
+                P.STEP,
+                plan.payload_length,
+                step,
+                self._steps,
+                wall,
+                t0 - self._prev_t,
+                self._tokens,
+                self._samples,
+                self._overhead,
+                self._dropped_disconnected,
+                self._dropped_backpressure,
+                self._refused,
+                *plan.ids,
+                *fields,
+            )
+            self._prev_t = t0
+            self._add_record(record)
+
+    def _add_record(self, record: bytes) -> None:
+        if len(self._buf) + len(record) > FLUSH_BYTES:
+            self._full.append((bytes(self._buf), self._buf_records))
+            self._buf = bytearray(self._header)
+            self._buf_records = 0
+        self._buf += record
+        self._buf_records += 1
+
+    # ------------------------------------------------------------------------- slow paths
+
+    def _plan(self, keys: tuple[str, ...]) -> _Plan:
+        """Build (and cache) the encoding of one key tuple; interns new custom names."""
+        ids: list[int] = []
+        index: list[int] = []
+        refused = 0
+        special = {"tokens": -1, "samples": -1, "batch_size": -1, "seq_len": -1}
+        for i, key in enumerate(keys):
+            if key in ("tokens", "samples"):
+                special[key] = i
+                continue
+            if key in ("batch_size", "seq_len"):
+                special[key] = i
+            field_id = P.STANDARD_FIELDS.get(key) or self._intern(key)
+            if field_id:
+                ids.append(field_id)
+                index.append(i)
+            else:
+                refused += 1
+        s = P.step_struct(len(ids))
+        all_fields = len(index) == len(keys)
+        plan = _Plan(
+            struct_pack=s.pack,
+            payload_length=P.step_payload_length(len(ids)),
+            ids=tuple(ids),
+            value_index=None if all_fields else tuple(index),
+            tokens_index=special["tokens"],
+            samples_index=special["samples"],
+            batch_index=special["batch_size"],
+            seq_index=special["seq_len"],
+            refused=refused,
+        )
+        if len(self._plans) < 4096:
+            self._plans[keys] = plan
+        return plan
+
+    def _intern(self, name: str) -> int:
+        """Field id for a custom name, or 0 when it is refused (bad name or over the cap).
+
+        The caller counts refusals (per call, through the plan).
+        """
+        field_id = self._names.get(name)
+        if field_id is not None:
+            return field_id
+        if not P.valid_metric_name(name) or len(self._names) >= MAX_CUSTOM_NAMES:
+            return 0
+        field_id = P.FIRST_CUSTOM_ID + len(self._names)
+        self._names[name] = field_id
+        if self._sock is not None:  # otherwise the next connect sends it after HELLO
+            self._add_record(P.encode_name(field_id, name))
+        return field_id
+
+    def _hello_packets(self) -> list[bytes]:
+        hello = P.encode_hello(
+            {
+                "run": self.run_id,
+                "rank": self.rank,
+                "local_rank": self.local_rank,
+                "world_size": self.world_size,
+                "hostname": socket.gethostname(),
+                "pid": self._pid,
+                "client_version": __version__,
+                "gpu_uuid": self.gpu_uuid,
+                "started_at": self._started_at,
+                "flops_per_token": self.flops_per_token,
+            }
+        )
+        packets = []
+        current = bytearray(self._header) + hello
+        for name, field_id in self._names.items():
+            record = P.encode_name(field_id, name)
+            if len(current) + len(record) > FLUSH_BYTES:
+                packets.append(bytes(current))
+                current = bytearray(self._header)
+            current += record
+        packets.append(bytes(current))
+        return packets
+
+    def _connect(self, now: float) -> socket.socket | None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            sock.setblocking(False)
+            sock.connect(self.socket_path)
+            for packet in self._hello_packets():
+                sock.send(packet, _SEND_FLAGS)
+        except OSError as exc:
+            sock.close()
+            self._next_connect = now + self._backoff
+            self._backoff = min(self._backoff * 2, BACKOFF_MAX_S)
+            if not self._warned:
+                self._warned = True
+                log.warning(
+                    "trainmon: no exporter at %s (%s); metrics are dropped and counted until "
+                    "one listens",
+                    self.socket_path,
+                    exc.strerror or exc,
+                )
+            return None
+        self._backoff = BACKOFF_MIN_S
+        self._sock = sock
+        return sock
+
+    def _flush(self, now: float, finish: int | None = None) -> None:
+        """Encode what is pending and send it (or drop and count it). Never raises OSError."""
+        self._last_flush = now
+        if os.getpid() != self._pid:  # forked child: never touch the parent's socket
+            self._pending = []
+            return
+        if self._resend_names and self._sock is not None:
+            self._resend_names = False
+            for name, field_id in self._names.items():
+                self._add_record(P.encode_name(field_id, name))
+        self._encode_pending()
+        if finish is not None:
+            self._add_record(P.encode_finish(finish, _wall()))
+        packets = self._full
+        self._full = []
+        if self._buf_records:
+            packets.append((bytes(self._buf), self._buf_records))
+        self._buf = bytearray(self._header)
+        self._buf_records = 0
+        for i, (packet, n) in enumerate(packets):
+            if not self._send(packet, n, now):
+                self._dropped_disconnected += sum(m for _, m in packets[i + 1 :])
+                return
+
+    def _send(self, packet: bytes, n: int, now: float) -> bool:
+        """Send one packet of ``n`` records; False when disconnected (it is counted)."""
+        sock = self._sock
+        if sock is None:
+            if now < self._next_connect or self._connect(now) is None:
+                self._dropped_disconnected += n
+                return False
+            sock = self._sock
+            assert sock is not None
+        try:
+            sock.send(packet, _SEND_FLAGS)
+        except (BlockingIOError, InterruptedError):
+            self._dropped_backpressure += n
+            self._resend_names = True  # the packet may have carried NAME records
+        except OSError as exc:
+            if exc.errno in (errno.ENOBUFS, errno.EMSGSIZE):
+                self._dropped_backpressure += n
+                self._resend_names = True
+                return True
+            log.debug("trainmon_client: send failed (%s); reconnecting", exc)
+            self._close_socket()
+            self._next_connect = now + self._backoff
+            self._dropped_disconnected += n
+            return False
+        return True
+
+    def _close_socket(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            except OSError:
+                pass
+            self._sock = None
+
+    def _atexit(self) -> None:
+        self.finish(failed=_uncaught_exception)
+
+    def _disable_in_child(self) -> None:
+        self._closed = True
+        self._sock = None  # the parent owns the descriptor; the child must not close it
+
+
+def init(
+    run: str | None = None,
+    *,
+    socket_path: str | os.PathLike[str] | None = None,
+    rank: int | None = None,
+    local_rank: int | None = None,
+    world_size: int | None = None,
+    num_params: int | None = None,
+    flops_per_token: float | None = None,
+    gpu_uuid: str | None = None,
+    flush_interval: float | None = None,
+    enabled: bool = True,
+) -> Run:
+    """Start reporting a training process to the node's trainmon exporter.
+
+    Connects lazily: nothing happens on the network until the first flush, and a missing
+    exporter is not an error (records are dropped and counted in :attr:`Run.dropped`).
+
+    Args:
+        run: run id shared by every rank (1-128 of letters, digits, ``_ . : @ + -``). Default:
+            ``TRAINMON_RUN``, ``TORCHELASTIC_RUN_ID``, ``slurm-$SLURM_JOB_ID``, or generated
+            from the launcher's start time (see :func:`trainmon_client._env.detect_run_id`).
+        socket_path: the exporter's Unix socket. Default: ``TRAINMON_SOCKET``, else
+            ``/run/trainmon/trainmon.sock``.
+        rank: global rank; default from the launcher's environment (torchrun ``RANK``,
+            Slurm ``SLURM_PROCID``, Open MPI, PMI), else 0.
+        local_rank: rank within the node (``LOCAL_RANK``, ``SLURM_LOCALID``, ...).
+        world_size: number of ranks (``WORLD_SIZE``, ``SLURM_NTASKS``, ...), else 1.
+        num_params: model parameter count; sets ``flops_per_token = 6 * num_params`` (dense
+            decoder forward + backward, Kaplan et al. 2020, "Scaling Laws", §2.1) for MFU.
+        flops_per_token: training FLOPs per token, when known better than ``6 * num_params``.
+        gpu_uuid: this rank's GPU UUID as NVML prints it (``GPU-…``); default: detected from
+            torch when CUDA is initialised.
+        flush_interval: longest time (seconds) a record waits in the buffer before it is sent.
+            Default: ``TRAINMON_FLUSH_INTERVAL`` or 0.5. Non-finite values are sent at once.
+        enabled: ``False`` returns a handle whose methods do nothing (e.g. on ranks you skip).
+
+    Returns:
+        The :class:`Run` handle.
+
+    Raises:
+        ValueError: an invalid run id, rank numbers, interval or FLOP count (programmer
+            errors; the only exceptions trainmon ever raises).
+
+    Example:
+        >>> import trainmon_client
+        >>> run = trainmon_client.init(run="gpt2-124m", socket_path="/nonexistent/t.sock")
+        >>> run.log(0, loss=10.9, lr=6e-4, tokens=524288)
+        >>> run.finish()
+    """
+    env = os.environ
+    d_rank, d_local, d_world = detect_ranks(env)
+    rank = d_rank if rank is None else rank
+    local_rank = d_local if local_rank is None else local_rank
+    world_size = d_world if world_size is None else world_size
+    for name, value in (("rank", rank), ("local_rank", local_rank), ("world_size", world_size)):
+        if type(value) is not int or value < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    if world_size < 1 or rank >= world_size:
+        raise ValueError(f"rank {rank} is outside world_size {world_size}")
+    run_id = run if run is not None else detect_run_id(world_size, env)
+    if not P.valid_run_id(run_id):
+        raise ValueError(
+            f"run id {str(run_id)[:60]!r} is invalid: use 1-{P.MAX_NAME_CHARS} letters, digits "
+            "and _ . : @ + -"
+        )
+    if flush_interval is None:
+        flush_interval = float(env.get("TRAINMON_FLUSH_INTERVAL", "0.5"))
+    if not (0.0 <= flush_interval <= 60.0):
+        raise ValueError(f"flush_interval must be within [0, 60] seconds, got {flush_interval}")
+    if flops_per_token is None and num_params is not None:
+        flops_per_token = 6.0 * num_params
+    if flops_per_token is not None and not (math.isfinite(flops_per_token) and flops_per_token > 0):
+        raise ValueError(f"flops_per_token must be a positive number, got {flops_per_token!r}")
+    if gpu_uuid is None:
+        gpu_uuid = _torch_gpu_uuid(local_rank)
+    path = os.fspath(socket_path) if socket_path is not None else None
+    path = path or env.get("TRAINMON_SOCKET") or DEFAULT_SOCKET
+    return Run(
+        run_id=run_id,
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world_size,
+        socket_path=path,
+        flush_interval=flush_interval,
+        flops_per_token=flops_per_token,
+        gpu_uuid=gpu_uuid,
+        enabled=enabled,
+    )
+
+
+def _torch_gpu_uuid(local_rank: int) -> str | None:
+    """The current CUDA device's UUID, only if torch is already imported and CUDA initialised.
+
+    Uses ``torch.cuda.get_device_properties(i).uuid``, which names the physical GPU whatever
+    ``CUDA_VISIBLE_DEVICES`` does, formatted like NVML's ``nvmlDeviceGetUUID`` (``GPU-…``).
+    """
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            return None
+        uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+        return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+    except Exception:
+        return None

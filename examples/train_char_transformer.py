@@ -1,0 +1,177 @@
+"""A real training job for trainmon: a small byte-level transformer trained on the Python
+standard library's own source code (nothing to download), on CPU.
+
+Single process::
+
+    python examples/train_char_transformer.py --steps 300
+
+Two ranks with DDP over gloo (each rank is a separate series in trainmon)::
+
+    torchrun --standalone --nproc_per_node=2 examples/train_char_transformer.py --steps 200
+
+The trainmon integration is the two marked lines; everything else is an ordinary loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sysconfig
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+import trainmon_client
+
+
+def load_corpus(max_bytes: int) -> torch.Tensor:
+    """Bytes of the standard library's .py files (sorted, so every rank sees the same text)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    chunks, total = [], 0
+    for path in sorted(root.glob("*.py")):
+        data = path.read_bytes()
+        chunks.append(data)
+        total += len(data)
+        if total >= max_bytes:
+            break
+    blob = b"".join(chunks)[:max_bytes]
+    return torch.frombuffer(bytearray(blob), dtype=torch.uint8).long()
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(dim)
+        self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.ln2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.ln1(x)
+        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+        return x + self.mlp(self.ln2(x))
+
+
+class ByteTransformer(nn.Module):
+    """A GPT-style decoder over bytes (vocabulary 256)."""
+
+    def __init__(self, dim: int, layers: int, heads: int, seq_len: int) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(256, dim)
+        self.pos = nn.Embedding(seq_len, dim)
+        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
+        self.ln = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, 256, bias=False)
+        mask = torch.triu(torch.full((seq_len, seq_len), float("-inf")), diagonal=1)
+        self.register_buffer("mask", mask, persistent=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        t = idx.shape[1]
+        x = self.tok(idx) + self.pos(torch.arange(t, device=idx.device))
+        for block in self.blocks:
+            x = block(x, self.mask[:t, :t])
+        return self.head(self.ln(x))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--steps", type=int, default=300, help="optimizer steps (0: until Ctrl-C)")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--corpus-bytes", type=int, default=2_000_000)
+    p.add_argument("--run", default=None, help="trainmon run id (default: from the launcher)")
+    p.add_argument("--no-trainmon", action="store_true", help="train without reporting")
+    p.add_argument("--inject-nan-at", type=int, default=-1, help="report a NaN loss at this step")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if world > 1:
+        dist.init_process_group("gloo")
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    torch.manual_seed(args.seed)  # same initial weights on every rank
+
+    data = load_corpus(args.corpus_bytes)
+    model = ByteTransformer(args.dim, args.layers, args.heads, args.seq_len)
+    n_params = sum(p.numel() for p in model.parameters())
+    ddp = nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
+    gen = torch.Generator().manual_seed(args.seed * 1000 + rank)  # each rank its own batches
+    B, T = args.batch_size, args.seq_len
+
+    # --- trainmon, line 1 of 2 -----------------------------------------------------------
+    run = trainmon_client.init(run=args.run, num_params=n_params, enabled=not args.no_trainmon)
+
+    if rank == 0:
+        print(
+            f"model: {n_params / 1e6:.2f}M params, corpus {len(data) / 1e6:.1f} MB, "
+            f"world size {world}, run {run.run_id!r}",
+            flush=True,
+        )
+    step, t_start = 0, time.perf_counter()
+    try:
+        while args.steps == 0 or step < args.steps:
+            lr = args.lr * min(1.0, (step + 1) / args.warmup)
+            lr *= 0.5 * (
+                1 + math.cos(math.pi * min(step, args.steps or step + 1) / max(args.steps, 1))
+            )
+            for group in opt.param_groups:
+                group["lr"] = lr
+            ix = torch.randint(len(data) - T - 1, (B,), generator=gen)
+            x = torch.stack([data[i : i + T] for i in ix.tolist()])
+            y = torch.stack([data[i + 1 : i + T + 1] for i in ix.tolist()])
+            logits = ddp(x)
+            loss = F.cross_entropy(logits.view(-1, 256), y.view(-1))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            reported = loss.detach()
+            if step == args.inject_nan_at:
+                reported = torch.tensor(float("nan"))
+
+            # --- trainmon, line 2 of 2 -------------------------------------------------------
+            run.log(step, loss=reported, lr=lr, grad_norm=grad_norm, tokens=B * T, samples=B)
+
+            if rank == 0 and step % 50 == 0:
+                print(
+                    f"step {step:5d}  loss {loss.item():.3f}  lr {lr:.2e}  "
+                    f"grad norm {grad_norm.item():.2f}",
+                    flush=True,
+                )
+            step += 1
+    except KeyboardInterrupt:
+        if rank == 0:
+            print("interrupted", flush=True)
+    run.finish()
+    if rank == 0:
+        elapsed = time.perf_counter() - t_start
+        tps = step * B * T * world / elapsed
+        print(
+            f"done: {step} steps in {elapsed:.1f}s ({tps:,.0f} tokens/s), "
+            f"trainmon dropped {sum(run.dropped.values())} messages",
+            flush=True,
+        )
+    if world > 1:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,102 @@
+"""Collectors: one per file, registered by name, each switchable in settings.
+
+A collector builds fresh ``*MetricFamily`` objects at every scrape (prometheus-client's custom
+collector protocol). :class:`ScrapeCollector` runs the enabled ones and adds, per collector,
+``trainmon_scrape_collector_duration_seconds`` and ``trainmon_scrape_collector_success``, so one
+broken collector never hides the others (node_exporter's ``execute()`` pattern).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+
+from trainmon_exporter.settings import Settings
+from trainmon_exporter.state import Store
+
+log = logging.getLogger("trainmon_exporter.collectors")
+
+
+@dataclass(frozen=True)
+class CollectorContext:
+    """What a collector factory gets: the settings and the shared state."""
+
+    settings: Settings
+    store: Store
+
+
+class Collector(Protocol):
+    """A named source of metric families, called at scrape time in a worker thread."""
+
+    name: str
+
+    def collect(self) -> Iterable[Metric]:
+        """Return fresh metric families."""
+        ...
+
+
+FACTORIES: dict[str, Callable[[CollectorContext], Collector]] = {}
+
+
+def register(
+    name: str,
+) -> Callable[[Callable[[CollectorContext], Collector]], Callable[[CollectorContext], Collector]]:
+    """Class decorator: make a collector available under ``name`` (its settings toggle)."""
+
+    def deco(
+        factory: Callable[[CollectorContext], Collector],
+    ) -> Callable[[CollectorContext], Collector]:
+        FACTORIES[name] = factory
+        return factory
+
+    return deco
+
+
+class ScrapeCollector:
+    """Runs the enabled collectors with per-collector timing and failure isolation."""
+
+    def __init__(self, collectors: list[Collector]) -> None:
+        self.collectors = collectors
+        self.last_success: dict[str, bool] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        """prometheus-client entry point."""
+        duration = GaugeMetricFamily(
+            "trainmon_scrape_collector_duration_seconds",
+            "Time one collector took in this scrape (s, time.perf_counter).",
+            labels=["collector"],
+        )
+        success = GaugeMetricFamily(
+            "trainmon_scrape_collector_success",
+            "1 if the collector succeeded in this scrape, 0 if it failed (see the log).",
+            labels=["collector"],
+        )
+        for c in self.collectors:
+            t0 = time.perf_counter()
+            try:
+                families = list(c.collect())
+                ok = True
+            except Exception:
+                log.exception("collector %s failed", c.name)
+                families, ok = [], False
+            duration.add_metric([c.name], time.perf_counter() - t0)
+            success.add_metric([c.name], 1.0 if ok else 0.0)
+            self.last_success[c.name] = ok
+            yield from families
+        yield duration
+        yield success
+
+
+def build_collectors(ctx: CollectorContext) -> list[Collector]:
+    """Instantiate the collectors enabled in ``ctx.settings.collectors``."""
+    # Import for the side effect of registration.
+    from trainmon_exporter.collectors import exporter, process, training  # noqa: F401
+
+    toggles = ctx.settings.collectors.model_dump()
+    return [factory(ctx) for name, factory in FACTORIES.items() if toggles.get(name, True)]

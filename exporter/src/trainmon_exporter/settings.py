@@ -1,0 +1,151 @@
+"""Exporter configuration: one :class:`Settings` object, built once in ``main()``.
+
+Every field is settable as a CLI flag (``--series-ttl-seconds 300``) or an environment variable
+with the ``TRAINMON_`` prefix (``TRAINMON_SERIES_TTL_SECONDS=300``; nested fields use ``__``:
+``TRAINMON_COLLECTORS__TRAINING=false``). Flags win over the environment.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from trainmon_client._env import DEFAULT_SOCKET
+
+DEFAULT_PORT = 9478
+DEFAULT_STEP_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+)
+
+
+class CollectorToggles(BaseModel):
+    """Which collectors run at scrape time (node_exporter's ``--collector.<name>``)."""
+
+    training: bool = Field(True, description="per-(run, rank) training series")
+    exporter: bool = Field(True, description="the exporter's own build info and state sizes")
+    process: bool = Field(True, description="process_* CPU, memory and file-descriptor series")
+
+
+class Settings(BaseSettings):
+    """The per-node sidecar exporter for training runs.
+
+    Every flag has an environment twin: --series-ttl-seconds is TRAINMON_SERIES_TTL_SECONDS,
+    --collectors.training is TRAINMON_COLLECTORS__TRAINING; flags win. Settings are explained
+    in docs/exporter.md.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix="TRAINMON_",
+        env_nested_delimiter="__",
+        cli_prog_name="trainmon-exporter",
+        cli_kebab_case=True,
+        cli_implicit_flags=True,
+        extra="ignore",
+    )
+
+    listen: str = Field(
+        f"127.0.0.1:{DEFAULT_PORT}",
+        description="HTTP address HOST:PORT for /metrics, the API and the status page "
+        "(env TRAINMON_LISTEN). Use 0.0.0.0 to let a remote Prometheus scrape it.",
+    )
+    socket: Path = Field(
+        Path(DEFAULT_SOCKET),
+        description="Unix socket the training clients connect to (env TRAINMON_SOCKET); its "
+        "directory must be shared with the trainers.",
+    )
+    socket_mode: str = Field(
+        "0666",
+        description="Octal permissions of the socket file; 0660 restricts it to the group.",
+    )
+    ingest_poll_interval_seconds: float = Field(
+        0.1,
+        ge=0,
+        le=5,
+        description="How often trainer sockets are drained (s). Polling means a trainer's send "
+        "never wakes the exporter, which keeps the client's flush cheap; 0 reads each packet "
+        "as it arrives instead.",
+    )
+    series_ttl_seconds: float = Field(
+        600.0,
+        gt=0,
+        description="How long a finished or disconnected rank's series stay exported (s).",
+    )
+    rate_window_seconds: float = Field(
+        30.0, gt=0, description="Window for tokens/s, samples/s and client overhead ratio (s)."
+    )
+    max_ranks: int = Field(
+        1024, ge=1, description="Most (run, rank) pairs tracked at once; more are refused."
+    )
+    max_custom_metrics: int = Field(
+        256, ge=0, description="Most distinct custom metric names per rank; more are refused."
+    )
+    step_duration_buckets: tuple[float, ...] = Field(
+        DEFAULT_STEP_BUCKETS,
+        description="Upper bounds (s) of trainmon_train_step_duration_seconds buckets.",
+    )
+    log_level: str = Field("info", description="critical, error, warning, info or debug.")
+    collectors: CollectorToggles = CollectorToggles()
+
+    @field_validator("listen")
+    @classmethod
+    def _check_listen(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError(f"expected HOST:PORT (e.g. 127.0.0.1:{DEFAULT_PORT}), got {value!r}")
+        return value
+
+    @field_validator("socket_mode")
+    @classmethod
+    def _check_mode(cls, value: str) -> str:
+        try:
+            mode = int(value, 8)
+        except ValueError:
+            raise ValueError(f"expected octal permissions like 0660, got {value!r}") from None
+        if not 0 <= mode <= 0o777:
+            raise ValueError(f"permissions out of range: {value!r}")
+        return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _check_level(cls, value: str) -> str:
+        value = value.lower()
+        if value not in ("critical", "error", "warning", "info", "debug"):
+            raise ValueError(f"unknown log level {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _check_buckets(self) -> Settings:
+        b = self.step_duration_buckets
+        if not b or any(x <= 0 for x in b) or list(b) != sorted(set(b)):
+            raise ValueError("step_duration_buckets must be positive and strictly increasing")
+        return self
+
+    @property
+    def host(self) -> str:
+        """Host part of :attr:`listen` (brackets of an IPv6 literal removed)."""
+        return self.listen.rpartition(":")[0].strip("[]")
+
+    @property
+    def port(self) -> int:
+        """Port part of :attr:`listen`."""
+        return int(self.listen.rpartition(":")[2])
+
+    @property
+    def socket_permissions(self) -> int:
+        """:attr:`socket_mode` as an integer."""
+        return int(self.socket_mode, 8)

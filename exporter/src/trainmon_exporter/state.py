@@ -1,0 +1,237 @@
+"""Push-side state: what the exporter knows about every (run, rank), updated per step.
+
+The ingest server (event-loop thread) mutates it; collectors and the JSON API (worker threads)
+read it. Both sides hold :attr:`Store.lock` for the duration of one packet or one snapshot.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from bisect import bisect_left
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainmon_client import _protocol as P
+
+NONFINITE_FIELDS = ("loss", "grad_norm", "lr", "custom")
+"""``field`` label values of ``trainmon_train_nonfinite_values_total``; ``custom`` sums every
+custom metric, so each series exists at 0 from a rank's first message."""
+STATUSES = ("running", "finished", "failed", "crashed")
+
+
+@dataclass(slots=True)
+class WindowPoint:
+    """One step's cumulative totals, for rates over ``rate_window_seconds``."""
+
+    time: float
+    tokens: float
+    samples: float
+    overhead: float
+
+
+@dataclass(slots=True)
+class RankState:
+    """Everything known about one (run, rank).
+
+    Times named ``*_mono`` are ``time.monotonic()`` of the exporter; ``last_step_time`` and
+    ``started_at`` are the client's wall clock (Unix seconds, same host).
+    """
+
+    run: str
+    rank: int
+    local_rank: int
+    world_size: int
+    hostname: str
+    pid: int
+    client_version: str
+    gpu_uuid: str | None
+    started_at: float
+    flops_per_token: float | None
+    buckets: tuple[float, ...]
+    connected: bool = True
+    status: str = "running"
+    connected_mono: float = field(default_factory=time.monotonic)
+    disconnected_mono: float | None = None
+    connections: int = 1
+    crashes: int = 0
+    step: int | None = None
+    last_step_time: float | None = None
+    steps_total: int = 0
+    tokens_total: float = 0.0
+    samples_total: float = 0.0
+    overhead_total: float = 0.0
+    dropped_disconnected: int = 0
+    dropped_backpressure: int = 0
+    refused_values: int = 0
+    values: dict[str, float] = field(default_factory=dict)
+    custom: dict[str, float | None] = field(default_factory=dict)
+    nonfinite: dict[str, int] = field(default_factory=lambda: dict.fromkeys(NONFINITE_FIELDS, 0))
+    hist_counts: list[int] = field(default_factory=list)
+    hist_sum: float = 0.0
+    hist_count: int = 0
+    window: deque[WindowPoint] = field(default_factory=lambda: deque(maxlen=2048))
+
+    def __post_init__(self) -> None:
+        self.hist_counts = [0] * (len(self.buckets) + 1)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """``(run, rank)``."""
+        return (self.run, self.rank)
+
+    def observe_step(
+        self,
+        head: tuple[Any, ...],
+        ids: tuple[int, ...],
+        values: tuple[float, ...],
+        names: dict[int, str | None],
+        window_s: float,
+    ) -> int:
+        """Apply one STEP record. Returns how many values were dropped (unknown field id).
+
+        ``head`` is :data:`trainmon_client._protocol.STEP_HEADER`'s tuple; ``names`` maps the
+        connection's custom field ids to names (None: refused by the cap).
+        """
+        (step, steps, when, step_time, tokens, samples, overhead, d_disc, d_bp, refused) = head
+        if steps < self.steps_total:
+            self.window.clear()  # the client restarted: its totals started over
+        self.step = step
+        self.last_step_time = when
+        self.steps_total = steps
+        self.tokens_total = tokens
+        self.samples_total = samples
+        self.overhead_total = overhead
+        self.dropped_disconnected = d_disc
+        self.dropped_backpressure = d_bp
+        self.refused_values = refused
+        if step_time > 0.0 and step_time < math.inf:
+            self.hist_counts[bisect_left(self.buckets, step_time)] += 1
+            self.hist_sum += step_time
+            self.hist_count += 1
+        win = self.window
+        win.append(WindowPoint(when, tokens, samples, overhead))
+        horizon = when - window_s
+        while len(win) > 2 and win[1].time <= horizon:
+            win.popleft()
+        unknown = 0
+        std = P.STANDARD_NAMES
+        for fid, v in zip(ids, values, strict=True):
+            name = std.get(fid)
+            if name is not None:
+                self.values[name] = v
+                if (name == "loss" or name == "grad_norm" or name == "lr") and not math.isfinite(v):
+                    self.nonfinite[name] += 1
+                continue
+            if fid not in names:
+                unknown += 1
+                continue
+            cname = names[fid]
+            if cname is None:
+                continue  # over the cap: counted once at NAME time and per value by the caller
+            self.custom[cname] = v
+            if not math.isfinite(v):
+                self.nonfinite["custom"] += 1
+        return unknown
+
+    def finish(self, status: int) -> None:
+        """Apply a FINISH record."""
+        self.status = "finished" if status == P.FINISH_OK else "failed"
+        if self.status == "failed":
+            self.crashes += 1
+
+    def disconnect(self, finished: bool) -> None:
+        """The connection closed; without a FINISH first, the rank crashed."""
+        self.connected = False
+        self.disconnected_mono = time.monotonic()
+        if not finished:
+            self.status = "crashed"
+            self.crashes += 1
+
+    def rates(self, now: float, window_s: float) -> tuple[float, float, float] | None:
+        """``(tokens/s, samples/s, overhead ratio)`` over the window; None before two steps.
+
+        Formula: Δ cumulative total / Δ client wall time between the oldest and the newest step
+        inside the window. When the newest step is older than the window, all three are 0: a
+        stopped run shows 0, not its last speed.
+        """
+        win = self.window
+        if len(win) < 2:
+            return None
+        first, last = win[0], win[-1]
+        dt = last.time - first.time
+        if dt <= 0.0:
+            return None
+        if now - last.time > window_s:
+            return (0.0, 0.0, 0.0)
+        return (
+            (last.tokens - first.tokens) / dt,
+            (last.samples - first.samples) / dt,
+            (last.overhead - first.overhead) / dt,
+        )
+
+
+class Store:
+    """All rank states, with the lock that serialises ingest against scrapes."""
+
+    def __init__(
+        self,
+        *,
+        max_ranks: int,
+        max_custom_metrics: int,
+        buckets: tuple[float, ...],
+        window_s: float,
+        ttl_s: float,
+    ) -> None:
+        self.lock = threading.Lock()
+        self.ranks: dict[tuple[str, int], RankState] = {}
+        self.max_ranks = max_ranks
+        self.max_custom_metrics = max_custom_metrics
+        self.buckets = buckets
+        self.window_s = window_s
+        self.ttl_s = ttl_s
+        self.expired_total = 0
+
+    def attach(self, hello: dict[str, Any]) -> RankState | str:
+        """Bind a new connection to its (run, rank) state, creating or resuming it.
+
+        Returns the state, or a refusal reason: ``duplicate_rank`` (that rank is already
+        connected) or ``too_many_ranks`` (``max_ranks`` reached). A rank that reconnects keeps
+        its exporter-side counters (the run resumed under the same id).
+        """
+        key = (hello["run"], hello["rank"])
+        state = self.ranks.get(key)
+        if state is not None:
+            if state.connected:
+                return "duplicate_rank"
+            state.connected = True
+            state.status = "running"
+            state.connected_mono = time.monotonic()
+            state.disconnected_mono = None
+            state.connections += 1
+            for k in P.HELLO_FIELDS[2:]:  # everything but run and rank
+                setattr(state, k, hello[k])
+            return state
+        if len(self.ranks) >= self.max_ranks:
+            return "too_many_ranks"
+        state = RankState(**{k: hello[k] for k in P.HELLO_FIELDS}, buckets=self.buckets)
+        self.ranks[key] = state
+        return state
+
+    def expire(self, now_mono: float | None = None) -> int:
+        """Drop ranks disconnected for longer than the TTL. Returns how many were dropped."""
+        now_mono = time.monotonic() if now_mono is None else now_mono
+        with self.lock:
+            dead = [
+                k
+                for k, s in self.ranks.items()
+                if not s.connected
+                and s.disconnected_mono is not None
+                and now_mono - s.disconnected_mono >= self.ttl_s
+            ]
+            for k in dead:
+                del self.ranks[k]
+            self.expired_total += len(dead)
+        return len(dead)

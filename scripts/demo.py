@@ -1,0 +1,117 @@
+"""``make demo``: start the exporter, train the example model, show what the exporter sees.
+
+Usage: python scripts/demo.py [--steps N] [--ranks 2] [--keep] [--port P]
+
+Prints where /metrics and the status page are, then live values read back from the
+exporter's JSON API while the real training run goes on, then a few /metrics lines.
+Ctrl-C stops the training cleanly (the run is reported as finished).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from trainmon_exporter.local import LocalExporter
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "train_char_transformer.py"
+
+
+def get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return bytes(r.read())
+
+
+def show(url: str) -> None:
+    data = json.loads(get(url + "/api/v1/runs"))
+    for run in data["runs"]:
+        for r in run["ranks"]:
+            loss = r["values"].get("loss")
+            tps = r["tokens_per_second"]
+            ovh = r["client_overhead_ratio"]
+            print(
+                f"  [{run['run']} rank {r['rank']}] {r['status']:8s} step {r['step']!s:>5}  "
+                f"loss {'-' if loss is None else f'{loss:.3f}'}  "
+                f"tokens/s {'-' if tps is None else f'{tps:,.0f}'}  "
+                f"client overhead {'-' if ovh is None else f'{ovh * 100:.3f}%'}",
+                flush=True,
+            )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--steps", type=int, default=300, help="training steps (0: until Ctrl-C)")
+    ap.add_argument("--ranks", type=int, default=1, help="processes (torchrun, gloo) if > 1")
+    ap.add_argument("--port", type=int, default=9478)
+    ap.add_argument("--keep", action="store_true", help="keep the exporter up after training")
+    args = ap.parse_args()
+
+    exporter = LocalExporter(port=args.port)
+    url, sock = exporter.url, exporter.socket
+    trainer: subprocess.Popen[bytes] | None = None
+    try:
+        exporter.start()
+        print(
+            f"\ntrainmon exporter is up\n  metrics:     {url}/metrics\n"
+            f"  status page: {url}/\n  JSON API:    {url}/api/v1/runs\n"
+            f"  socket:      {sock}\n",
+            flush=True,
+        )
+        env = dict(os.environ, TRAINMON_SOCKET=str(sock), TRAINMON_RUN=f"demo-{int(time.time())}")
+        cmd = [sys.executable, str(EXAMPLE), "--steps", str(args.steps)]
+        if args.ranks > 1:
+            cmd = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                f"--nproc_per_node={args.ranks}",
+                *cmd[1:],
+            ]
+        print(f"training: {' '.join(cmd[1:])}\n", flush=True)
+        trainer = subprocess.Popen(cmd, env=env)
+        while trainer.poll() is None:
+            time.sleep(3)
+            print("live values read back from the exporter:", flush=True)
+            show(url)
+        print("\nafter training:", flush=True)
+        show(url)
+        lines = [
+            ln
+            for ln in get(url + "/metrics").decode().splitlines()
+            if ln.startswith(
+                (
+                    "trainmon_train_loss",
+                    "trainmon_train_steps_total",
+                    "trainmon_train_tokens_per_second",
+                    "trainmon_run_up",
+                    "trainmon_client_overhead_ratio",
+                )
+            )
+        ]
+        print("\nfrom /metrics:\n  " + "\n  ".join(lines), flush=True)
+        if args.keep:
+            print(f"\nthe exporter keeps serving {url}/ - Ctrl-C to stop", flush=True)
+            assert exporter.proc is not None
+            exporter.proc.wait()
+        return 0 if trainer.returncode == 0 else 1
+    except KeyboardInterrupt:
+        print("\nstopping", flush=True)
+        if trainer is not None and trainer.poll() is None:
+            trainer.send_signal(signal.SIGINT)
+            trainer.wait(30)
+            show(url)
+        return 0
+    finally:
+        exporter.stop()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

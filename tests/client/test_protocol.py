@@ -1,0 +1,140 @@
+"""The wire protocol: encoding round trips and every way a packet can be wrong."""
+
+from __future__ import annotations
+
+import math
+import struct
+
+import pytest
+
+from trainmon_client import _protocol as P
+
+
+def packet(*records: bytes) -> bytes:
+    return P.packet_header() + b"".join(records)
+
+
+def step_record(step: int, ids: tuple[int, ...], values: tuple[float, ...]) -> bytes:
+    s = P.step_struct(len(ids))
+    head = (step, 7, 1700000000.5, 0.25, 4096.0, 8.0, 0.001, 1, 2, 3)
+    return s.pack(P.STEP, P.step_payload_length(len(ids)), *head, *ids, *values)
+
+
+def test_step_record_round_trip_keeps_every_field() -> None:
+    rec = step_record(42, (1, 2, 64), (2.5, 3e-4, math.inf))
+    [(rtype, payload)] = list(P.iter_records(packet(rec)))
+    assert rtype == P.STEP
+    head, ids, values = P.decode_step(payload)
+    assert head == (42, 7, 1700000000.5, 0.25, 4096.0, 8.0, 0.001, 1, 2, 3)
+    assert ids == (1, 2, 64)
+    assert values[:2] == (2.5, 3e-4) and values[2] == math.inf
+
+
+def test_step_record_size_is_header_plus_ten_bytes_per_field() -> None:
+    assert P.STEP_HEADER.size == 80
+    assert len(step_record(1, (1,) * 10, (0.0,) * 10)) == P.RECORD_HEADER.size + 80 + 100
+
+
+def test_nan_survives_the_wire() -> None:
+    rec = step_record(1, (1,), (math.nan,))
+    [(_, payload)] = list(P.iter_records(packet(rec)))
+    assert math.isnan(P.decode_step(payload)[2][0])
+
+
+def test_hello_name_finish_round_trip() -> None:
+    hello = {k: None for k in P.HELLO_FIELDS} | {"run": "r", "rank": 3}
+    data = packet(
+        P.encode_hello(hello),
+        P.encode_name(64, "opt/adam_eps"),
+        P.encode_finish(P.FINISH_FAILED, 12.5),
+    )
+    records = list(P.iter_records(data))
+    assert [t for t, _ in records] == [P.HELLO, P.NAME, P.FINISH]
+    assert P.decode_hello(records[0][1]) == hello
+    assert P.decode_name(records[1][1]) == (64, "opt/adam_eps")
+    assert P.decode_finish(records[2][1]) == (P.FINISH_FAILED, 12.5)
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b"T", "truncated"),
+        (b"XX\x01\x00", "bad_magic"),
+        (b"TM\x09\x00", "unknown_version"),
+        (P.packet_header() + b"\x03", "truncated"),
+        (P.packet_header() + struct.pack("<BH", 3, 500) + b"\x00" * 10, "truncated"),
+        (P.packet_header() + b"\x00" * P.MAX_PACKET_BYTES, "oversized"),
+    ],
+)
+def test_bad_packets_raise_protocol_error_with_reason(data: bytes, reason: str) -> None:
+    with pytest.raises(P.ProtocolError) as info:
+        list(P.iter_records(data))
+    assert info.value.reason == reason
+
+
+def test_records_before_a_truncated_one_are_still_yielded() -> None:
+    good = step_record(1, (1,), (1.0,))
+    data = packet(good) + struct.pack("<BH", P.STEP, 999)
+    it = P.iter_records(data)
+    assert next(it)[0] == P.STEP
+    with pytest.raises(P.ProtocolError, match="truncated"):
+        next(it)
+
+
+@pytest.mark.parametrize(
+    ("decoder", "payload", "reason"),
+    [
+        (P.decode_step, b"\x00" * 79, "truncated"),
+        (P.decode_step, b"\x00" * 85, "truncated"),  # not a whole number of fields
+        (P.decode_hello, b"{not json", "malformed"),
+        (P.decode_hello, b"[1, 2]", "malformed"),
+        (P.decode_hello, b"\xff\xfe", "malformed"),
+        (P.decode_name, b"\x40", "truncated"),
+        (P.decode_name, struct.pack("<H", 3) + b"loss", "malformed"),  # reserved id
+        (P.decode_name, struct.pack("<H", 64) + b"\xff", "malformed"),
+        (P.decode_finish, b"\x00", "truncated"),
+        (P.decode_finish, struct.pack("<Bd", 7, 1.0), "malformed"),
+    ],
+)
+def test_bad_payloads(decoder, payload: bytes, reason: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(P.ProtocolError) as info:
+        decoder(memoryview(payload))
+    assert info.value.reason == reason
+
+
+@pytest.mark.parametrize(
+    ("name", "ok"),
+    [
+        ("loss_scale", True),
+        ("train/acc@1".replace("@", "_"), True),
+        ("optimizer.adam:eps-max", True),
+        ("_x", True),
+        ("a" * 128, True),
+        ("a" * 129, False),
+        ("", False),
+        ("1abc", False),
+        ('bad"quote', False),
+        ("new\nline", False),
+        ("sp ace", False),
+        (None, False),
+    ],
+)
+def test_metric_name_rules(name: object, ok: bool) -> None:
+    assert P.valid_metric_name(name) is ok
+
+
+@pytest.mark.parametrize(
+    ("run", "ok"),
+    [
+        ("gpt2-124m", True),
+        ("slurm-12345", True),
+        ("3f1c2e9a-0b1d-4c3e-8f00-123456789abc", True),
+        ("exp:lr=3e-4".replace("=", "_"), True),
+        ('run"x', False),
+        ("run\nx", False),
+        ("r" * 10_000, False),
+        ("", False),
+    ],
+)
+def test_run_id_rules(run: str, ok: bool) -> None:
+    assert P.valid_run_id(run) is ok

@@ -1,0 +1,209 @@
+"""Shared fixtures: real exporters (in-process and as subprocesses), raw sockets, waiting."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx2 as httpx
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from trainmon_exporter import Settings, create_app
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def wait_for(cond: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
+    """Poll ``cond`` until it returns something truthy; fail the test after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s: {cond}")
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def short_tmpdir() -> Path:
+    """A short directory (Unix socket paths are limited to 107 bytes)."""
+    return Path(tempfile.mkdtemp(prefix="tm-", dir="/tmp"))
+
+
+def parse_metrics(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """``{(sample name, labels): value}`` of a text exposition."""
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def sample(metrics: dict[Any, float], metric: str, /, **labels: str) -> float | None:
+    return metrics.get((metric, frozenset(labels.items())))
+
+
+class InProcessExporter:
+    """The real app (lifespan, ingest socket, collectors) served by FastAPI's TestClient."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.socket = str(settings.socket)
+        self.client = TestClient(create_app(settings))
+
+    def metrics_text(self) -> str:
+        r = self.client.get("/metrics")
+        assert r.status_code == 200
+        return r.text
+
+    def metrics(self) -> dict[Any, float]:
+        return parse_metrics(self.metrics_text())
+
+    def runs(self) -> dict[str, Any]:
+        r = self.client.get("/api/v1/runs")
+        assert r.status_code == 200
+        return r.json()  # type: ignore[no-any-return]
+
+    def rank(self, run: str, rank: int) -> dict[str, Any] | None:
+        for r in self.runs()["runs"]:
+            if r["run"] == run:
+                for k in r["ranks"]:
+                    if k["rank"] == rank:
+                        return k  # type: ignore[no-any-return]
+        return None
+
+
+@pytest.fixture
+def make_exporter() -> Iterator[Callable[..., InProcessExporter]]:
+    """Factory for in-process exporters with settings overrides; all stopped at teardown."""
+    made: list[tuple[InProcessExporter, Path]] = []
+
+    def make(**overrides: Any) -> InProcessExporter:
+        d = short_tmpdir()
+        settings = Settings(socket=d / "t.sock", **overrides)
+        ex = InProcessExporter(settings)
+        ex.client.__enter__()
+        made.append((ex, d))
+        return ex
+
+    yield make
+    for ex, d in made:
+        ex.client.__exit__(None, None, None)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def exporter(make_exporter: Callable[..., InProcessExporter]) -> InProcessExporter:
+    return make_exporter()
+
+
+class ExporterProcess:
+    """``python -m trainmon_exporter`` as a real subprocess."""
+
+    def __init__(self, socket_path: Path, port: int, *args: str) -> None:
+        self.socket = str(socket_path)
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.args = args
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self, wait: bool = True) -> ExporterProcess:
+        cmd = [
+            sys.executable,
+            "-m",
+            "trainmon_exporter",
+            "--socket",
+            self.socket,
+            "--listen",
+            f"127.0.0.1:{self.port}",
+            *self.args,
+        ]
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        if wait:
+            wait_for(self.ready, timeout=20)
+        return self
+
+    def ready(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(
+                f"exporter exited: {self.proc.stdout.read() if self.proc.stdout else ''}"
+            )
+        try:
+            return httpx.get(self.url + "/readyz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def metrics(self) -> dict[Any, float]:
+        return parse_metrics(httpx.get(self.url + "/metrics", timeout=5).text)
+
+    def runs(self) -> dict[str, Any]:
+        return httpx.get(self.url + "/api/v1/runs", timeout=5).json()  # type: ignore[no-any-return]
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> str:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            out, _ = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+        return out or ""
+
+
+@pytest.fixture
+def exporter_process() -> Iterator[Callable[..., ExporterProcess]]:
+    made: list[tuple[ExporterProcess, Path]] = []
+
+    def make(
+        *args: str, socket_dir: Path | None = None, port: int | None = None
+    ) -> ExporterProcess:
+        d = socket_dir or short_tmpdir()
+        ex = ExporterProcess(d / "t.sock", port or free_port(), *args)
+        made.append((ex, d))
+        return ex
+
+    yield make
+    for ex, d in made:
+        if ex.proc is not None and ex.proc.poll() is None:
+            ex.stop(signal.SIGKILL)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def raw_connect(path: str) -> socket.socket:
+    """A raw SOCK_SEQPACKET connection, for sending hand-made packets."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.connect(path)
+    return s
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """Environment for subprocesses: the current one without launcher variables."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TRAINMON_RUN", "TRAINMON_SOCKET")
+    }
+    env.update(extra)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env

@@ -1,0 +1,177 @@
+"""The exposition a real client session produces: names, values, promtool, expiry."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+
+import pytest
+
+import trainmon_client
+from trainmon_exporter.state import RankState
+
+from ..conftest import InProcessExporter, parse_metrics, sample, wait_for
+
+
+def scripted_session(ex: InProcessExporter, run: str = "scripted", ranks: int = 2) -> None:
+    for rank in range(ranks):
+        r = trainmon_client.init(
+            run=run,
+            rank=rank,
+            world_size=ranks,
+            local_rank=rank,
+            socket_path=ex.socket,
+            flush_interval=0.0,
+            num_params=10_000,
+        )
+        for i in range(20):
+            r.log(
+                i,
+                loss=3.0 - 0.1 * i,
+                lr=1e-3,
+                grad_norm=0.7,
+                tokens=512,
+                samples=4,
+                batch_size=4,
+                seq_len=128,
+                **{"opt/update_ratio": 1e-3, "moe.aux": 0.01},
+            )
+            time.sleep(0.005)
+        r.log(20, loss=float("nan"))
+        if rank == 0:
+            r.finish()
+    wait_for(lambda: all((k := ex.rank(run, i)) and k["step"] == 20 for i in range(ranks)))
+
+
+def test_promtool_accepts_the_exposition(exporter: InProcessExporter) -> None:
+    scripted_session(exporter)
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        if os.environ.get("TRAINMON_REQUIRE_PROMTOOL"):
+            pytest.fail("promtool is required in CI (Debian package prometheus)")
+        pytest.skip("promtool not installed")
+    text = exporter.metrics_text()
+    out = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.strip() == "" and out.stderr.strip() == ""  # not even a lint warning
+
+
+def test_values_of_a_scripted_session(exporter: InProcessExporter) -> None:
+    scripted_session(exporter)
+    m = exporter.metrics()
+    r0 = {"run": "scripted", "rank": "0"}
+    assert sample(m, "trainmon_train_steps_total", **r0) == 21
+    assert sample(m, "trainmon_train_step", **r0) == 20
+    assert sample(m, "trainmon_train_tokens_total", **r0) == 20 * 512
+    assert sample(m, "trainmon_train_samples_total", **r0) == 20 * 4
+    assert sample(m, "trainmon_train_learning_rate", **r0) == 1e-3
+    assert sample(m, "trainmon_train_grad_norm", **r0) == 0.7
+    assert sample(m, "trainmon_train_batch_size", **r0) == 4
+    assert sample(m, "trainmon_train_sequence_length", **r0) == 128
+    assert sample(m, "trainmon_train_custom_value", name="opt/update_ratio", **r0) == 1e-3
+    assert sample(m, "trainmon_train_nonfinite_values_total", field="loss", **r0) == 1
+    assert (
+        sample(m, "trainmon_run_up", **r0) == 0
+        and sample(m, "trainmon_run_up", run="scripted", rank="1") == 1
+    )
+    assert sample(m, "trainmon_run_info", run="scripted", world_size="2") == 1
+    info = [lbl for (n, lbl) in m if n == "trainmon_rank_info"]
+    assert {dict(lbl)["rank"] for lbl in info} == {"0", "1"}
+    # 20 step intervals of >= 5 ms each went into the histogram.
+    assert sample(m, "trainmon_train_step_duration_seconds_count", **r0) == 20
+    assert sample(m, "trainmon_train_step_duration_seconds_bucket", le="0.005", **r0) is None
+    assert sample(m, "trainmon_train_step_duration_seconds_bucket", le="+Inf", **r0) == 20
+    assert sample(m, "trainmon_train_step_duration_seconds_bucket", le="0.01", **r0) is not None
+    tps = sample(m, "trainmon_train_tokens_per_second", **r0)
+    assert tps is not None and 512 / 0.2 < tps < 512 / 0.005  # between 5 ms and 200 ms a step
+    ovh = sample(m, "trainmon_client_overhead_ratio", **r0)
+    assert ovh is not None and 0 < ovh < 0.5
+    assert sample(m, "trainmon_scrape_collector_success", collector="training") == 1
+    assert (
+        sample(m, "trainmon_build_info", version="0.1.0", revision=_rev(m), python_version=_py(m))
+        == 1
+    )
+    assert sample(m, "trainmon_ingest_messages_total", type="step") == 42
+
+
+def _rev(m: dict) -> str:  # type: ignore[type-arg]
+    return next(dict(lbl)["revision"] for (n, lbl) in m if n == "trainmon_build_info")
+
+
+def _py(m: dict) -> str:  # type: ignore[type-arg]
+    return next(dict(lbl)["python_version"] for (n, lbl) in m if n == "trainmon_build_info")
+
+
+def test_series_expire_after_the_ttl(make_exporter: Callable[..., InProcessExporter]) -> None:
+    ex = make_exporter(series_ttl_seconds=0.3)
+    r = trainmon_client.init(
+        run="short", socket_path=ex.socket, flush_interval=0.0, rank=0, world_size=1, local_rank=0
+    )
+    r.log(0, loss=1.0)
+    r.log(1, loss=1.0)
+    wait_for(lambda: ex.rank("short", 0))
+    time.sleep(0.5)
+    assert ex.rank("short", 0) is not None  # connected ranks never expire, however quiet
+    r.finish()
+    wait_for(lambda: ex.rank("short", 0) is None, timeout=10)
+    m = ex.metrics()
+    assert not [k for k in m if dict(k[1]).get("run") == "short"]
+    assert sample(m, "trainmon_exporter_ranks_expired_total") == 1
+
+
+def test_a_rank_that_reconnects_resumes_its_state(exporter: InProcessExporter) -> None:
+    for attempt in range(2):
+        r = trainmon_client.init(
+            run="resume",
+            socket_path=exporter.socket,
+            flush_interval=0.0,
+            rank=0,
+            world_size=1,
+            local_rank=0,
+        )
+        r.log(attempt * 10, loss=float("nan"))
+        r._closed = True  # the process dies without finish(): its socket closes, no FINISH
+        r._close_socket()
+        wait_for(lambda a=attempt: (k := exporter.rank("resume", 0)) and k["step"] == a * 10)
+    m = exporter.metrics()
+    assert (
+        sample(m, "trainmon_train_nonfinite_values_total", run="resume", rank="0", field="loss")
+        == 2
+    )
+
+
+def test_rates_are_zero_when_steps_stop() -> None:
+    s = RankState(
+        run="r",
+        rank=0,
+        local_rank=0,
+        world_size=1,
+        hostname="h",
+        pid=1,
+        client_version="t",
+        gpu_uuid=None,
+        started_at=0.0,
+        flops_per_token=None,
+        buckets=(1.0,),
+    )
+    for i in range(11):
+        s.observe_step(
+            (i, i + 1, 100.0 + i, 1.0, 10.0 * i, 1.0 * i, 0.01 * i, 0, 0, 0), (), (), {}, 30.0
+        )
+    assert s.rates(110.5, 30.0) == pytest.approx((10.0, 1.0, 0.01))
+    assert s.rates(100.0 + 10 + 31, 30.0) == (0.0, 0.0, 0.0)
+    # The window slides: only the last 30 s count.
+    for i in range(11, 100):
+        s.observe_step(
+            (i, i + 1, 100.0 + i, 1.0, 10.0 * i + (i - 10) * 90, 0, 0, 0, 0, 0), (), (), {}, 30.0
+        )
+    assert s.rates(199.0, 30.0)[0] == pytest.approx(100.0)  # type: ignore[index]
+
+
+def test_parse_helper_round_trip() -> None:
+    assert parse_metrics('a_total{x="1"} 2\n') == {("a_total", frozenset({("x", "1")})): 2.0}

@@ -1,0 +1,209 @@
+"""End to end with real processes: the example trainer, torchrun, kill -9, 8 ranks at once."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ..conftest import ROOT, ExporterProcess, child_env, sample, wait_for
+
+pytestmark = pytest.mark.slow
+EXAMPLE = ROOT / "examples" / "train_char_transformer.py"
+SMALL = [
+    "--dim",
+    "32",
+    "--layers",
+    "1",
+    "--heads",
+    "2",
+    "--seq-len",
+    "32",
+    "--batch-size",
+    "8",
+    "--corpus-bytes",
+    "200000",
+]
+
+
+def trainer(sock: str, *args: str, **env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(EXAMPLE), *SMALL, *args],
+        env=child_env(TRAINMON_SOCKET=sock, **env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def ranks_of(ex: ExporterProcess, run: str) -> list[dict[str, Any]]:
+    for r in ex.runs()["runs"]:
+        if r["run"] == run:
+            return r["ranks"]  # type: ignore[no-any-return]
+    return []
+
+
+def test_real_training_run_reaches_metrics(
+    exporter_process: Callable[..., ExporterProcess],
+) -> None:
+    ex = exporter_process().start()
+    p = trainer(ex.socket, "--steps", "60", "--run", "e2e", "--inject-nan-at", "30")
+    out, _ = p.communicate(timeout=180)
+    assert p.returncode == 0, out
+    m = ex.metrics()
+    lbl = {"run": "e2e", "rank": "0"}
+    assert sample(m, "trainmon_train_steps_total", **lbl) == 60
+    assert sample(m, "trainmon_train_tokens_total", **lbl) == 60 * 8 * 32
+    assert sample(m, "trainmon_train_nonfinite_values_total", field="loss", **lbl) == 1
+    loss = sample(m, "trainmon_train_loss", **lbl)
+    assert loss is not None and 0 < loss < 5.6  # it learned something from ln(256) = 5.55
+    assert sample(m, "trainmon_run_up", **lbl) == 0
+    assert ranks_of(ex, "e2e")[0]["status"] == "finished"
+    assert sample(m, "trainmon_client_dropped_messages_total", reason="disconnected", **lbl) == 0
+
+
+def test_torchrun_two_ranks_are_separate_series(
+    exporter_process: Callable[..., ExporterProcess],
+) -> None:
+    ex = exporter_process().start()
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            str(EXAMPLE),
+            *SMALL,
+            "--steps",
+            "30",
+        ],
+        env=child_env(TRAINMON_SOCKET=ex.socket),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    out, _ = p.communicate(timeout=240)
+    assert p.returncode == 0, out
+    runs = ex.runs()["runs"]
+    assert len(runs) == 1, runs  # both ranks agreed on the run id
+    ranks = runs[0]["ranks"]
+    assert [(r["rank"], r["world_size"], r["status"]) for r in ranks] == [
+        (0, 2, "finished"),
+        (1, 2, "finished"),
+    ]
+    assert all(r["steps_total"] == 30 for r in ranks)
+    m = ex.metrics()
+    run = runs[0]["run"]
+    assert sample(m, "trainmon_train_steps_total", run=run, rank="1") == 30
+
+
+def test_exporter_killed_and_restarted_mid_run(
+    exporter_process: Callable[..., ExporterProcess],
+) -> None:
+    ex = exporter_process().start()
+    p = trainer(ex.socket, "--steps", "0", "--run", "survivor")
+    try:
+        wait_for(lambda: ranks_of(ex, "survivor"), timeout=60)
+        ex.stop(signal.SIGKILL)  # no cleanup: the socket file stays behind
+        assert Path(ex.socket).exists()
+        time.sleep(1.5)  # the trainer keeps training, dropping and counting
+        assert p.poll() is None
+        ex.start()
+        r = wait_for(
+            lambda: (k := ranks_of(ex, "survivor")) and k[0]["steps_total"] > 5 and k[0], timeout=30
+        )
+        assert r["up"] and r["status"] == "running"
+        # Totals are cumulative on the wire: nothing from before the restart is lost.
+        assert r["steps_total"] >= r["step"] > 0
+        assert r["dropped"]["disconnected"] > 0
+    finally:
+        p.send_signal(signal.SIGINT)  # the example finishes cleanly on Ctrl-C
+        out, _ = p.communicate(timeout=60)
+    assert p.returncode == 0, out
+    assert "Traceback" not in out
+    wait_for(lambda: ranks_of(ex, "survivor")[0]["status"] == "finished")
+
+
+def test_trainer_killed_is_a_crash(exporter_process: Callable[..., ExporterProcess]) -> None:
+    ex = exporter_process().start()
+    p = trainer(ex.socket, "--steps", "0", "--run", "victim")
+    wait_for(lambda: (k := ranks_of(ex, "victim")) and k[0]["steps_total"] > 2, timeout=60)
+    p.kill()
+    p.communicate(timeout=30)
+    r = wait_for(lambda: (k := ranks_of(ex, "victim")) and k[0]["status"] == "crashed" and k[0])
+    assert r["up"] is False and r["crashes"] == 1
+    assert sample(ex.metrics(), "trainmon_run_crashes_total", run="victim", rank="0") == 1
+
+
+def test_uncaught_exception_is_a_failure(
+    exporter_process: Callable[..., ExporterProcess], tmp_path: Path
+) -> None:
+    ex = exporter_process().start()
+    script = tmp_path / "boom.py"
+    script.write_text(
+        "import trainmon_client\n"
+        "run = trainmon_client.init(run='boom')\n"
+        "run.log(0, loss=1.0)\n"
+        "raise SystemError('diverged')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        env=child_env(TRAINMON_SOCKET=ex.socket),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 1
+    r = wait_for(lambda: (k := ranks_of(ex, "boom")) and k[0]["status"] != "running" and k[0])
+    assert r["status"] == "failed" and r["step"] == 0
+
+
+def test_eight_ranks_at_once(
+    exporter_process: Callable[..., ExporterProcess], tmp_path: Path
+) -> None:
+    ex = exporter_process().start()
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import time, trainmon_client\n"
+        "run = trainmon_client.init(run='eight')\n"
+        "for i in range(2000):\n"
+        "    run.log(i, loss=1.0 / (i + 1), lr=1e-3, grad_norm=0.5, tokens=1024, samples=8)\n"
+        "    time.sleep(0.0005)\n"
+        "run.finish()\n"
+        "print(run.dropped)\n"
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script)],
+            text=True,
+            stdout=subprocess.PIPE,
+            env=child_env(
+                TRAINMON_SOCKET=ex.socket, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="8"
+            ),
+        )
+        for r in range(8)
+    ]
+    for p in procs:
+        p.communicate(timeout=120)
+        assert p.returncode == 0
+    ranks = wait_for(
+        lambda: (
+            (k := ranks_of(ex, "eight"))
+            and len(k) == 8
+            and all(r["status"] == "finished" for r in k)
+            and k
+        )
+    )
+    assert [r["rank"] for r in ranks] == list(range(8))
+    for r in ranks:
+        assert r["steps_total"] == 2000 and r["tokens_total"] == 2000 * 1024
+        assert r["dropped"] == {"disconnected": 0, "backpressure": 0}
+    m = ex.metrics()
+    assert sample(m, "trainmon_ingest_messages_total", type="step") == 16000
