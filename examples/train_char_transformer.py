@@ -78,6 +78,30 @@ class ByteTransformer(nn.Module):
         return self.head(self.ln(x))
 
 
+def train_step(
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    data: torch.Tensor,
+    batch_size: int,
+    seq_len: int,
+    gen: torch.Generator | None = None,
+    params: nn.Module | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One optimizer step on a random batch; returns (loss, grad norm before clipping to 1).
+
+    ``model`` may be the DDP wrapper; ``params`` is the module whose parameters are clipped.
+    """
+    ix = torch.randint(len(data) - seq_len - 1, (batch_size,), generator=gen)
+    x = torch.stack([data[i : i + seq_len] for i in ix.tolist()])
+    y = torch.stack([data[i + 1 : i + seq_len + 1] for i in ix.tolist()])
+    loss = F.cross_entropy(model(x).view(-1, 256), y.view(-1))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_((params or model).parameters(), 1.0)
+    opt.step()
+    return loss.detach(), grad_norm
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -133,16 +157,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             for group in opt.param_groups:
                 group["lr"] = lr
-            ix = torch.randint(len(data) - T - 1, (B,), generator=gen)
-            x = torch.stack([data[i : i + T] for i in ix.tolist()])
-            y = torch.stack([data[i + 1 : i + T + 1] for i in ix.tolist()])
-            logits = ddp(x)
-            loss = F.cross_entropy(logits.view(-1, 256), y.view(-1))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            reported = loss.detach()
+            loss, grad_norm = train_step(ddp, opt, data, B, T, gen, params=model)
+            reported = loss
             if step == args.inject_nan_at:
                 reported = torch.tensor(float("nan"))
 

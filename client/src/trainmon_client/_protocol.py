@@ -63,7 +63,7 @@ refused_values_total.
   (``time.perf_counter()`` difference); NaN for the first step.
 - ``tokens_total`` / ``samples_total``: cumulative sums of the per-step ``tokens`` / ``samples``.
 - ``overhead_seconds_total``: cumulative wall time spent inside the client's ``log()``.
-- ``dropped_disconnected_total`` / ``dropped_backpressure_total``: cumulative records the client
+- ``dropped_disconnected_total`` / ``dropped_backpressure_total``: cumulative steps the client
   dropped because no exporter was connected, or because the socket buffer was full.
 - ``refused_values_total``: cumulative values (or whole records) the client refused: a bad
   metric name, a value that is not a real scalar, a bad step, or a name past its name cap.

@@ -49,6 +49,8 @@ _MAX_STEP = 2**64 - 1
 _PLAIN = frozenset({float, int})
 MAX_PENDING = 256
 """Records queued by ``log()`` before a flush is forced, whatever the interval."""
+FINISH_TIMEOUT_S = 1.0
+"""How long ``finish()`` may wait for socket buffer space to deliver its last packet."""
 
 
 def _as_step(step: Any) -> int | None:
@@ -152,7 +154,8 @@ class Run:
         self._header = P.packet_header()
         self._buf = bytearray(self._header)
         self._buf_records = 0
-        self._full: list[tuple[bytes, int]] = []  # encoded packets waiting to be sent
+        self._buf_steps = 0  # STEP records in _buf: what a drop of it loses
+        self._full: list[tuple[bytes, int]] = []  # (packet, its STEP records) waiting to be sent
         self._pending: list[tuple[Any, float, float, dict[str, Any]]] = []
         self._resend_names = False
         self._plans: dict[tuple[str, ...], _Plan] = {}
@@ -258,7 +261,7 @@ class Run:
 
     @property
     def dropped(self) -> dict[str, int]:
-        """Records dropped so far, by reason.
+        """Steps dropped so far, by reason.
 
         ``disconnected``: no exporter was reachable; ``backpressure``: the socket buffer was full.
         """
@@ -358,15 +361,17 @@ class Run:
                 *fields,
             )
             self._prev_t = t0
-            self._add_record(record)
+            self._add_record(record, step=True)
 
-    def _add_record(self, record: bytes) -> None:
+    def _add_record(self, record: bytes, step: bool = False) -> None:
         if len(self._buf) + len(record) > FLUSH_BYTES:
-            self._full.append((bytes(self._buf), self._buf_records))
+            self._full.append((bytes(self._buf), self._buf_steps))
             self._buf = bytearray(self._header)
             self._buf_records = 0
+            self._buf_steps = 0
         self._buf += record
         self._buf_records += 1
+        self._buf_steps += step
 
     # ------------------------------------------------------------------------- slow paths
 
@@ -487,16 +492,23 @@ class Run:
         packets = self._full
         self._full = []
         if self._buf_records:
-            packets.append((bytes(self._buf), self._buf_records))
+            packets.append((bytes(self._buf), self._buf_steps))
         self._buf = bytearray(self._header)
         self._buf_records = 0
+        self._buf_steps = 0
+        flags = _SEND_FLAGS
+        if finish is not None and self._sock is not None:
+            # Off the hot path: wait (briefly) for room rather than lose the FINISH record,
+            # which is how the exporter tells a finished rank from a crashed one.
+            self._sock.settimeout(FINISH_TIMEOUT_S)
+            flags = _SEND_FLAGS & ~getattr(socket, "MSG_DONTWAIT", 0)
         for i, (packet, n) in enumerate(packets):
-            if not self._send(packet, n, now):
+            if not self._send(packet, n, now, flags):
                 self._dropped_disconnected += sum(m for _, m in packets[i + 1 :])
                 return
 
-    def _send(self, packet: bytes, n: int, now: float) -> bool:
-        """Send one packet of ``n`` records; False when disconnected (it is counted)."""
+    def _send(self, packet: bytes, n: int, now: float, flags: int = _SEND_FLAGS) -> bool:
+        """Send one packet holding ``n`` steps; False when disconnected (drops are counted)."""
         sock = self._sock
         if sock is None:
             if now < self._next_connect or self._connect(now) is None:
@@ -505,8 +517,8 @@ class Run:
             sock = self._sock
             assert sock is not None
         try:
-            sock.send(packet, _SEND_FLAGS)
-        except (BlockingIOError, InterruptedError):
+            sock.send(packet, flags)
+        except (BlockingIOError, InterruptedError, TimeoutError):
             self._dropped_backpressure += n
             self._resend_names = True  # the packet may have carried NAME records
         except OSError as exc:

@@ -1,0 +1,34 @@
+"""The docs cover everything the exporter exposes: every metric family and every setting."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from trainmon_exporter.settings import CollectorToggles, Settings
+
+from ..conftest import ROOT, InProcessExporter
+from .test_metrics import scripted_session
+
+
+def test_every_metric_family_is_documented(exporter: InProcessExporter) -> None:
+    scripted_session(exporter)
+    doc = (ROOT / "docs" / "metrics.md").read_text()
+    families = list(text_string_to_metric_families(exporter.metrics_text()))
+    assert len(families) > 30
+    missing = []
+    for fam in families:
+        name = fam.name + ("_total" if fam.type == "counter" else "")
+        if f"`{name}`" not in doc:
+            missing.append(name)
+    assert not missing, f"undocumented in docs/metrics.md: {missing}"
+
+
+def test_every_setting_is_documented() -> None:
+    doc = (ROOT / "docs" / "exporter.md").read_text()
+    for name in Settings.model_fields:
+        if name == "collectors":
+            continue
+        assert f"--{name.replace('_', '-')}" in doc, name
+        assert f"TRAINMON_{name.upper()}" in doc, name
+    for name in CollectorToggles.model_fields:
+        assert f"TRAINMON_COLLECTORS__{name.upper()}" in doc, name
