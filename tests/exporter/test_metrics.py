@@ -39,7 +39,7 @@ def scripted_session(ex: InProcessExporter, run: str = "scripted", ranks: int = 
                 seq_len=128,
                 **{"opt/update_ratio": 1e-3, "moe.aux": 0.01},
             )
-            time.sleep(0.005)
+            time.sleep(0.03)  # 20 steps span 0.6 s: enough for rates
         r.log(20, loss=float("nan"))
         if rank == 0:
             r.finish()
@@ -88,7 +88,7 @@ def test_values_of_a_scripted_session(exporter: InProcessExporter) -> None:
     assert sample(m, "trainmon_train_step_duration_seconds_bucket", le="+Inf", **r0) == 20
     assert sample(m, "trainmon_train_step_duration_seconds_bucket", le="0.01", **r0) is not None
     tps = sample(m, "trainmon_train_tokens_per_second", **r0)
-    assert tps is not None and 512 / 0.2 < tps < 512 / 0.005  # between 5 ms and 200 ms a step
+    assert tps is not None and 512 / 0.3 < tps < 512 / 0.03  # between 30 ms and 300 ms a step
     ovh = sample(m, "trainmon_client_overhead_ratio", **r0)
     assert ovh is not None and 0 < ovh < 0.5
     assert sample(m, "trainmon_scrape_collector_success", collector="training") == 1

@@ -144,6 +144,13 @@ def _f(v: float | None, fmt: str = ".4g") -> str:
     return "–" if v is None else format(v, fmt)
 
 
+def _value(values: dict[str, float | None], key: str, fmt: str) -> str:
+    """A logged value; reported-but-null means it was NaN or infinite (JSON has neither)."""
+    if key in values and values[key] is None:
+        return "NaN/Inf"
+    return _f(values.get(key), fmt)
+
+
 def _scale(v: float | None, k: float) -> float | None:
     return None if v is None else v * k
 
@@ -161,9 +168,9 @@ def render_status(data: RunsResponse, ex: Exporter) -> str:
                 f"<td>{e(r.hostname)}</td>"
                 f"<td class='{e(r.status)}'>{e(r.status)}</td>"
                 f"<td>{'' if r.step is None else r.step}</td>"
-                f"<td>{_f(r.values.get('loss'))}</td>"
-                f"<td>{_f(r.values.get('lr'), '.3g')}</td>"
-                f"<td>{_f(r.values.get('grad_norm'), '.3g')}</td>"
+                f"<td>{_value(r.values, 'loss', '.4g')}</td>"
+                f"<td>{_value(r.values, 'lr', '.3g')}</td>"
+                f"<td>{_value(r.values, 'grad_norm', '.3g')}</td>"
                 f"<td>{_f(r.tokens_per_second, ',.0f')}</td>"
                 f"<td>{_f(_scale(r.step_time_mean_seconds, 1e3), '.1f')}</td>"
                 f"<td>{_f(_scale(r.client_overhead_ratio, 100), '.3f')}</td>"

@@ -20,6 +20,8 @@ NONFINITE_FIELDS = ("loss", "grad_norm", "lr", "custom")
 """``field`` label values of ``trainmon_train_nonfinite_values_total``; ``custom`` sums every
 custom metric, so each series exists at 0 from a rank's first message."""
 STATUSES = ("running", "finished", "failed", "crashed")
+MIN_RATE_SPAN_S = 0.5
+"""Rates need steps spanning at least this long (s); shorter spans say nothing useful."""
 
 
 @dataclass(slots=True)
@@ -151,7 +153,7 @@ class RankState:
             self.crashes += 1
 
     def rates(self, now: float, window_s: float) -> tuple[float, float, float] | None:
-        """``(tokens/s, samples/s, overhead ratio)`` over the window; None before two steps.
+        """``(tokens/s, samples/s, overhead ratio)`` over the window; None before it spans 0.5 s.
 
         Formula: Δ cumulative total / Δ client wall time between the oldest and the newest step
         inside the window. When the newest step is older than the window, all three are 0: a
@@ -162,7 +164,7 @@ class RankState:
             return None
         first, last = win[0], win[-1]
         dt = last.time - first.time
-        if dt <= 0.0:
+        if dt < MIN_RATE_SPAN_S:  # e.g. two steps 1 ms apart, the first paying the connect
             return None
         if now - last.time > window_s:
             return (0.0, 0.0, 0.0)
