@@ -61,6 +61,12 @@ class Listener:
                     out.append((rtype, P.decode_name(payload)))
                 elif rtype == P.STEP:
                     out.append((rtype, P.decode_step(payload)))
+                elif rtype == P.EVAL:
+                    out.append((rtype, P.decode_eval(payload)))
+                elif rtype == P.TRACK:
+                    out.append((rtype, P.decode_track(payload)))
+                elif rtype == P.CHECKPOINT:
+                    out.append((rtype, P.decode_checkpoint(payload)))
                 else:
                     out.append((rtype, P.decode_finish(payload)))
         return out
@@ -432,3 +438,55 @@ def test_repr_and_properties() -> None:
     run = trainmon_client.init(run="r", socket_path="/nonexistent/t.sock", enabled=False)
     assert "r" in repr(run) and run.connected is False and run.overhead_seconds == 0.0
     wait_for(lambda: True)
+
+
+# ------------------------------------------------------------------ eval, track, checkpoint
+
+
+def test_eval_track_and_checkpoint_are_sent_at_once_in_order(listener: Listener) -> None:
+    run = make_run(listener.path, flush_interval=60.0)
+    run.log(0, loss=2.0)
+    with run.track("validation"):
+        run.eval(0, val_loss=2.5, accuracy=0.25)
+    run.checkpoint(0, seconds=1.5)
+    listener.accept()
+    recs = listener.records()
+    kinds = [t for t, _ in recs if t != P.NAME]
+    assert kinds == [P.HELLO, P.STEP, P.TRACK, P.EVAL, P.TRACK, P.CHECKPOINT]
+    names = dict(r[1] for r in recs if r[0] == P.NAME)
+    tracks = [r[1] for r in recs if r[0] == P.TRACK]
+    assert names[tracks[0][0]] == "validation"
+    assert tracks[0][1:] == (True, 0.0, 0)  # running, nothing finished yet
+    assert tracks[1][1] is False and tracks[1][2] > 0 and tracks[1][3] == 1
+    step, _when, ids, values = next(r[1] for r in recs if r[0] == P.EVAL)
+    assert step == 0
+    by_name = {names.get(i, P.STANDARD_NAMES.get(i)): v for i, v in zip(ids, values, strict=True)}
+    assert by_name == {
+        "val_loss": 2.5,
+        "accuracy": 0.25,
+    }
+    ck = next(r[1] for r in recs if r[0] == P.CHECKPOINT)
+    assert ck[0] == 0 and ck[2] == 1.5
+    run.finish()
+
+
+def test_track_propagates_the_users_exception_and_still_records(listener: Listener) -> None:
+    run = make_run(listener.path, flush_interval=0.0)
+    with pytest.raises(KeyError), run.track("sampling"):
+        raise KeyError("user bug")
+    listener.accept()
+    run.finish()
+    tracks = [r[1] for r in listener.records() if r[0] == P.TRACK]
+    assert tracks[-1][1:3] == (False, pytest.approx(tracks[-1][2])) and tracks[-1][3] == 1
+
+
+def test_bad_eval_track_checkpoint_input_is_refused_not_raised(listener: Listener) -> None:
+    run = make_run(listener.path, flush_interval=0.0)
+    run.eval(-1, val_loss=1.0)
+    run.eval(1, val_loss="low")
+    with run.track('bad "name"'):
+        pass
+    run.checkpoint("x")
+    run.checkpoint(1, seconds=-3)
+    assert run.refused == 5 and run._internal_errors == 0
+    run.finish()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from trainmon_exporter.analytics import AnalyticsSettings
 from trainmon_exporter.settings import CollectorToggles, Settings
 
 from ..conftest import ROOT, InProcessExporter
@@ -26,9 +27,15 @@ def test_every_metric_family_is_documented(exporter: InProcessExporter) -> None:
 def test_every_setting_is_documented() -> None:
     doc = (ROOT / "docs" / "exporter.md").read_text()
     for name in Settings.model_fields:
-        if name == "collectors":
+        if name in ("collectors", "analytics"):
             continue
         assert f"--{name.replace('_', '-')}" in doc, name
         assert f"TRAINMON_{name.upper()}" in doc, name
     for name in CollectorToggles.model_fields:
         assert f"TRAINMON_COLLECTORS__{name.upper()}" in doc, name
+
+
+def test_every_analytics_setting_is_documented() -> None:
+    doc = (ROOT / "docs" / "detection.md").read_text()
+    for name in AnalyticsSettings.model_fields:
+        assert f"`{name}`" in doc, name

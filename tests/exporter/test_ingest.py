@@ -256,7 +256,9 @@ def test_event_counters_exist_at_zero_from_the_first_message(exporter: InProcess
     assert sample(m, "trainmon_run_crashes_total", run="fresh", rank="0") == 0
     for reason in ("disconnected", "backpressure"):
         assert (
-            sample(m, "trainmon_client_dropped_steps_total", run="fresh", rank="0", reason=reason)
+            sample(
+                m, "trainmon_client_dropped_messages_total", run="fresh", rank="0", reason=reason
+            )
             == 0
         )
     s.close()

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import pytest
 
 import trainmon_client
+from trainmon_exporter.analytics import AnalyticsSettings, RankAnalytics
 from trainmon_exporter.state import RankState
 
 from ..conftest import InProcessExporter, parse_metrics, sample, wait_for
@@ -40,6 +41,10 @@ def scripted_session(ex: InProcessExporter, run: str = "scripted", ranks: int = 
                 **{"opt/update_ratio": 1e-3, "moe.aux": 0.01},
             )
             time.sleep(0.03)  # 20 steps span 0.6 s: enough for rates
+            if i == 9:
+                with r.track("validation"):
+                    r.eval(i, val_loss=2.5, accuracy=0.4)
+                r.checkpoint(i, seconds=0.25)
         r.log(20, loss=float("nan"))
         if rank == 0:
             r.finish()
@@ -59,6 +64,58 @@ def test_promtool_accepts_the_exposition(exporter: InProcessExporter) -> None:
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.strip() == "" and out.stderr.strip() == ""  # not even a lint warning
+
+
+def test_event_counters_of_health_start_at_zero(exporter: InProcessExporter) -> None:
+    r = trainmon_client.init(
+        run="zero",
+        socket_path=exporter.socket,
+        flush_interval=0.0,
+        rank=0,
+        world_size=1,
+        local_rank=0,
+    )
+    r.log(0, loss=1.0)
+    wait_for(lambda: exporter.rank("zero", 0))
+    m = exporter.metrics()
+    z = {"run": "zero", "rank": "0"}
+    for sev in ("minor", "major", "severe"):
+        assert sample(m, "trainmon_train_loss_spikes_total", severity=sev, **z) == 0
+        assert sample(m, "trainmon_train_grad_norm_spikes_total", severity=sev, **z) == 0
+    for name in ("grad_explosions", "grad_vanishing", "hangs"):
+        assert sample(m, f"trainmon_train_{name}_total", **z) == 0
+    assert sample(m, "trainmon_eval_evaluations_total", **z) == 0
+    assert sample(m, "trainmon_checkpoints_total", **z) == 0
+    r.finish()
+
+
+def test_straggler_ratio_across_ranks(exporter: InProcessExporter) -> None:
+    runs = [
+        trainmon_client.init(
+            run="strag",
+            rank=i,
+            world_size=3,
+            local_rank=i,
+            socket_path=exporter.socket,
+            flush_interval=0.0,
+        )
+        for i in range(3)
+    ]
+    state_of = exporter.client.app.state.exporter.store  # type: ignore[attr-defined]
+    for r in runs:
+        r.log(0, loss=1.0)
+    wait_for(lambda: len(state_of.ranks) == 3)
+    with state_of.lock:  # step times as three ranks that do not wait for each other
+        for (_, rank), s in state_of.ranks.items():
+            for _ in range(30):
+                s.analytics.step_times.append(0.2 if rank == 2 else 0.1)
+    m = exporter.metrics()
+    ratios = [
+        sample(m, "trainmon_train_straggler_ratio", run="strag", rank=str(i)) for i in range(3)
+    ]
+    assert ratios == [1.0, 1.0, 2.0]
+    for r in runs:
+        r.finish()
 
 
 def test_values_of_a_scripted_session(exporter: InProcessExporter) -> None:
@@ -97,6 +154,25 @@ def test_values_of_a_scripted_session(exporter: InProcessExporter) -> None:
         == 1
     )
     assert sample(m, "trainmon_ingest_messages_total", type="step") == 42
+    # Evaluation, tracked operation and checkpoint went through.
+    assert sample(m, "trainmon_eval_loss", **r0) == 2.5
+    assert sample(m, "trainmon_eval_value", name="accuracy", **r0) == 0.4
+    assert sample(m, "trainmon_eval_evaluations_total", **r0) == 1
+    assert sample(m, "trainmon_eval_step", **r0) == 9
+    assert sample(m, "trainmon_monitoring_operations_total", operation="validation", **r0) == 1
+    assert sample(m, "trainmon_monitoring_active", operation="validation", **r0) == 0
+    secs = sample(m, "trainmon_monitoring_seconds_total", operation="validation", **r0)
+    assert secs is not None and 0 < secs < 1
+    assert sample(m, "trainmon_checkpoints_total", **r0) == 1
+    assert sample(m, "trainmon_checkpoint_last_duration_seconds", **r0) == 0.25
+    assert sample(m, "trainmon_checkpoint_last_step", **r0) == 9
+    expected = 3.0
+    for i in range(1, 20):
+        expected = 0.99 * expected + 0.01 * (3.0 - 0.1 * i)  # the NaN at step 20 is skipped
+    assert sample(m, "trainmon_train_loss_ema", **r0) == pytest.approx(expected)
+    assert sample(m, "trainmon_train_hung", **r0) == 0
+    mon = sample(m, "trainmon_monitoring_overhead_ratio", **r0)
+    assert mon is not None and mon >= (sample(m, "trainmon_client_overhead_ratio", **r0) or 0)
 
 
 def _rev(m: dict) -> str:  # type: ignore[type-arg]
@@ -145,8 +221,9 @@ def test_a_rank_that_reconnects_resumes_its_state(exporter: InProcessExporter) -
     )
 
 
-def test_rates_are_zero_when_steps_stop() -> None:
-    s = RankState(
+def make_state(**analytics: object) -> RankState:
+    """A bare rank state, for feeding synthetic steps."""
+    return RankState(
         run="r",
         rank=0,
         local_rank=0,
@@ -158,13 +235,18 @@ def test_rates_are_zero_when_steps_stop() -> None:
         started_at=0.0,
         flops_per_token=None,
         buckets=(1.0,),
+        analytics=RankAnalytics(AnalyticsSettings(**analytics)),  # type: ignore[arg-type]
     )
+
+
+def test_rates_are_zero_when_steps_stop() -> None:
+    s = make_state()
     for i in range(11):
         s.observe_step(
             (i, i + 1, 100.0 + i, 1.0, 10.0 * i, 1.0 * i, 0.01 * i, 0, 0, 0), (), (), {}, 30.0
         )
-    assert s.rates(110.5, 30.0) == pytest.approx((10.0, 1.0, 0.01))
-    assert s.rates(100.0 + 10 + 31, 30.0) == (0.0, 0.0, 0.0)
+    assert s.rates(110.5, 30.0) == pytest.approx((10.0, 1.0, 0.01, 0.01))
+    assert s.rates(100.0 + 10 + 31, 30.0) == (0.0, 0.0, 0.0, 0.0)
     # The window slides: only the last 30 s count.
     for i in range(11, 100):
         s.observe_step(

@@ -65,7 +65,7 @@ def test_real_training_run_reaches_metrics(
     assert loss is not None and 0 < loss < 5.6  # it learned something from ln(256) = 5.55
     assert sample(m, "trainmon_run_up", **lbl) == 0
     assert ranks_of(ex, "e2e")[0]["status"] == "finished"
-    assert sample(m, "trainmon_client_dropped_steps_total", reason="disconnected", **lbl) == 0
+    assert sample(m, "trainmon_client_dropped_messages_total", reason="disconnected", **lbl) == 0
 
 
 def test_torchrun_two_ranks_are_separate_series(

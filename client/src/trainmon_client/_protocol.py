@@ -24,6 +24,14 @@ A packet is at most :data:`MAX_PACKET_BYTES` bytes. Record types:
     implied by the payload length: ``(length - STEP_HEADER.size) / 10``.
 ``FINISH`` (4)
     ``status u8 (0 = finished, 1 = failed with an exception) | time f64`` — a clean end.
+``EVAL`` (5)
+    :data:`EVAL_HEADER` (step, time) then field ids and values laid out as in STEP: the
+    results of one evaluation (``val_loss`` and any named metric).
+``TRACK`` (6)
+    :data:`TRACK_BODY`: a monitoring operation (``Run.track``): its NAME id, whether it is
+    running now, and its cumulative seconds and count.
+``CHECKPOINT`` (7)
+    :data:`CHECKPOINT_BODY`: step, time it completed (Unix s), seconds it took (NaN unknown).
 
 All counters in STEP are cumulative since the client process started (never deltas), so a
 dropped packet or an exporter restart loses no totals.
@@ -50,6 +58,9 @@ HELLO: Final = 1
 NAME: Final = 2
 STEP: Final = 3
 FINISH: Final = 4
+EVAL: Final = 5
+TRACK: Final = 6
+CHECKPOINT: Final = 7
 
 STEP_HEADER: Final = struct.Struct("<QQdddddQQQ")
 """STEP payload header: step, steps_total, time, step_time, tokens_total, samples_total,
@@ -89,6 +100,11 @@ FIELD_ID: Final = "H"
 FIELD_VALUE: Final = "d"
 FIELD_BYTES: Final = 10  # u16 id + f64 value
 FINISH_BODY: Final = struct.Struct("<Bd")
+EVAL_HEADER: Final = struct.Struct("<Qd")
+TRACK_BODY: Final = struct.Struct("<HBdQ")
+"""TRACK payload: name id u16, active u8 (1 while the operation runs), seconds_total f64
+(cumulative wall time of finished runs of it), count u64 (finished runs)."""
+CHECKPOINT_BODY: Final = struct.Struct("<Qdd")
 NAME_ID: Final = struct.Struct("<H")
 
 FINISH_OK: Final = 0
@@ -100,6 +116,7 @@ STANDARD_FIELDS: Final[dict[str, int]] = {
     "grad_norm": 3,
     "batch_size": 4,
     "seq_len": 5,
+    "val_loss": 6,
 }
 """Field ids of the standard scalars. ``tokens`` and ``samples`` are not fields: the client
 adds them to the cumulative totals in the STEP header."""
@@ -203,6 +220,27 @@ def step_struct(n_fields: int) -> struct.Struct:
     return s
 
 
+def encode_fields(rtype: int, head: bytes, ids: list[int], values: list[float]) -> bytes:
+    """A record made of a fixed ``head`` then ``ids`` (u16 each) and ``values`` (f64 each)."""
+    n = len(ids)
+    body = head + struct.pack(f"<{n}{FIELD_ID}{n}{FIELD_VALUE}", *ids, *values)
+    return RECORD_HEADER.pack(rtype, len(body)) + body
+
+
+def encode_track(field_id: int, active: bool, seconds_total: float, count: int) -> bytes:
+    """Encode a TRACK record (record header included)."""
+    return RECORD_HEADER.pack(TRACK, TRACK_BODY.size) + TRACK_BODY.pack(
+        field_id, 1 if active else 0, seconds_total, count
+    )
+
+
+def encode_checkpoint(step: int, when: float, seconds: float) -> bytes:
+    """Encode a CHECKPOINT record (record header included)."""
+    return RECORD_HEADER.pack(CHECKPOINT, CHECKPOINT_BODY.size) + CHECKPOINT_BODY.pack(
+        step, when, seconds
+    )
+
+
 def step_payload_length(n_fields: int) -> int:
     """Payload bytes of a STEP record with ``n_fields`` fields."""
     return STEP_HEADER.size + FIELD_BYTES * n_fields
@@ -283,17 +321,65 @@ def decode_step(payload: memoryview) -> tuple[StepHeader, tuple[int, ...], tuple
     Raises:
         ProtocolError: ``truncated`` when shorter than the header or not a whole number of fields.
     """
-    extra = len(payload) - STEP_HEADER.size
-    if extra < 0 or extra % FIELD_BYTES:
+    if len(payload) < STEP_HEADER.size:
         raise ProtocolError("truncated", "STEP")
+    ids, values = _decode_fields(payload, STEP_HEADER.size, "STEP")
+    return StepHeader._make(STEP_HEADER.unpack_from(payload, 0)), ids, values
+
+
+def _decode_fields(
+    payload: memoryview, off: int, what: str
+) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    extra = len(payload) - off
+    if extra < 0 or extra % FIELD_BYTES:
+        raise ProtocolError("truncated", what)
     n = extra // FIELD_BYTES
-    head = StepHeader._make(STEP_HEADER.unpack_from(payload, 0))
     if n == 0:
-        return head, (), ()
-    off = STEP_HEADER.size
+        return (), ()
     ids = struct.unpack_from(f"<{n}{FIELD_ID}", payload, off)
     values = struct.unpack_from(f"<{n}{FIELD_VALUE}", payload, off + 2 * n)
-    return head, ids, values
+    return ids, values
+
+
+def decode_eval(payload: memoryview) -> tuple[int, float, tuple[int, ...], tuple[float, ...]]:
+    """Decode an EVAL payload to ``(step, time, field ids, field values)``.
+
+    Raises:
+        ProtocolError: ``truncated``.
+    """
+    if len(payload) < EVAL_HEADER.size:
+        raise ProtocolError("truncated", "EVAL")
+    step, when = EVAL_HEADER.unpack_from(payload, 0)
+    ids, values = _decode_fields(payload, EVAL_HEADER.size, "EVAL")
+    return int(step), float(when), ids, values
+
+
+def decode_track(payload: memoryview) -> tuple[int, bool, float, int]:
+    """Decode a TRACK payload to ``(name id, active, seconds_total, count)``.
+
+    Raises:
+        ProtocolError: ``truncated`` or ``malformed`` (reserved id, negative or NaN seconds).
+    """
+    if len(payload) != TRACK_BODY.size:
+        raise ProtocolError("truncated", "TRACK")
+    field_id, active, seconds, count = TRACK_BODY.unpack_from(payload, 0)
+    if field_id < FIRST_CUSTOM_ID or active > 1 or not (0.0 <= seconds < math.inf):
+        raise ProtocolError("malformed", "TRACK")
+    return int(field_id), bool(active), float(seconds), int(count)
+
+
+def decode_checkpoint(payload: memoryview) -> tuple[int, float, float]:
+    """Decode a CHECKPOINT payload to ``(step, time, seconds)``; seconds may be NaN.
+
+    Raises:
+        ProtocolError: ``truncated`` or ``malformed`` (time not finite, negative seconds).
+    """
+    if len(payload) != CHECKPOINT_BODY.size:
+        raise ProtocolError("truncated", "CHECKPOINT")
+    step, when, seconds = CHECKPOINT_BODY.unpack_from(payload, 0)
+    if not math.isfinite(when) or seconds < 0:
+        raise ProtocolError("malformed", "CHECKPOINT")
+    return int(step), float(when), float(seconds)
 
 
 def decode_finish(payload: memoryview) -> tuple[int, float]:

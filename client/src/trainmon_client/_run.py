@@ -13,6 +13,7 @@ backoff. Nothing in ``log()`` raises.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import errno
 import logging
 import math
@@ -23,7 +24,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any, NamedTuple
 
@@ -154,10 +155,11 @@ class Run:
         self._header = P.packet_header()
         self._buf = bytearray(self._header)
         self._buf_records = 0
-        self._buf_steps = 0  # STEP records in _buf: what a drop of it loses
+        self._buf_steps = 0  # data records (not NAME/HELLO/FINISH) in _buf: what a drop loses
         self._full: list[tuple[bytes, int]] = []  # (packet, its STEP records) waiting to be sent
         self._pending: list[tuple[Any, float, float, dict[str, Any]]] = []
         self._resend_names = False
+        self._ops: dict[int, list[float]] = {}  # TRACK name id -> [seconds_total, count]
         self._plans: dict[tuple[str, ...], _Plan] = {}
         self._names: dict[str, int] = {}
         self._sock: socket.socket | None = None
@@ -248,6 +250,132 @@ class Run:
                 _live_runs.discard(self)
                 atexit.unregister(self._atexit)
 
+    def eval(self, step: int, /, **metrics: Any) -> None:
+        """Record the results of one evaluation. Never raises; sent at once.
+
+        Args:
+            step: the training step the evaluation belongs to.
+            **metrics: ``val_loss`` (validation loss; the exporter derives improvement rate,
+                train/validation gap and plateau from it) and any named scalar
+                (e.g. ``accuracy``), with the same name rules as :meth:`log`.
+
+        Example:
+            >>> run = init(run="doc", socket_path="/nonexistent/x.sock")
+            >>> run.eval(1000, val_loss=2.31, accuracy=0.41)
+        """
+        if self._closed:
+            return
+        now = _perf()
+        try:
+            values = self._snapshot(metrics)
+            ids: list[int] = []
+            vals: list[float] = []
+            for key, value in values.items():
+                field_id = P.STANDARD_FIELDS.get(key) or self._intern(key)
+                if field_id:
+                    ids.append(field_id)
+                    vals.append(value)
+                else:
+                    self._refused += 1
+            s = step if type(step) is int and 0 <= step <= _MAX_STEP else _as_step(step)
+            if s is None:
+                self._refused += 1
+                return
+            self._encode_pending()
+            head = P.EVAL_HEADER.pack(s, _wall())
+            self._add_record(P.encode_fields(P.EVAL, head, ids, vals), data=True)
+            self._flush(now)
+        except Exception:
+            self._internal_errors += 1
+            log.debug("trainmon_client: eval() failed internally", exc_info=True)
+        finally:
+            self._overhead += _perf() - now
+
+    @contextlib.contextmanager
+    def track(self, name: str) -> Iterator[None]:
+        """Time a monitoring operation (validation, sample generation, checkpoint writing).
+
+        The exporter exports the time per operation and the total monitoring share of wall
+        time, and does not call a rank hung while one of its operations runs. Entry and exit
+        each send at once (about 0.1 ms), so wrap operations that take time, not per-step
+        arithmetic. Exceptions of the block propagate; trainmon's own never do.
+
+        Args:
+            name: operation name, same rules as a custom metric name.
+
+        Example:
+            >>> run = init(run="doc", socket_path="/nonexistent/x.sock")
+            >>> with run.track("validation"):
+            ...     pass  # evaluate the model here
+        """
+        field_id = self._track_begin(name)
+        t0 = _perf()
+        try:
+            yield
+        finally:
+            self._track_end(field_id, _perf() - t0)
+
+    def checkpoint(self, step: int, /, *, seconds: float | None = None) -> None:
+        """Record that a checkpoint of ``step`` was written, taking ``seconds``. Never raises.
+
+        Example:
+            >>> run = init(run="doc", socket_path="/nonexistent/x.sock")
+            >>> run.checkpoint(5000, seconds=12.5)
+        """
+        if self._closed:
+            return
+        now = _perf()
+        try:
+            s = step if type(step) is int and 0 <= step <= _MAX_STEP else _as_step(step)
+            sec = _NAN if seconds is None else self._coerce(seconds)
+            if s is None or sec is _REFUSED or sec < 0:
+                self._refused += 1
+                return
+            self._encode_pending()
+            self._add_record(P.encode_checkpoint(s, _wall(), sec), data=True)
+            self._flush(now)
+        except Exception:
+            self._internal_errors += 1
+            log.debug("trainmon_client: checkpoint() failed internally", exc_info=True)
+
+    def _track_begin(self, name: str) -> int:
+        if self._closed:
+            return 0
+        now = _perf()
+        try:
+            field_id = self._intern(name)
+            if not field_id:
+                self._refused += 1
+                return 0
+            totals = self._ops.setdefault(field_id, [0.0, 0])
+            self._encode_pending()
+            self._add_record(P.encode_track(field_id, True, totals[0], int(totals[1])), True)
+            self._flush(now)
+            return field_id
+        except Exception:
+            self._internal_errors += 1
+            log.debug("trainmon_client: track() failed internally", exc_info=True)
+            return 0
+        finally:
+            self._overhead += _perf() - now
+
+    def _track_end(self, field_id: int, seconds: float) -> None:
+        if self._closed or not field_id:
+            return
+        now = _perf()
+        try:
+            totals = self._ops[field_id]
+            totals[0] += seconds
+            totals[1] += 1
+            self._encode_pending()
+            self._add_record(P.encode_track(field_id, False, totals[0], int(totals[1])), True)
+            self._flush(now)
+        except Exception:
+            self._internal_errors += 1
+            log.debug("trainmon_client: track() failed internally", exc_info=True)
+        finally:
+            self._overhead += _perf() - now
+
     def __enter__(self) -> Run:
         return self
 
@@ -261,7 +389,7 @@ class Run:
 
     @property
     def dropped(self) -> dict[str, int]:
-        """Steps dropped so far, by reason.
+        """Data records (steps, evaluations, checkpoints, tracked operations) dropped, by reason.
 
         ``disconnected``: no exporter was reachable; ``backpressure``: the socket buffer was full.
         """
@@ -361,9 +489,9 @@ class Run:
                 *fields,
             )
             self._prev_t = t0
-            self._add_record(record, step=True)
+            self._add_record(record, data=True)
 
-    def _add_record(self, record: bytes, step: bool = False) -> None:
+    def _add_record(self, record: bytes, data: bool = False) -> None:
         if len(self._buf) + len(record) > FLUSH_BYTES:
             self._full.append((bytes(self._buf), self._buf_steps))
             self._buf = bytearray(self._header)
@@ -371,7 +499,7 @@ class Run:
             self._buf_steps = 0
         self._buf += record
         self._buf_records += 1
-        self._buf_steps += step
+        self._buf_steps += data
 
     # ------------------------------------------------------------------------- slow paths
 

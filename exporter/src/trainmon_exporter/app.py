@@ -46,6 +46,7 @@ def build_exporter(settings: Settings) -> Exporter:
     """Wire the store, registry, collectors and ingest server (nothing starts yet)."""
     disable_created_metrics()  # type: ignore[no-untyped-call] # no *_created series: they double the exposition for nothing
     store = Store(
+        analytics=settings.analytics,
         max_ranks=settings.max_ranks,
         max_custom_metrics=settings.max_custom_metrics,
         buckets=settings.step_duration_buckets,
@@ -75,6 +76,20 @@ async def _sweep(store: Store) -> None:
             log.info("expired %d disconnected rank(s)", n)
 
 
+async def _watch_hangs(store: Store, period: float = 0.5) -> None:
+    """Judge hangs between scrapes, so a hang episode is counted within ``period`` seconds."""
+    while True:
+        await asyncio.sleep(period)
+        for s in store.check_hangs(time.time()):
+            log.warning(
+                "run %s rank %d is hung: no step for %.0f s (median step %.2f s)",
+                s.run,
+                s.rank,
+                time.time() - (s.last_step_time or 0.0),
+                s.analytics.median_step_time() or 0.0,
+            )
+
+
 def create_app(settings: Settings) -> FastAPI:
     """Build the exporter's ASGI app from ``settings``.
 
@@ -86,13 +101,14 @@ def create_app(settings: Settings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         ex.ingest.start()
-        sweeper = asyncio.create_task(_sweep(ex.store))
+        tasks = [asyncio.create_task(_sweep(ex.store)), asyncio.create_task(_watch_hangs(ex.store))]
         try:
             yield
         finally:
-            sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sweeper
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             ex.ingest.close()
             log.info("ingest socket closed and removed")
 

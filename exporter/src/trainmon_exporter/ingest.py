@@ -50,7 +50,15 @@ INVALID_REASONS = (
 ``custom_cap`` counts NAME records over ``max_custom_metrics``."""
 DROP_REASONS = ("unknown_field", "custom_cap", "unknown_hello_key")
 """``reason`` values of ``trainmon_ingest_values_dropped_total``."""
-RECORD_TYPES = {P.HELLO: "hello", P.NAME: "name", P.STEP: "step", P.FINISH: "finish"}
+RECORD_TYPES = {
+    P.HELLO: "hello",
+    P.NAME: "name",
+    P.STEP: "step",
+    P.FINISH: "finish",
+    P.EVAL: "eval",
+    P.TRACK: "track",
+    P.CHECKPOINT: "checkpoint",
+}
 
 
 def _printable(value: str, limit: int) -> str:
@@ -402,6 +410,10 @@ class IngestServer:
                 raise _Refused("custom_cap")
             if rtype == P.HELLO:
                 return self._hello(conn, payload)
+            if rtype in (P.EVAL, P.TRACK, P.CHECKPOINT):
+                if conn.state is None:
+                    raise _Refused("no_hello")
+                return self._occasional(conn, conn.state, rtype, payload)
             if rtype == P.FINISH:
                 if conn.state is None:
                     raise _Refused("no_hello")
@@ -416,6 +428,44 @@ class IngestServer:
         except P.ProtocolError as exc:
             self.metrics._invalid[exc.reason].inc()
             return _CLOSE if rtype == P.HELLO else _REFUSED
+
+    def _occasional(
+        self, conn: Connection, state: RankState, rtype: int, payload: memoryview
+    ) -> object:
+        """EVAL, TRACK and CHECKPOINT records (rare: at most a few per minute)."""
+        if rtype == P.CHECKPOINT:
+            step, when, seconds = P.decode_checkpoint(payload)
+            state.checkpoint = (step, when, seconds)
+            state.checkpoints_total += 1
+            return _APPLIED
+        if rtype == P.TRACK:
+            field_id, active, seconds, count = P.decode_track(payload)
+            name = conn.names.get(field_id)
+            if name is None:
+                self.metrics.dropped_values.labels("unknown_field").inc()
+                return _REFUSED
+            state.ops[name] = [seconds, float(count), 1.0 if active else 0.0]
+            return _APPLIED
+        step, _when, ids, values = P.decode_eval(payload)
+        val_loss = None
+        for fid, v in zip(ids, values, strict=True):
+            if fid in (1, 6):  # loss or val_loss
+                val_loss = v
+                continue
+            name = conn.names.get(fid)
+            if name is None:
+                self.metrics.dropped_values.labels("unknown_field").inc()
+            elif (
+                name in state.eval_values or len(state.eval_values) < self.store.max_custom_metrics
+            ):
+                state.eval_values[name] = v
+            else:
+                self.metrics.dropped_values.labels("custom_cap").inc()
+        state.eval_step = step
+        if val_loss is not None:
+            state.eval_values["val_loss"] = val_loss
+        state.analytics.observe_eval(val_loss)
+        return _APPLIED
 
     def _hello(self, conn: Connection, payload: memoryview) -> object:
         if conn.state is not None:

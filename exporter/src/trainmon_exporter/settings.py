@@ -13,6 +13,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from trainmon_client._env import DEFAULT_SOCKET
+from trainmon_exporter.analytics import AnalyticsSettings
 
 DEFAULT_PORT = 9478
 DEFAULT_STEP_BUCKETS = (
@@ -37,6 +38,7 @@ class CollectorToggles(BaseModel):
     """Which collectors run at scrape time (node_exporter's ``--collector.<name>``)."""
 
     training: bool = Field(True, description="per-(run, rank) training series")
+    health: bool = Field(True, description="spikes, hangs, throughput, evaluation, cost")
     exporter: bool = Field(True, description="the exporter's own build info and state sizes")
     process: bool = Field(True, description="process_* CPU, memory and file-descriptor series")
 
@@ -100,6 +102,7 @@ class Settings(BaseSettings):
     )
     log_level: str = Field("info", description="critical, error, warning, info or debug.")
     collectors: CollectorToggles = CollectorToggles()
+    analytics: AnalyticsSettings = AnalyticsSettings()
 
     @field_validator("listen")
     @classmethod

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainmon_client import _protocol as P
+from trainmon_exporter.analytics import AnalyticsSettings, RankAnalytics
 
 NONFINITE_FIELDS = ("loss", "grad_norm", "lr", "custom")
 """``field`` label values of ``trainmon_train_nonfinite_values_total``; ``custom`` sums every
@@ -32,6 +33,7 @@ class WindowPoint:
     tokens: float
     samples: float
     overhead: float
+    monitoring: float  # client overhead + tracked operations, cumulative seconds
 
 
 @dataclass(slots=True)
@@ -53,6 +55,7 @@ class RankState:
     started_at: float
     flops_per_token: float | None
     buckets: tuple[float, ...]
+    analytics: RankAnalytics
     connected: bool = True
     status: str = "running"
     connected_mono: float = field(default_factory=time.monotonic)
@@ -75,6 +78,11 @@ class RankState:
     hist_sum: float = 0.0
     hist_count: int = 0
     window: deque[WindowPoint] = field(default_factory=lambda: deque(maxlen=2048))
+    ops: dict[str, list[float]] = field(default_factory=dict)  # name -> [seconds, count, active]
+    checkpoint: tuple[int, float, float] | None = None  # step, time, seconds
+    checkpoints_total: int = 0
+    eval_values: dict[str, float | None] = field(default_factory=dict)
+    eval_step: int | None = None
 
     def __post_init__(self) -> None:
         self.hist_counts = [0] * (len(self.buckets) + 1)
@@ -98,8 +106,10 @@ class RankState:
         connection's custom field ids to names (None: refused by the cap).
         """
         (step, steps, when, step_time, tokens, samples, overhead, d_disc, d_bp, refused) = head
-        if steps < self.steps_total:
+        restarted = steps < self.steps_total
+        if restarted:
             self.window.clear()  # the client restarted: its totals started over
+        new_tokens = tokens if restarted else tokens - self.tokens_total
         self.step = step
         self.last_step_time = when
         self.steps_total = steps
@@ -114,16 +124,21 @@ class RankState:
             self.hist_sum += step_time
             self.hist_count += 1
         win = self.window
-        win.append(WindowPoint(when, tokens, samples, overhead))
+        win.append(WindowPoint(when, tokens, samples, overhead, overhead + self.ops_seconds()))
         horizon = when - window_s
         while len(win) > 2 and win[1].time <= horizon:
             win.popleft()
         unknown = 0
+        loss = grad_norm = None
         std = P.STANDARD_NAMES
         for fid, v in zip(ids, values, strict=True):
             name = std.get(fid)
             if name is not None:
                 self.values[name] = v
+                if fid == 1:
+                    loss = v
+                elif fid == 3:
+                    grad_norm = v
                 if (name == "loss" or name == "grad_norm" or name == "lr") and not math.isfinite(v):
                     self.nonfinite[name] += 1
                 continue
@@ -136,7 +151,16 @@ class RankState:
             self.custom[cname] = v
             if not math.isfinite(v):
                 self.nonfinite["custom"] += 1
+        self.analytics.observe_step(step, loss, grad_norm, step_time, new_tokens)
         return unknown
+
+    def ops_seconds(self) -> float:
+        """Cumulative seconds of every tracked operation."""
+        return sum(op[0] for op in self.ops.values()) if self.ops else 0.0
+
+    def busy(self) -> bool:
+        """Whether a tracked operation (``Run.track``) is running now."""
+        return any(op[2] for op in self.ops.values()) if self.ops else False
 
     def finish(self, status: int) -> None:
         """Apply a FINISH record."""
@@ -152,8 +176,11 @@ class RankState:
             self.status = "crashed"
             self.crashes += 1
 
-    def rates(self, now: float, window_s: float) -> tuple[float, float, float] | None:
-        """``(tokens/s, samples/s, overhead ratio)`` over the window; None before it spans 0.5 s.
+    def rates(self, now: float, window_s: float) -> tuple[float, float, float, float] | None:
+        """``(tokens/s, samples/s, client overhead ratio, monitoring ratio)`` over the window.
+
+        None before the window spans 0.5 s. The monitoring ratio adds tracked operations to
+        the client's own time.
 
         Formula: Δ cumulative total / Δ client wall time between the oldest and the newest step
         inside the window. When the newest step is older than the window, all three are 0: a
@@ -167,11 +194,12 @@ class RankState:
         if dt < MIN_RATE_SPAN_S:  # e.g. two steps 1 ms apart, the first paying the connect
             return None
         if now - last.time > window_s:
-            return (0.0, 0.0, 0.0)
+            return (0.0, 0.0, 0.0, 0.0)
         return (
             (last.tokens - first.tokens) / dt,
             (last.samples - first.samples) / dt,
             (last.overhead - first.overhead) / dt,
+            (last.monitoring - first.monitoring) / dt,
         )
 
 
@@ -181,6 +209,7 @@ class Store:
     def __init__(
         self,
         *,
+        analytics: AnalyticsSettings | None = None,
         max_ranks: int,
         max_custom_metrics: int,
         buckets: tuple[float, ...],
@@ -195,6 +224,7 @@ class Store:
         self.window_s = window_s
         self.ttl_s = ttl_s
         self.expired_total = 0
+        self.analytics = analytics or AnalyticsSettings()
 
     def attach(self, hello: dict[str, Any]) -> RankState | str:
         """Bind a new connection to its (run, rank) state, creating or resuming it.
@@ -213,12 +243,18 @@ class Store:
             state.connected_mono = time.monotonic()
             state.disconnected_mono = None
             state.connections += 1
+            for op in state.ops.values():
+                op[2] = 0.0  # a new process runs no operation yet
             for k in P.HELLO_FIELDS[2:]:  # everything but run and rank
                 setattr(state, k, hello[k])
             return state
         if len(self.ranks) >= self.max_ranks:
             return "too_many_ranks"
-        state = RankState(**{k: hello[k] for k in P.HELLO_FIELDS}, buckets=self.buckets)
+        state = RankState(
+            **{k: hello[k] for k in P.HELLO_FIELDS},
+            buckets=self.buckets,
+            analytics=RankAnalytics(self.analytics),
+        )
         self.ranks[key] = state
         return state
 
@@ -237,3 +273,15 @@ class Store:
                 del self.ranks[k]
             self.expired_total += len(dead)
         return len(dead)
+
+    def check_hangs(self, now: float) -> list[RankState]:
+        """Run every connected rank's hang detector; returns ranks whose hang just started."""
+        started = []
+        with self.lock:
+            for s in self.ranks.values():
+                if s.connected and s.last_step_time is not None:
+                    if s.analytics.check_hang(now - s.last_step_time, s.busy()):
+                        started.append(s)
+                else:
+                    s.analytics.hung = False
+        return started

@@ -171,9 +171,9 @@ class TrainingCollector:
             labels=["run", "rank", "field"],
         )
         dropped = CounterMetricFamily(
-            "trainmon_client_dropped_steps",
-            "Steps the client logged but could not deliver: reason=disconnected (no exporter "
-            "reachable) or backpressure (socket buffer full).",
+            "trainmon_client_dropped_messages",
+            "Steps, evaluations, checkpoints and tracked operations the client could not "
+            "deliver: reason=disconnected (no exporter reachable) or backpressure (buffer full).",
             labels=["run", "rank", "reason"],
         )
         custom = GaugeMetricFamily(

@@ -1,0 +1,328 @@
+"""Training-health analytics at step resolution, one :class:`RankAnalytics` per (run, rank).
+
+Prometheus samples gauges every scrape (15 s by default), so a one-step spike between two
+scrapes is invisible in a gauge. Every step-level event is therefore detected here, on every
+step the exporter receives, and exported as a counter. The detectors and their formulas:
+
+- **EMA of the loss**: ``ema = d * ema + (1 - d) * loss`` with ``d = ema_decay`` (0.99). It is
+  initialised from the first finite loss, and continues when a rank reconnects under the same
+  run id while the exporter still holds its state.
+- **Rolling statistics**: mean and standard deviation of the loss and grad norm over the last
+  ``window_steps`` finite values (running sums, O(1) per step).
+- **Spikes** (loss and grad norm): the one-sided z-score of a value against the *preceding*
+  window, ``z = (x - mean) / max(std, rel_std_floor * |mean|)``, judged once
+  ``min_history_steps`` values are in. The severity is the highest of ``spike_z`` it reaches.
+  The floor keeps a near-constant series from turning round-off into spikes.
+- **Loss-to-average ratio**: ``loss / rolling mean``, so a "10x the moving average" rule is one
+  comparison.
+- **Gradient explosion**: ``grad_norm > grad_explosion_norm``, or ``grad_norm >
+  grad_explosion_ratio * rolling mean`` once the history is in.
+  **Vanishing**: ``grad_norm < grad_vanishing_norm``.
+- **Hang**: connected, no operation under ``Run.track`` running, and no step for longer than
+  ``hang_factor * median step time + hang_grace_seconds``. It is judged only after
+  ``min_history_steps`` step times, and counted once per episode.
+- **Throughput**: the median per-step rate (tokens/s, or steps/s without tokens) of the last
+  ``throughput_recent_steps``, over the median of the last ``throughput_baseline_steps``.
+- **Straggler** (across the ranks of a run): the rank's recent median step time over the median
+  of all ranks' recent medians. Under synchronous data parallelism, collectives equalise the
+  time between ``log()`` calls, so this shows stragglers only where ranks do not wait for
+  each other (see docs/detection.md).
+- **Trend**: the least-squares slope of the EMA over the last ``trend_window_steps`` steps
+  (loss units per step). **Plateau**: a full window whose EMA changed by less than
+  ``plateau_tolerance`` (relative).
+- **Evaluation**:
+  - improvement per evaluation ``(prev - cur) / |prev|``, slow under ``eval_slow_improvement``;
+  - gap ``(val_loss - train EMA) / train EMA``, overfitting over ``eval_overfit_gap``;
+  - plateau: the last ``eval_plateau_evals`` evaluations each within ``eval_plateau_change``
+    of the one before.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from collections import deque
+from typing import NamedTuple
+
+from pydantic import BaseModel, Field, model_validator
+
+SEVERITIES = ("minor", "major", "severe")
+
+
+class AnalyticsSettings(BaseModel):
+    """Thresholds and windows of the detectors (``TRAINMON_ANALYTICS__<NAME>``)."""
+
+    ema_decay: float = Field(0.99, gt=0, lt=1, description="EMA decay d in ema = d*ema + (1-d)*x")
+    window_steps: int = Field(100, ge=5, description="steps in the rolling mean/std windows")
+    min_history_steps: int = Field(20, ge=2, description="values needed before judging")
+    spike_z: dict[str, float] = Field(
+        default_factory=lambda: {"minor": 4.0, "major": 6.0, "severe": 10.0},
+        description="z-score at which a spike reaches each severity",
+    )
+    rel_std_floor: float = Field(
+        1e-3, ge=0, description="std floor as a share of |mean| (constant series)"
+    )
+    grad_explosion_norm: float = Field(100.0, gt=0, description="grad norm above: explosion")
+    grad_explosion_ratio: float = Field(
+        10.0, gt=1, description="grad norm above this multiple of its rolling mean: explosion"
+    )
+    grad_vanishing_norm: float = Field(1e-8, ge=0, description="grad norm below: vanishing")
+    hang_factor: float = Field(2.0, gt=0, description="hung after this many median step times")
+    hang_grace_seconds: float = Field(30.0, ge=0, description="plus this grace (s)")
+    step_time_window_steps: int = Field(50, ge=3, description="steps in the step-time median")
+    throughput_recent_steps: int = Field(20, ge=3, description="steps in the recent rate")
+    throughput_baseline_steps: int = Field(500, ge=10, description="steps in the baseline rate")
+    trend_window_steps: int = Field(200, ge=10, description="steps in the EMA slope fit")
+    plateau_tolerance: float = Field(0.01, ge=0, description="relative EMA change = plateau")
+    eval_slow_improvement: float = Field(0.01, description="improvement per eval below: slow")
+    eval_overfit_gap: float = Field(0.30, description="val/train gap ratio above: overfitting")
+    eval_plateau_change: float = Field(0.01, ge=0, description="relative change below: flat")
+    eval_plateau_evals: int = Field(3, ge=2, description="evaluations that must all be flat")
+    monitoring_budget_ratio: float = Field(
+        0.05, gt=0, description="monitoring share of wall time above: over budget"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> AnalyticsSettings:
+        if set(self.spike_z) != set(SEVERITIES):
+            raise ValueError(f"spike_z needs exactly the keys {SEVERITIES}")
+        z = [self.spike_z[s] for s in SEVERITIES]
+        if z != sorted(z) or z[0] <= 0:
+            raise ValueError("spike_z thresholds must be positive and increase with severity")
+        if self.throughput_recent_steps >= self.throughput_baseline_steps:
+            raise ValueError("throughput_recent_steps must be below throughput_baseline_steps")
+        return self
+
+
+class RollingStats:
+    """Mean and population standard deviation of the last ``size`` values, O(1) per value.
+
+    Running sums drift with floating-point error, so they are recomputed from the window
+    every ``size`` updates.
+    """
+
+    __slots__ = ("_since_exact", "_sum", "_sumsq", "size", "values")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.values: deque[float] = deque(maxlen=size)
+        self._sum = 0.0
+        self._sumsq = 0.0
+        self._since_exact = 0
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def add(self, x: float) -> None:
+        """Append ``x`` (finite), evicting the oldest value when full."""
+        if len(self.values) == self.size:
+            old = self.values[0]
+            self._sum -= old
+            self._sumsq -= old * old
+        self.values.append(x)
+        self._sum += x
+        self._sumsq += x * x
+        self._since_exact += 1
+        if self._since_exact >= self.size:
+            self._sum = math.fsum(self.values)
+            self._sumsq = math.fsum(v * v for v in self.values)
+            self._since_exact = 0
+
+    def mean(self) -> float:
+        """Mean of the window (NaN when empty)."""
+        n = len(self.values)
+        return self._sum / n if n else math.nan
+
+    def std(self) -> float:
+        """Population standard deviation of the window (NaN when empty)."""
+        n = len(self.values)
+        if not n:
+            return math.nan
+        m = self._sum / n
+        return math.sqrt(max(self._sumsq / n - m * m, 0.0))
+
+
+class SpikeResult(NamedTuple):
+    """Outcome of judging one value: its z-score (NaN before enough history) and severity."""
+
+    z: float
+    severity: str | None
+
+
+def judge_spike(stats: RollingStats, x: float, cfg: AnalyticsSettings) -> SpikeResult:
+    """One-sided z-score of ``x`` against ``stats`` (before ``x`` is added) and its severity."""
+    if len(stats) < cfg.min_history_steps:
+        return SpikeResult(math.nan, None)
+    mean = stats.mean()
+    std = max(stats.std(), cfg.rel_std_floor * abs(mean), 1e-12)
+    z = (x - mean) / std
+    severity = None
+    for name in SEVERITIES:
+        if z >= cfg.spike_z[name]:
+            severity = name
+    return SpikeResult(z, severity)
+
+
+class RankAnalytics:
+    """Per-rank detector state; :meth:`observe_step` costs a few microseconds."""
+
+    def __init__(self, cfg: AnalyticsSettings) -> None:
+        self.cfg = cfg
+        self.ema: float | None = None
+        self.loss_stats = RollingStats(cfg.window_steps)
+        self.grad_stats = RollingStats(cfg.window_steps)
+        self.loss_z = math.nan
+        self.grad_z = math.nan
+        self.loss_ratio = math.nan
+        self.loss_spikes = dict.fromkeys(SEVERITIES, 0)
+        self.grad_spikes = dict.fromkeys(SEVERITIES, 0)
+        self.explosions = 0
+        self.vanishing = 0
+        self.step_times: deque[float] = deque(maxlen=cfg.step_time_window_steps)
+        self.rates: deque[float] = deque(maxlen=cfg.throughput_baseline_steps)
+        self.trend: deque[tuple[int, float]] = deque(maxlen=cfg.trend_window_steps)
+        self.hung = False
+        self.hangs = 0
+        self.evals: deque[float] = deque(maxlen=max(cfg.eval_plateau_evals, 2))
+        self.eval_total = 0
+        self.eval_loss: float | None = None
+
+    # ----------------------------------------------------------------------------- per step
+
+    def observe_step(
+        self,
+        step: int,
+        loss: float | None,
+        grad_norm: float | None,
+        step_time: float,
+        tokens: float,
+    ) -> None:
+        """Apply one step: ``loss``/``grad_norm`` None when not logged; ``tokens`` this step."""
+        cfg = self.cfg
+        if loss is not None and math.isfinite(loss):
+            stats = self.loss_stats
+            z, severity = judge_spike(stats, loss, cfg)
+            self.loss_z = z
+            if severity is not None:
+                self.loss_spikes[severity] += 1
+            mean = stats.mean()
+            self.loss_ratio = loss / mean if len(stats) and mean != 0 else math.nan
+            stats.add(loss)
+            d = cfg.ema_decay
+            self.ema = loss if self.ema is None else d * self.ema + (1.0 - d) * loss
+            self.trend.append((step, self.ema))
+        if grad_norm is not None and math.isfinite(grad_norm):
+            stats = self.grad_stats
+            z, severity = judge_spike(stats, grad_norm, cfg)
+            self.grad_z = z
+            if severity is not None:
+                self.grad_spikes[severity] += 1
+            if grad_norm > cfg.grad_explosion_norm or (
+                len(stats) >= cfg.min_history_steps
+                and grad_norm > cfg.grad_explosion_ratio * stats.mean()
+            ):
+                self.explosions += 1
+            if grad_norm < cfg.grad_vanishing_norm:
+                self.vanishing += 1
+            stats.add(grad_norm)
+        elif grad_norm is not None and grad_norm == math.inf:
+            self.explosions += 1
+        if step_time > 0.0 and step_time < math.inf:
+            self.step_times.append(step_time)
+            self.rates.append((tokens if tokens > 0 else 1.0) / step_time)
+        self.hung = False
+
+    # ----------------------------------------------------------------------------- derived
+
+    def median_step_time(self) -> float | None:
+        """Median of the recent step times (s), None before ``min_history_steps`` of them."""
+        if len(self.step_times) < min(self.cfg.min_history_steps, self.step_times.maxlen or 1):
+            return None
+        return statistics.median(self.step_times)
+
+    def check_hang(self, seconds_since_step: float, busy: bool) -> bool:
+        """Update the hang state; returns True when a new hang episode starts."""
+        median = self.median_step_time()
+        if busy or median is None:
+            self.hung = False
+            return False
+        limit = self.cfg.hang_factor * median + self.cfg.hang_grace_seconds
+        now_hung = seconds_since_step > limit
+        started = now_hung and not self.hung
+        if started:
+            self.hangs += 1
+        self.hung = now_hung
+        return started
+
+    def throughput_ratio(self) -> float | None:
+        """Recent median rate over baseline median rate; None until the baseline is 3x recent."""
+        cfg = self.cfg
+        n = len(self.rates)
+        if n < 3 * cfg.throughput_recent_steps:
+            return None
+        rates = list(self.rates)
+        baseline = statistics.median(rates)
+        recent = statistics.median(rates[-cfg.throughput_recent_steps :])
+        return recent / baseline if baseline > 0 else None
+
+    def recent_step_time(self) -> float | None:
+        """Median of the last ``throughput_recent_steps`` step times (s)."""
+        k = self.cfg.throughput_recent_steps
+        if len(self.step_times) < min(k, self.step_times.maxlen or k):
+            return None
+        return statistics.median(list(self.step_times)[-k:])
+
+    def ema_slope(self) -> float | None:
+        """Least-squares slope of the EMA over the trend window (loss units per step)."""
+        pts = self.trend
+        n = len(pts)
+        if n < self.cfg.min_history_steps:
+            return None
+        mx = sum(p[0] for p in pts) / n
+        my = sum(p[1] for p in pts) / n
+        sxx = sum((p[0] - mx) ** 2 for p in pts)
+        if sxx == 0:
+            return None
+        return sum((p[0] - mx) * (p[1] - my) for p in pts) / sxx
+
+    def plateau(self) -> bool | None:
+        """Whether a full trend window changed the EMA by less than the tolerance."""
+        pts = self.trend
+        if len(pts) < (pts.maxlen or 0):
+            return None
+        first, last = pts[0][1], pts[-1][1]
+        if first == 0:
+            return None
+        return abs(last - first) / abs(first) < self.cfg.plateau_tolerance
+
+    # ----------------------------------------------------------------------------- evaluation
+
+    def observe_eval(self, val_loss: float | None) -> None:
+        """Apply one evaluation's validation loss (None when it reported none)."""
+        self.eval_total += 1
+        if val_loss is not None and math.isfinite(val_loss):
+            self.eval_loss = val_loss
+            self.evals.append(val_loss)
+
+    def eval_improvement(self) -> float | None:
+        """``(previous - last) / |previous|`` validation loss; None before two evaluations."""
+        if len(self.evals) < 2 or self.evals[-2] == 0:
+            return None
+        return (self.evals[-2] - self.evals[-1]) / abs(self.evals[-2])
+
+    def eval_gap(self) -> float | None:
+        """``(val_loss - train EMA) / train EMA``; None without both."""
+        if self.eval_loss is None or not self.ema:
+            return None
+        return (self.eval_loss - self.ema) / self.ema
+
+    def eval_plateau(self) -> bool | None:
+        """Whether the last ``eval_plateau_evals`` evaluations each changed under the tolerance."""
+        k = self.cfg.eval_plateau_evals
+        vals = list(self.evals)
+        if len(vals) < k:
+            return None
+        recent = vals[-k:]
+        tol = self.cfg.eval_plateau_change
+        return all(abs(b - a) <= tol * abs(a) for a, b in itertools.pairwise(recent))

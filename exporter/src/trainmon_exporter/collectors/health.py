@@ -1,0 +1,289 @@
+"""Training-health series: detectors of :mod:`trainmon_exporter.analytics` per (run, rank).
+
+Event counters (spikes, explosions, hangs, evaluations, checkpoints) exist at 0 from a rank's
+first message, so the first event of a run shows up in ``increase()``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterable
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+
+from trainmon_exporter.analytics import SEVERITIES, RankAnalytics
+from trainmon_exporter.collectors import CollectorContext, register
+from trainmon_exporter.state import RankState
+
+RL = ["run", "rank"]
+
+_GAUGES: tuple[tuple[str, str, Callable[[RankState, RankAnalytics], float | None]], ...] = (
+    (
+        "trainmon_train_loss_ema",
+        "EMA of the loss: ema = d*ema + (1-d)*loss, d = ema_decay "
+        "(0.99), started at the first finite loss.",
+        lambda s, a: a.ema,
+    ),
+    (
+        "trainmon_train_loss_mean",
+        "Mean of the last window_steps finite losses.",
+        lambda s, a: _fin(a.loss_stats.mean()),
+    ),
+    (
+        "trainmon_train_loss_stddev",
+        "Standard deviation of the last window_steps finite losses.",
+        lambda s, a: _fin(a.loss_stats.std()),
+    ),
+    (
+        "trainmon_train_loss_zscore",
+        "z-score of the last loss against the preceding window.",
+        lambda s, a: _fin(a.loss_z),
+    ),
+    (
+        "trainmon_train_loss_to_average_ratio",
+        "Last loss divided by the mean of the preceding "
+        "window (10 means ten times the moving average).",
+        lambda s, a: _fin(a.loss_ratio),
+    ),
+    (
+        "trainmon_train_grad_norm_mean",
+        "Mean of the last window_steps finite grad norms.",
+        lambda s, a: _fin(a.grad_stats.mean()),
+    ),
+    (
+        "trainmon_train_grad_norm_stddev",
+        "Standard deviation of the last window_steps grad norms.",
+        lambda s, a: _fin(a.grad_stats.std()),
+    ),
+    (
+        "trainmon_train_grad_norm_zscore",
+        "z-score of the last grad norm against the preceding window.",
+        lambda s, a: _fin(a.grad_z),
+    ),
+    (
+        "trainmon_train_step_time_median_seconds",
+        "Median of the last step_time_window_steps step times (s): the rank's usual step time.",
+        lambda s, a: a.median_step_time(),
+    ),
+    (
+        "trainmon_train_hung",
+        "1 while the rank is connected, runs no tracked operation and has "
+        "not stepped for hang_factor x median step time + hang_grace_seconds.",
+        lambda s, a: 1.0 if a.hung else 0.0,
+    ),
+    (
+        "trainmon_train_throughput_ratio",
+        "Median per-step tokens/s of the last "
+        "throughput_recent_steps over that of the last throughput_baseline_steps (1 = as usual).",
+        lambda s, a: a.throughput_ratio(),
+    ),
+    (
+        "trainmon_train_loss_ema_slope",
+        "Least-squares slope of the loss EMA over the last "
+        "trend_window_steps (loss per step; above 0: diverging).",
+        lambda s, a: a.ema_slope(),
+    ),
+    (
+        "trainmon_train_loss_plateau",
+        "1 when the loss EMA moved less than plateau_tolerance "
+        "(relative) across a full trend window.",
+        lambda s, a: _flag(a.plateau()),
+    ),
+    (
+        "trainmon_eval_loss",
+        "Validation loss of the last evaluation (Run.eval val_loss).",
+        lambda s, a: a.eval_loss,
+    ),
+    (
+        "trainmon_eval_step",
+        "Training step of the last evaluation.",
+        lambda s, a: None if s.eval_step is None else float(s.eval_step),
+    ),
+    (
+        "trainmon_eval_improvement_ratio",
+        "(previous - last) / |previous| validation loss.",
+        lambda s, a: a.eval_improvement(),
+    ),
+    (
+        "trainmon_eval_slow_improvement",
+        "1 when the last evaluation improved by less than eval_slow_improvement.",
+        lambda s, a: _flag(_lt(a.eval_improvement(), a.cfg.eval_slow_improvement)),
+    ),
+    (
+        "trainmon_eval_generalization_gap_ratio",
+        "(validation loss - training loss EMA) / training loss EMA.",
+        lambda s, a: a.eval_gap(),
+    ),
+    (
+        "trainmon_eval_overfitting",
+        "1 when the generalization gap exceeds eval_overfit_gap.",
+        lambda s, a: _flag(_gt(a.eval_gap(), a.cfg.eval_overfit_gap)),
+    ),
+    (
+        "trainmon_eval_plateau",
+        "1 when the last eval_plateau_evals evaluations each changed by "
+        "less than eval_plateau_change.",
+        lambda s, a: _flag(a.eval_plateau()),
+    ),
+    (
+        "trainmon_checkpoint_last_timestamp_seconds",
+        "When the last checkpoint was written (Unix s, Run.checkpoint).",
+        lambda s, a: None if s.checkpoint is None else s.checkpoint[1],
+    ),
+    (
+        "trainmon_checkpoint_last_duration_seconds",
+        "How long the last checkpoint took (s).",
+        lambda s, a: None if s.checkpoint is None else _fin(s.checkpoint[2]),
+    ),
+    (
+        "trainmon_checkpoint_last_step",
+        "Training step of the last checkpoint.",
+        lambda s, a: None if s.checkpoint is None else float(s.checkpoint[0]),
+    ),
+)
+
+_COUNTERS: tuple[tuple[str, str, Callable[[RankState, RankAnalytics], float]], ...] = (
+    (
+        "trainmon_train_grad_explosions",
+        "Steps whose grad norm exceeded grad_explosion_norm, "
+        "or grad_explosion_ratio x its rolling mean, or was +Inf.",
+        lambda s, a: a.explosions,
+    ),
+    (
+        "trainmon_train_grad_vanishing",
+        "Steps whose grad norm was below grad_vanishing_norm.",
+        lambda s, a: a.vanishing,
+    ),
+    ("trainmon_train_hangs", "Hang episodes (see trainmon_train_hung).", lambda s, a: a.hangs),
+    ("trainmon_eval_evaluations", "Evaluations reported (Run.eval).", lambda s, a: a.eval_total),
+    (
+        "trainmon_checkpoints",
+        "Checkpoints reported (Run.checkpoint).",
+        lambda s, a: s.checkpoints_total,
+    ),
+)
+
+
+def _fin(v: float) -> float | None:
+    return v if math.isfinite(v) else None
+
+
+def _flag(v: bool | None) -> float | None:
+    return None if v is None else (1.0 if v else 0.0)
+
+
+def _lt(v: float | None, bound: float) -> bool | None:
+    return None if v is None else v < bound
+
+
+def _gt(v: float | None, bound: float) -> bool | None:
+    return None if v is None else v > bound
+
+
+@register("health")
+class HealthCollector:
+    """Spikes, explosions, hangs, throughput, stragglers, trend, evaluation, monitoring cost."""
+
+    name = "health"
+
+    def __init__(self, ctx: CollectorContext) -> None:
+        self.store = ctx.store
+        self.window_s = ctx.settings.rate_window_seconds
+        self.budget = ctx.settings.analytics.monitoring_budget_ratio
+
+    def collect(self) -> Iterable[Metric]:
+        """Return the health families (formulas: trainmon_exporter.analytics)."""
+        now = time.time()
+        gauges = [(GaugeMetricFamily(n, h, labels=RL), f) for n, h, f in _GAUGES]
+        counters = [(CounterMetricFamily(n, h, labels=RL), f) for n, h, f in _COUNTERS]
+        loss_spikes = CounterMetricFamily(
+            "trainmon_train_loss_spikes",
+            "Steps whose loss z-score against the preceding window reached spike_z[severity] "
+            "(the highest severity reached is counted).",
+            labels=[*RL, "severity"],
+        )
+        grad_spikes = CounterMetricFamily(
+            "trainmon_train_grad_norm_spikes",
+            "Steps whose grad-norm z-score reached spike_z[severity].",
+            labels=[*RL, "severity"],
+        )
+        straggler = GaugeMetricFamily(
+            "trainmon_train_straggler_ratio",
+            "Rank's recent median step time over the median of its run's ranks (1 = typical; "
+            "only meaningful where ranks do not synchronise every step).",
+            labels=RL,
+        )
+        mon_ratio = GaugeMetricFamily(
+            "trainmon_monitoring_overhead_ratio",
+            "Share of wall time spent in monitoring over rate_window_seconds: the client's own "
+            "log() time plus operations timed with Run.track.",
+            labels=RL,
+        )
+        over_budget = GaugeMetricFamily(
+            "trainmon_monitoring_over_budget",
+            "1 when trainmon_monitoring_overhead_ratio exceeds monitoring_budget_ratio (0.05).",
+            labels=RL,
+        )
+        op_seconds = CounterMetricFamily(
+            "trainmon_monitoring_seconds",
+            "Wall time of finished runs of each tracked operation (s, Run.track).",
+            labels=[*RL, "operation"],
+        )
+        op_count = CounterMetricFamily(
+            "trainmon_monitoring_operations",
+            "Finished runs of each tracked operation.",
+            labels=[*RL, "operation"],
+        )
+        op_active = GaugeMetricFamily(
+            "trainmon_monitoring_active",
+            "1 while the tracked operation runs.",
+            labels=[*RL, "operation"],
+        )
+        eval_value = GaugeMetricFamily(
+            "trainmon_eval_value",
+            "Last value of each metric reported with Run.eval (capped like custom metrics).",
+            labels=[*RL, "name"],
+        )
+        recent: dict[str, list[tuple[list[str], float]]] = {}
+        with self.store.lock:
+            for s in self.store.ranks.values():
+                a = s.analytics
+                labels = [s.run, str(s.rank)]
+                for fam, fn in gauges:
+                    v = fn(s, a)
+                    if v is not None:
+                        fam.add_metric(labels, v)
+                for cfam, cfn in counters:
+                    cfam.add_metric(labels, float(cfn(s, a)))
+                for sev in SEVERITIES:
+                    loss_spikes.add_metric([*labels, sev], float(a.loss_spikes[sev]))
+                    grad_spikes.add_metric([*labels, sev], float(a.grad_spikes[sev]))
+                rates = s.rates(now, self.window_s)
+                if rates is not None:
+                    mon_ratio.add_metric(labels, rates[3])
+                    over_budget.add_metric(labels, 1.0 if rates[3] > self.budget else 0.0)
+                for op, (secs, count, active) in s.ops.items():
+                    op_seconds.add_metric([*labels, op], secs)
+                    op_count.add_metric([*labels, op], count)
+                    op_active.add_metric([*labels, op], active)
+                for name, v in s.eval_values.items():
+                    if v is not None and name != "val_loss":
+                        eval_value.add_metric([*labels, name], v)
+                rt = a.recent_step_time()
+                if rt is not None and s.connected:
+                    recent.setdefault(s.run, []).append((labels, rt))
+        for ranks in recent.values():
+            if len(ranks) < 2:
+                continue
+            median = statistics.median(rt for _, rt in ranks)
+            for labels, rt in ranks:
+                if median > 0:
+                    straggler.add_metric(labels, rt / median)
+        out: list[Metric] = [fam for fam, _ in gauges]
+        out += [fam for fam, _ in counters]
+        out += [loss_spikes, grad_spikes, straggler, mon_ratio, over_budget]
+        out += [op_seconds, op_count, op_active, eval_value]
+        return out

@@ -1,0 +1,215 @@
+"""Detectors on synthetic sequences, including the edge cases: constant loss, the first steps,
+warm-up, restarts, non-finite values."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from trainmon_exporter.analytics import AnalyticsSettings, RankAnalytics, RollingStats
+from trainmon_exporter.state import Store
+
+
+def feed(
+    a: RankAnalytics,
+    losses: list[float],
+    grads: list[float] | None = None,
+    step_time: float = 0.1,
+    tokens: float = 1000.0,
+    start: int = 0,
+) -> None:
+    for i, loss in enumerate(losses):
+        g = grads[i] if grads is not None else 1.0
+        a.observe_step(start + i, loss, g, step_time, tokens)
+
+
+def noisy(n: int, mean: float = 2.0, sd: float = 0.05, seed: int = 0) -> list[float]:
+    rng = random.Random(seed)
+    return [rng.gauss(mean, sd) for _ in range(n)]
+
+
+def test_ema_weights_the_history_not_the_new_value() -> None:
+    a = RankAnalytics(AnalyticsSettings())
+    feed(a, [2.0, 4.0])
+    assert a.ema == pytest.approx(0.99 * 2.0 + 0.01 * 4.0)  # 2.02, not 3.98
+
+
+def test_rolling_stats_match_a_direct_computation() -> None:
+    r = RollingStats(50)
+    xs = noisy(1000, mean=1e4, sd=3.0)
+    for x in xs:
+        r.add(x)
+    tail = xs[-50:]
+    m = sum(tail) / 50
+    assert r.mean() == pytest.approx(m)
+    assert r.std() == pytest.approx(math.sqrt(sum((x - m) ** 2 for x in tail) / 50), rel=1e-6)
+
+
+def test_clean_noisy_run_has_no_spikes() -> None:
+    a = RankAnalytics(AnalyticsSettings())
+    feed(a, noisy(5000), noisy(5000, mean=1.0, sd=0.1, seed=1))
+    assert sum(a.loss_spikes.values()) == 0
+    assert sum(a.grad_spikes.values()) == 0
+    assert a.explosions == 0 and a.vanishing == 0
+
+
+def test_warm_up_descent_is_not_a_spike() -> None:
+    a = RankAnalytics(AnalyticsSettings())
+    warmup = [5.5 * math.exp(-i / 40) + 2.0 + n for i, n in enumerate(noisy(400, 0, 0.02))]
+    feed(a, warmup)
+    assert sum(a.loss_spikes.values()) == 0
+
+
+def test_first_steps_are_not_judged() -> None:
+    a = RankAnalytics(AnalyticsSettings(min_history_steps=20))
+    feed(a, [1.0] * 19 + [100.0])
+    assert math.isnan(a.loss_z) and sum(a.loss_spikes.values()) == 0
+    feed(a, [100.0], start=20)  # 21st value: judged now (against a window containing 100)
+    assert not math.isnan(a.loss_z)
+
+
+@pytest.mark.parametrize(
+    ("jump", "severity"),
+    [(1.0 + 0.25, "minor"), (1.0 + 0.35, "major"), (1.0 + 0.6, "severe")],
+)
+def test_spike_severity_buckets(jump: float, severity: str) -> None:
+    a = RankAnalytics(AnalyticsSettings())
+    feed(a, noisy(200, mean=1.0, sd=0.05, seed=3))
+    feed(a, [jump], start=200)
+    assert a.loss_spikes == {s: int(s == severity) for s in ("minor", "major", "severe")}
+    assert a.loss_ratio == pytest.approx(jump / a.loss_stats.values[-2], rel=0.05)
+
+
+def test_ten_times_the_average() -> None:
+    a = RankAnalytics(AnalyticsSettings())
+    feed(a, noisy(100, mean=2.0, sd=0.01))
+    feed(a, [20.0], start=100)
+    assert a.loss_ratio == pytest.approx(10.0, rel=0.01)
+    assert a.loss_spikes["severe"] == 1
+
+
+def test_constant_loss_uses_the_relative_floor() -> None:
+    a = RankAnalytics(AnalyticsSettings())
+    feed(a, [2.0] * 100)
+    feed(a, [2.0 + 1e-9], start=100)  # round-off: not a spike
+    assert sum(a.loss_spikes.values()) == 0 and a.loss_z < 1e-3
+    feed(a, [2.1], start=101)  # +5 %: z = 0.1 / (1e-3 * 2) = 50
+    assert a.loss_spikes["severe"] == 1
+
+
+def test_downward_moves_are_not_spikes() -> None:
+    a = RankAnalytics(AnalyticsSettings())
+    feed(a, noisy(100, mean=2.0, sd=0.01))
+    feed(a, [0.5], start=100)
+    assert sum(a.loss_spikes.values()) == 0 and a.loss_z < 0
+
+
+def test_nonfinite_values_do_not_poison_the_statistics() -> None:
+    a = RankAnalytics(AnalyticsSettings())
+    feed(a, noisy(50))
+    ema = a.ema
+    a.observe_step(50, math.nan, math.nan, 0.1, 1000)
+    a.observe_step(51, math.inf, 1.0, 0.1, 1000)
+    assert a.ema == ema and math.isfinite(a.loss_stats.mean())
+
+
+def test_gradient_explosion_absolute_relative_and_infinite() -> None:
+    a = RankAnalytics(AnalyticsSettings(grad_explosion_norm=100.0, grad_explosion_ratio=10.0))
+    feed(a, [1.0] * 5, grads=[150.0] * 5)  # above the absolute bound from the first step
+    assert a.explosions == 5
+    b = RankAnalytics(AnalyticsSettings())
+    feed(b, [1.0] * 50, grads=noisy(50, mean=1.0, sd=0.1))
+    feed(b, [1.0], grads=[11.0], start=50)  # 11x its mean, far below 100
+    assert b.explosions == 1 and b.grad_spikes["severe"] == 1
+    b.observe_step(51, 1.0, math.inf, 0.1, 1000)
+    assert b.explosions == 2
+    feed(b, [1.0], grads=[1e-10], start=52)
+    assert b.vanishing == 1
+
+
+def test_hang_needs_history_respects_busy_and_counts_episodes() -> None:
+    a = RankAnalytics(AnalyticsSettings(hang_factor=2.0, hang_grace_seconds=1.0))
+    assert a.check_hang(1e6, busy=False) is False  # no step-time history: not judged
+    feed(a, [1.0] * 30, step_time=0.1)
+    assert a.median_step_time() == pytest.approx(0.1)
+    assert a.check_hang(1.19, busy=False) is False  # limit = 2 * 0.1 + 1 = 1.2 s
+    assert a.check_hang(1.21, busy=False) is True
+    assert a.check_hang(5.0, busy=False) is False and a.hung  # same episode: counted once
+    assert a.hangs == 1
+    assert a.check_hang(60.0, busy=True) is False and not a.hung  # in validation: not hung
+    feed(a, [1.0], step_time=0.1, start=30)  # a step arrives: over
+    assert a.check_hang(2.0, busy=False) is True and a.hangs == 2
+
+
+def test_throughput_ratio() -> None:
+    a = RankAnalytics(AnalyticsSettings())
+    feed(a, [1.0] * 59, step_time=0.1)
+    assert a.throughput_ratio() is None  # not enough baseline
+    feed(a, [1.0] * 400, step_time=0.1, start=59)
+    assert a.throughput_ratio() == pytest.approx(1.0)
+    feed(a, [1.0] * 20, step_time=0.2, start=459)  # half the speed
+    assert a.throughput_ratio() == pytest.approx(0.5)
+
+
+def test_trend_slope_and_plateau() -> None:
+    a = RankAnalytics(AnalyticsSettings(ema_decay=0.5, trend_window_steps=50))
+    feed(a, [2.0 + 0.01 * i for i in range(60)])
+    assert a.ema_slope() == pytest.approx(0.01, rel=0.05)
+    assert a.plateau() is False
+    b = RankAnalytics(AnalyticsSettings(trend_window_steps=50))
+    feed(b, [3.0] * 49)
+    assert b.plateau() is None  # window not full yet
+    feed(b, [3.0], start=49)
+    assert b.plateau() is True and b.ema_slope() == pytest.approx(0.0)
+
+
+def test_evaluation_signals() -> None:
+    a = RankAnalytics(AnalyticsSettings())
+    feed(a, [2.0] * 10)
+    a.observe_eval(3.0)
+    assert a.eval_improvement() is None and a.eval_gap() == pytest.approx(0.5)  # 50 % gap
+    a.observe_eval(2.97)  # 1 % better
+    assert a.eval_improvement() == pytest.approx(0.01)
+    a.observe_eval(2.969)
+    assert a.eval_plateau() is True  # 3 evaluations within 1 % of each other
+    a.observe_eval(2.5)
+    assert a.eval_plateau() is False and a.eval_total == 4
+    a.observe_eval(None)  # an evaluation without val_loss counts but changes nothing
+    assert a.eval_total == 5 and a.eval_loss == 2.5
+
+
+def test_state_survives_a_reconnect_under_the_same_run() -> None:
+    store = Store(max_ranks=4, max_custom_metrics=4, buckets=(1.0,), window_s=30, ttl_s=60)
+    hello: dict[str, Any] = {
+        "run": "r",
+        "rank": 0,
+        "local_rank": 0,
+        "world_size": 1,
+        "hostname": "h",
+        "pid": 1,
+        "client_version": "t",
+        "gpu_uuid": None,
+        "started_at": 0.0,
+        "flops_per_token": None,
+    }
+    s = store.attach(hello)
+    assert not isinstance(s, str)
+    feed(s.analytics, [2.0, 4.0])
+    s.disconnect(finished=False)
+    again = store.attach(hello | {"pid": 2})
+    assert again is s and again.analytics.ema == pytest.approx(2.02) and again.pid == 2
+
+
+def test_settings_validation() -> None:
+    with pytest.raises(ValidationError):
+        AnalyticsSettings(spike_z={"minor": 5.0, "major": 4.0, "severe": 10.0})
+    with pytest.raises(ValidationError):
+        AnalyticsSettings(spike_z={"low": 1.0})
+    with pytest.raises(ValidationError):
+        AnalyticsSettings(ema_decay=1.0)
+    with pytest.raises(ValidationError):
+        AnalyticsSettings(throughput_recent_steps=600)
