@@ -9,7 +9,9 @@ Two ranks with DDP over gloo (each rank is a separate series in trainmon)::
 
     torchrun --standalone --nproc_per_node=2 examples/train_char_transformer.py --steps 200
 
-The trainmon integration is the two marked lines; everything else is an ordinary loop.
+The trainmon integration is the two marked lines. Validation (``run.track`` and ``run.eval``)
+and checkpoints (``run.checkpoint``) show the optional calls; everything else is an ordinary
+loop.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shutil
 import sysconfig
+import tempfile
 import time
 from pathlib import Path
 
@@ -102,6 +106,21 @@ def train_step(
     return loss.detach(), grad_norm
 
 
+@torch.no_grad()
+def evaluate(model: nn.Module, data: torch.Tensor, batch_size: int, seq_len: int) -> float:
+    """Mean loss over 4 fixed batches of held-out text."""
+    model.eval()
+    gen = torch.Generator().manual_seed(1234)
+    losses = []
+    for _ in range(4):
+        ix = torch.randint(len(data) - seq_len - 1, (batch_size,), generator=gen)
+        x = torch.stack([data[i : i + seq_len] for i in ix.tolist()])
+        y = torch.stack([data[i + 1 : i + seq_len + 1] for i in ix.tolist()])
+        losses.append(F.cross_entropy(model(x).view(-1, 256), y.view(-1)).item())
+    model.train()
+    return sum(losses) / len(losses)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -115,6 +134,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--warmup", type=int, default=30)
     p.add_argument("--corpus-bytes", type=int, default=2_000_000)
+    p.add_argument("--eval-every", type=int, default=100, help="validate every N steps (0: off)")
+    p.add_argument("--checkpoint-every", type=int, default=200, help="save every N steps (0: off)")
     p.add_argument("--run", default=None, help="trainmon run id (default: from the launcher)")
     p.add_argument("--no-trainmon", action="store_true", help="train without reporting")
     p.add_argument("--inject-nan-at", type=int, default=-1, help="report a NaN loss at this step")
@@ -131,7 +152,10 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     torch.manual_seed(args.seed)  # same initial weights on every rank
 
-    data = load_corpus(args.corpus_bytes)
+    corpus = load_corpus(args.corpus_bytes)
+    split = int(len(corpus) * 0.9)
+    data, held_out = corpus[:split], corpus[split:]  # the last 10 % is never trained on
+    ckpt_dir = Path(tempfile.mkdtemp(prefix="trainmon-example-"))
     model = ByteTransformer(args.dim, args.layers, args.heads, args.seq_len)
     n_params = sum(p.numel() for p in model.parameters())
     ddp = nn.parallel.DistributedDataParallel(model) if world > 1 else model
@@ -165,6 +189,14 @@ def main(argv: list[str] | None = None) -> int:
             # --- trainmon, line 2 of 2 -------------------------------------------------------
             run.log(step, loss=reported, lr=lr, grad_norm=grad_norm, tokens=B * T, samples=B)
 
+            if args.eval_every and step % args.eval_every == args.eval_every - 1:
+                with run.track("validation"):  # timed; the rank is busy, not hung
+                    val_loss = evaluate(model, held_out, B, T)
+                run.eval(step, val_loss=val_loss)
+            if rank == 0 and args.checkpoint_every and step % args.checkpoint_every == 0 and step:
+                t0 = time.perf_counter()
+                torch.save({"model": model.state_dict(), "step": step}, ckpt_dir / "last.pt")
+                run.checkpoint(step, seconds=time.perf_counter() - t0)
             if rank == 0 and step % 50 == 0:
                 print(
                     f"step {step:5d}  loss {loss.item():.3f}  lr {lr:.2e}  "
@@ -184,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             f"trainmon dropped {sum(run.dropped.values())} messages",
             flush=True,
         )
+    shutil.rmtree(ckpt_dir, ignore_errors=True)
     if world > 1:
         dist.destroy_process_group()
     return 0

@@ -213,3 +213,49 @@ def test_settings_validation() -> None:
         AnalyticsSettings(ema_decay=1.0)
     with pytest.raises(ValidationError):
         AnalyticsSettings(throughput_recent_steps=600)
+
+
+def test_a_spike_does_not_mask_the_next_one() -> None:
+    """Spikes stay out of the window: a big one must not hide a smaller one right after."""
+    a = RankAnalytics(AnalyticsSettings())
+    base = noisy(300, mean=2.0, sd=0.05, seed=4)
+    feed(a, base[:100])
+    feed(a, [8.0], start=100)  # a severe bad batch
+    feed(a, base[100:150], start=101)
+    feed(a, [2.4], start=151)  # +0.4 = 8 sigma: must still be judged against sd 0.05
+    assert a.loss_spikes["severe"] == 1 and a.loss_spikes["major"] == 1
+    assert a.loss_stats.std() < 0.1
+
+
+def test_a_persistent_level_shift_becomes_the_new_normal() -> None:
+    a = RankAnalytics(AnalyticsSettings(spike_persist_steps=10))
+    feed(a, noisy(100, mean=2.0, sd=0.02, seed=5))
+    feed(a, noisy(200, mean=3.0, sd=0.02, seed=6), start=100)
+    spikes = sum(a.loss_spikes.values())
+    assert 10 <= spikes < 30  # the shift is flagged at first, then accepted as a level
+    assert a.loss_stats.mean() == pytest.approx(3.0, abs=0.05)
+
+
+def test_grad_norm_spikes_are_judged_in_log_space() -> None:
+    small = RankAnalytics(AnalyticsSettings())
+    big = RankAnalytics(AnalyticsSettings())
+    g = [x for x in noisy(100, mean=1.0, sd=0.1, seed=7)]
+    feed(small, [1.0] * 100, grads=[x * 1e-3 for x in g])
+    feed(big, [1.0] * 100, grads=[x * 1e3 for x in g])
+    feed(small, [1.0], grads=[3e-3], start=100)
+    feed(big, [1.0], grads=[3e3], start=100)
+    assert small.grad_z == pytest.approx(big.grad_z)  # scale-free
+    assert small.grad_spikes == big.grad_spikes and sum(small.grad_spikes.values()) == 1
+
+
+def test_repeated_firings_coalesce_per_kind() -> None:
+    a = RankAnalytics(AnalyticsSettings())
+    for step in range(100, 200):  # NaN loss and grad norm interleaved every step
+        a.last_step = step
+        a.event("nonfinite_loss")
+        a.event("nonfinite_grad_norm")
+    kinds = [(e.kind, e.step, e.count, e.last_step) for e in a.events]
+    assert kinds == [("nonfinite_loss", 100, 100, 199), ("nonfinite_grad_norm", 100, 100, 199)]
+    a.last_step = 250  # a new episode later is a new event
+    a.event("nonfinite_loss")
+    assert [(e.kind, e.step) for e in a.events][-1] == ("nonfinite_loss", 250)

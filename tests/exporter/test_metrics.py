@@ -109,11 +109,21 @@ def test_straggler_ratio_across_ranks(exporter: InProcessExporter) -> None:
         for (_, rank), s in state_of.ranks.items():
             for _ in range(30):
                 s.analytics.step_times.append(0.2 if rank == 2 else 0.1)
+    started = state_of.check_conditions(time.time())
+    assert [(s.rank, kind) for s, kind in started] == [(2, "straggler")]
+    assert state_of.check_conditions(time.time()) == []  # one episode, counted once
     m = exporter.metrics()
     ratios = [
         sample(m, "trainmon_train_straggler_ratio", run="strag", rank=str(i)) for i in range(3)
     ]
-    assert ratios == [1.0, 1.0, 2.0]
+    assert ratios == pytest.approx([0.1 / 0.15, 0.1 / 0.15, 2.0])  # against the *other* ranks
+    episodes = [
+        sample(m, "trainmon_train_straggler_episodes_total", run="strag", rank=str(i))
+        for i in range(3)
+    ]
+    assert episodes == [0, 0, 1]
+    events = exporter.rank("strag", 2)["events"]  # type: ignore[index]
+    assert [(e["kind"], e["value"]) for e in events] == [("straggler", 2.0)]
     for r in runs:
         r.finish()
 

@@ -13,6 +13,10 @@ step the exporter receives, and exported as a counter. The detectors and their f
   window, ``z = (x - mean) / max(std, rel_std_floor * |mean|)``, judged once
   ``min_history_steps`` values are in. The severity is the highest of ``spike_z`` it reaches.
   The floor keeps a near-constant series from turning round-off into spikes.
+  - The grad norm is judged in log space (``x = ln(grad_norm)``): norms are heavy-tailed, and
+    a tenfold jump should weigh the same at any scale.
+  - Spikes stay out of the window (robust statistics), so one bad batch does not mask the next.
+    After ``spike_persist_steps`` consecutive spikes the values are taken as a new level.
 - **Loss-to-average ratio**: ``loss / rolling mean``, so a "10x the moving average" rule is one
   comparison.
 - **Gradient explosion**: ``grad_norm > grad_explosion_norm``, or ``grad_norm >
@@ -24,9 +28,9 @@ step the exporter receives, and exported as a counter. The detectors and their f
 - **Throughput**: the median per-step rate (tokens/s, or steps/s without tokens) of the last
   ``throughput_recent_steps``, over the median of the last ``throughput_baseline_steps``.
 - **Straggler** (across the ranks of a run): the rank's recent median step time over the median
-  of all ranks' recent medians. Under synchronous data parallelism, collectives equalise the
-  time between ``log()`` calls, so this shows stragglers only where ranks do not wait for
-  each other (see docs/detection.md).
+  of the *other* ranks' recent medians (leave-one-out, so two ranks work too). Under
+  synchronous data parallelism, collectives equalise the time between ``log()`` calls, so this
+  shows stragglers only where ranks do not wait for each other (see docs/detection.md).
 - **Trend**: the least-squares slope of the EMA over the last ``trend_window_steps`` steps
   (loss units per step). **Plateau**: a full window whose EMA changed by less than
   ``plateau_tolerance`` (relative).
@@ -42,12 +46,33 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
+import time
 from collections import deque
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from pydantic import BaseModel, Field, model_validator
 
 SEVERITIES = ("minor", "major", "severe")
+MAX_EVENTS = 64
+"""Detector firings kept per rank for the API and the status page."""
+
+
+@dataclass(slots=True)
+class Event:
+    """A detector firing: what, at which training step, when (exporter Unix s), the value.
+
+    Firings of the same kind on consecutive steps are one event with a ``count`` and
+    ``last_step``, so a NaN that repeats every step after it appears does not evict the first
+    firing.
+    """
+
+    kind: str
+    step: int | None
+    time: float
+    value: float | None
+    count: int = 1
+    last_step: int | None = None
 
 
 class AnalyticsSettings(BaseModel):
@@ -62,6 +87,9 @@ class AnalyticsSettings(BaseModel):
     )
     rel_std_floor: float = Field(
         1e-3, ge=0, description="std floor as a share of |mean| (constant series)"
+    )
+    spike_persist_steps: int = Field(
+        10, ge=1, description="consecutive spikes after which the values are a new level"
     )
     grad_explosion_norm: float = Field(100.0, gt=0, description="grad norm above: explosion")
     grad_explosion_ratio: float = Field(
@@ -81,6 +109,12 @@ class AnalyticsSettings(BaseModel):
     eval_plateau_evals: int = Field(3, ge=2, description="evaluations that must all be flat")
     monitoring_budget_ratio: float = Field(
         0.05, gt=0, description="monitoring share of wall time above: over budget"
+    )
+    throughput_drop_ratio: float = Field(
+        0.7, gt=0, lt=1, description="throughput ratio below: a drop (an episode is counted)"
+    )
+    straggler_ratio: float = Field(
+        1.5, gt=1, description="straggler ratio above: a straggler (an episode is counted)"
     )
 
     @model_validator(mode="after")
@@ -171,11 +205,14 @@ class RankAnalytics:
         self.cfg = cfg
         self.ema: float | None = None
         self.loss_stats = RollingStats(cfg.window_steps)
-        self.grad_stats = RollingStats(cfg.window_steps)
+        self.grad_stats = RollingStats(cfg.window_steps)  # grad norms, for the mean
+        self.grad_log_stats = RollingStats(cfg.window_steps)  # log grad norms, for z-scores
         self.loss_z = math.nan
         self.grad_z = math.nan
         self.loss_ratio = math.nan
         self.loss_spikes = dict.fromkeys(SEVERITIES, 0)
+        self._loss_streak = 0  # consecutive loss spikes kept out of the window
+        self._grad_streak = 0
         self.grad_spikes = dict.fromkeys(SEVERITIES, 0)
         self.explosions = 0
         self.vanishing = 0
@@ -187,6 +224,50 @@ class RankAnalytics:
         self.evals: deque[float] = deque(maxlen=max(cfg.eval_plateau_evals, 2))
         self.eval_total = 0
         self.eval_loss: float | None = None
+        self.last_step: int | None = None
+        self.events: deque[Event] = deque(maxlen=MAX_EVENTS)
+        self._latest: dict[str, Event] = {}  # newest event of each kind, for coalescing
+        self.throughput_dropped = False
+        self.throughput_drops = 0
+        self.straggling = False
+        self.straggler: float | None = None  # last run-level ratio (Store.check_conditions)
+        self.straggler_episodes = 0
+
+    def _keep(self, stats: RollingStats, x: float, severity: str | None, streak: int) -> int:
+        """Add ``x`` to ``stats`` unless it is a spike; returns the new spike streak.
+
+        Spikes stay out of the window, so one bad batch does not inflate the standard
+        deviation and mask the next for a whole window. After ``spike_persist_steps``
+        consecutive spikes the values are a new level, and they enter the window.
+        """
+        if severity is None:
+            stats.add(x)
+            return 0
+        streak += 1
+        if streak >= self.cfg.spike_persist_steps:
+            stats.add(x)
+        return streak
+
+    def event(self, kind: str, value: float | None = None) -> None:
+        """Record a detector firing at the last step seen.
+
+        A firing on the step right after the last firing of the same kind extends that event
+        (count, last_step) instead of adding one, whatever fired in between.
+        """
+        step = self.last_step
+        prev = self._latest.get(kind)
+        if (
+            prev is not None
+            and step is not None
+            and prev.last_step is not None
+            and 0 <= step - prev.last_step <= 1
+        ):
+            prev.count += 1
+            prev.last_step = step
+            return
+        ev = Event(kind, step, time.time(), value, 1, step)
+        self.events.append(ev)
+        self._latest[kind] = ev
 
     # ----------------------------------------------------------------------------- per step
 
@@ -200,34 +281,48 @@ class RankAnalytics:
     ) -> None:
         """Apply one step: ``loss``/``grad_norm`` None when not logged; ``tokens`` this step."""
         cfg = self.cfg
+        self.last_step = step
         if loss is not None and math.isfinite(loss):
             stats = self.loss_stats
             z, severity = judge_spike(stats, loss, cfg)
             self.loss_z = z
             if severity is not None:
                 self.loss_spikes[severity] += 1
+                self.event(f"loss_spike_{severity}", loss)
             mean = stats.mean()
             self.loss_ratio = loss / mean if len(stats) and mean != 0 else math.nan
-            stats.add(loss)
+            self._loss_streak = self._keep(stats, loss, severity, self._loss_streak)
             d = cfg.ema_decay
             self.ema = loss if self.ema is None else d * self.ema + (1.0 - d) * loss
             self.trend.append((step, self.ema))
-        if grad_norm is not None and math.isfinite(grad_norm):
+        if grad_norm is not None and math.isfinite(grad_norm) and grad_norm > 0.0:
             stats = self.grad_stats
-            z, severity = judge_spike(stats, grad_norm, cfg)
+            log_norm = math.log(grad_norm)
+            z, severity = judge_spike(self.grad_log_stats, log_norm, cfg)
             self.grad_z = z
             if severity is not None:
                 self.grad_spikes[severity] += 1
+                self.event(f"grad_norm_spike_{severity}", grad_norm)
             if grad_norm > cfg.grad_explosion_norm or (
                 len(stats) >= cfg.min_history_steps
                 and grad_norm > cfg.grad_explosion_ratio * stats.mean()
             ):
                 self.explosions += 1
+                self.event("grad_explosion", grad_norm)
             if grad_norm < cfg.grad_vanishing_norm:
                 self.vanishing += 1
-            stats.add(grad_norm)
+                self.event("grad_vanishing", grad_norm)
+            self._grad_streak = self._keep(
+                self.grad_log_stats, log_norm, severity, self._grad_streak
+            )
+            if severity is None or self._grad_streak == 0:
+                stats.add(grad_norm)
+        elif grad_norm == 0.0:
+            self.vanishing += 1
+            self.event("grad_vanishing", grad_norm)
         elif grad_norm is not None and grad_norm == math.inf:
             self.explosions += 1
+            self.event("grad_explosion", grad_norm)
         if step_time > 0.0 and step_time < math.inf:
             self.step_times.append(step_time)
             self.rates.append((tokens if tokens > 0 else 1.0) / step_time)
@@ -252,7 +347,30 @@ class RankAnalytics:
         started = now_hung and not self.hung
         if started:
             self.hangs += 1
+            self.event("hang", seconds_since_step)
         self.hung = now_hung
+        return started
+
+    def check_throughput(self) -> bool:
+        """Update the throughput-drop state; True when a new drop episode starts."""
+        ratio = self.throughput_ratio()
+        dropped = ratio is not None and ratio < self.cfg.throughput_drop_ratio
+        started = dropped and not self.throughput_dropped
+        if started:
+            self.throughput_drops += 1
+            self.event("throughput_drop", ratio)
+        self.throughput_dropped = dropped
+        return started
+
+    def set_straggler(self, ratio: float | None) -> bool:
+        """Update the straggler state from the run-level ratio; True when an episode starts."""
+        self.straggler = ratio
+        straggling = ratio is not None and ratio > self.cfg.straggler_ratio
+        started = straggling and not self.straggling
+        if started:
+            self.straggler_episodes += 1
+            self.event("straggler", ratio)
+        self.straggling = straggling
         return started
 
     def throughput_ratio(self) -> float | None:

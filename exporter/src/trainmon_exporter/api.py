@@ -10,6 +10,17 @@ from pydantic import BaseModel, Field
 from trainmon_exporter.state import RankState, Store
 
 
+class EventView(BaseModel):
+    """One detector firing."""
+
+    kind: str = Field(description="e.g. nonfinite_loss, loss_spike_severe, hang, crash")
+    step: int | None = Field(description="last training step the exporter had seen")
+    time: float = Field(description="when the exporter detected it (Unix s)")
+    value: float | None = Field(description="the value that fired it, when there is one")
+    count: int = Field(description="consecutive firings of this kind merged into this event")
+    last_step: int | None = Field(description="step of the latest of those firings")
+
+
 class RankView(BaseModel):
     """One rank as the API shows it. Times are Unix seconds; rates are per second."""
 
@@ -37,6 +48,7 @@ class RankView(BaseModel):
     refused_values: int
     crashes: int
     health: list[str] = Field(description="human-readable problems seen on this rank")
+    events: list[EventView] = Field(description="recent detector firings, oldest first")
 
 
 class RunView(BaseModel):
@@ -70,6 +82,13 @@ def _rank_view(s: RankState, now: float, window_s: float) -> RankView:
         health.append("disconnected without finishing (crashed or killed)")
     elif s.status == "failed":
         health.append("finished with an uncaught exception")
+    a = s.analytics
+    if a.hung:
+        health.append("hung: no step for longer than usual")
+    if a.throughput_dropped:
+        health.append("throughput dropped")
+    if a.straggling:
+        health.append("straggler")
     if s.dropped_disconnected or s.dropped_backpressure:
         health.append(f"client dropped {s.dropped_disconnected + s.dropped_backpressure} messages")
     return RankView(
@@ -97,6 +116,17 @@ def _rank_view(s: RankState, now: float, window_s: float) -> RankView:
         refused_values=s.refused_values,
         crashes=s.crashes,
         health=health,
+        events=[
+            EventView(
+                kind=e.kind,
+                step=e.step,
+                time=e.time,
+                value=_num(e.value),
+                count=e.count,
+                last_step=e.last_step,
+            )
+            for e in s.analytics.events
+        ],
     )
 
 

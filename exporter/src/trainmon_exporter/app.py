@@ -76,18 +76,14 @@ async def _sweep(store: Store) -> None:
             log.info("expired %d disconnected rank(s)", n)
 
 
-async def _watch_hangs(store: Store, period: float = 0.5) -> None:
-    """Judge hangs between scrapes, so a hang episode is counted within ``period`` seconds."""
+async def _watch_conditions(store: Store, period: float = 0.1, rates_every: int = 10) -> None:
+    """Judge hangs every ``period`` s, throughput drops and stragglers every ``rates_every``."""
+    tick = 0
     while True:
         await asyncio.sleep(period)
-        for s in store.check_hangs(time.time()):
-            log.warning(
-                "run %s rank %d is hung: no step for %.0f s (median step %.2f s)",
-                s.run,
-                s.rank,
-                time.time() - (s.last_step_time or 0.0),
-                s.analytics.median_step_time() or 0.0,
-            )
+        tick += 1
+        for s, kind in store.check_conditions(time.time(), rates=tick % rates_every == 0):
+            log.warning("run %s rank %d: %s detected at step %s", s.run, s.rank, kind, s.step)
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -101,7 +97,10 @@ def create_app(settings: Settings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         ex.ingest.start()
-        tasks = [asyncio.create_task(_sweep(ex.store)), asyncio.create_task(_watch_hangs(ex.store))]
+        tasks = [
+            asyncio.create_task(_sweep(ex.store)),
+            asyncio.create_task(_watch_conditions(ex.store)),
+        ]
         try:
             yield
         finally:
@@ -178,6 +177,10 @@ def render_status(data: RunsResponse, ex: Exporter) -> str:
     for run in data.runs:
         for r in run.ranks:
             health = "; ".join(r.health) or "ok"
+            if r.events:
+                last = r.events[-1]
+                times = f" x{last.count} to step {last.last_step}" if last.count > 1 else ""
+                health += f" · last event: {last.kind} at step {last.step}{times}"
             rows.append(
                 "<tr>"
                 f"<td>{e(run.run)}</td><td>{r.rank}/{r.world_size}</td>"

@@ -7,6 +7,7 @@ read it. Both sides hold :attr:`Store.lock` for the duration of one packet or on
 from __future__ import annotations
 
 import math
+import statistics
 import threading
 import time
 from bisect import bisect_left
@@ -141,6 +142,8 @@ class RankState:
                     grad_norm = v
                 if (name == "loss" or name == "grad_norm" or name == "lr") and not math.isfinite(v):
                     self.nonfinite[name] += 1
+                    self.analytics.last_step = step
+                    self.analytics.event(f"nonfinite_{name}", v)
                 continue
             if fid not in names:
                 unknown += 1
@@ -151,6 +154,8 @@ class RankState:
             self.custom[cname] = v
             if not math.isfinite(v):
                 self.nonfinite["custom"] += 1
+                self.analytics.last_step = step
+                self.analytics.event("nonfinite_custom", v)
         self.analytics.observe_step(step, loss, grad_norm, step_time, new_tokens)
         return unknown
 
@@ -167,6 +172,7 @@ class RankState:
         self.status = "finished" if status == P.FINISH_OK else "failed"
         if self.status == "failed":
             self.crashes += 1
+            self.analytics.event("failed")
 
     def disconnect(self, finished: bool) -> None:
         """The connection closed; without a FINISH first, the rank crashed."""
@@ -175,6 +181,7 @@ class RankState:
         if not finished:
             self.status = "crashed"
             self.crashes += 1
+            self.analytics.event("crash")
 
     def rates(self, now: float, window_s: float) -> tuple[float, float, float, float] | None:
         """``(tokens/s, samples/s, client overhead ratio, monitoring ratio)`` over the window.
@@ -274,14 +281,37 @@ class Store:
             self.expired_total += len(dead)
         return len(dead)
 
-    def check_hangs(self, now: float) -> list[RankState]:
-        """Run every connected rank's hang detector; returns ranks whose hang just started."""
-        started = []
+    def check_conditions(self, now: float, rates: bool = True) -> list[tuple[RankState, str]]:
+        """Judge the time-based detectors of every rank.
+
+        Hangs always; with ``rates`` also throughput drops and stragglers (medians over
+        hundreds of steps, so judged less often).
+
+        Returns the ``(rank, kind)`` episodes that just started.
+        """
+        started: list[tuple[RankState, str]] = []
         with self.lock:
+            runs: dict[str, list[tuple[RankState, float]]] = {}
             for s in self.ranks.values():
+                a = s.analytics
                 if s.connected and s.last_step_time is not None:
-                    if s.analytics.check_hang(now - s.last_step_time, s.busy()):
-                        started.append(s)
+                    if a.check_hang(now - s.last_step_time, s.busy()):
+                        started.append((s, "hang"))
+                    if not rates:
+                        continue
+                    if a.check_throughput():
+                        started.append((s, "throughput_drop"))
+                    recent = a.recent_step_time()
+                    if recent is not None:
+                        runs.setdefault(s.run, []).append((s, recent))
                 else:
-                    s.analytics.hung = False
+                    a.hung = False
+                    a.straggler = None
+            for ranks in runs.values() if rates else ():
+                for s, recent in ranks:
+                    others = [r for o, r in ranks if o is not s]
+                    median = statistics.median(others) if others else 0.0
+                    ratio = recent / median if median > 0 else None
+                    if s.analytics.set_straggler(ratio):
+                        started.append((s, "straggler"))
         return started

@@ -7,7 +7,6 @@ first message, so the first event of a run shows up in ``increase()``.
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections.abc import Callable, Iterable
 
@@ -79,6 +78,12 @@ _GAUGES: tuple[tuple[str, str, Callable[[RankState, RankAnalytics], float | None
         "Median per-step tokens/s of the last "
         "throughput_recent_steps over that of the last throughput_baseline_steps (1 = as usual).",
         lambda s, a: a.throughput_ratio(),
+    ),
+    (
+        "trainmon_train_straggler_ratio",
+        "Rank's recent median step time over the median of its run's other connected ranks, judged "
+        "every 1 s (1 = typical; only meaningful where ranks do not synchronise every step).",
+        lambda s, a: a.straggler,
     ),
     (
         "trainmon_train_loss_ema_slope",
@@ -158,6 +163,16 @@ _COUNTERS: tuple[tuple[str, str, Callable[[RankState, RankAnalytics], float]], .
         lambda s, a: a.vanishing,
     ),
     ("trainmon_train_hangs", "Hang episodes (see trainmon_train_hung).", lambda s, a: a.hangs),
+    (
+        "trainmon_train_throughput_drops",
+        "Episodes of trainmon_train_throughput_ratio below throughput_drop_ratio (0.7).",
+        lambda s, a: a.throughput_drops,
+    ),
+    (
+        "trainmon_train_straggler_episodes",
+        "Episodes of trainmon_train_straggler_ratio above straggler_ratio (1.5).",
+        lambda s, a: a.straggler_episodes,
+    ),
     ("trainmon_eval_evaluations", "Evaluations reported (Run.eval).", lambda s, a: a.eval_total),
     (
         "trainmon_checkpoints",
@@ -210,12 +225,6 @@ class HealthCollector:
             "Steps whose grad-norm z-score reached spike_z[severity].",
             labels=[*RL, "severity"],
         )
-        straggler = GaugeMetricFamily(
-            "trainmon_train_straggler_ratio",
-            "Rank's recent median step time over the median of its run's ranks (1 = typical; "
-            "only meaningful where ranks do not synchronise every step).",
-            labels=RL,
-        )
         mon_ratio = GaugeMetricFamily(
             "trainmon_monitoring_overhead_ratio",
             "Share of wall time spent in monitoring over rate_window_seconds: the client's own "
@@ -247,7 +256,6 @@ class HealthCollector:
             "Last value of each metric reported with Run.eval (capped like custom metrics).",
             labels=[*RL, "name"],
         )
-        recent: dict[str, list[tuple[list[str], float]]] = {}
         with self.store.lock:
             for s in self.store.ranks.values():
                 a = s.analytics
@@ -272,18 +280,8 @@ class HealthCollector:
                 for name, v in s.eval_values.items():
                     if v is not None and name != "val_loss":
                         eval_value.add_metric([*labels, name], v)
-                rt = a.recent_step_time()
-                if rt is not None and s.connected:
-                    recent.setdefault(s.run, []).append((labels, rt))
-        for ranks in recent.values():
-            if len(ranks) < 2:
-                continue
-            median = statistics.median(rt for _, rt in ranks)
-            for labels, rt in ranks:
-                if median > 0:
-                    straggler.add_metric(labels, rt / median)
         out: list[Metric] = [fam for fam, _ in gauges]
         out += [fam for fam, _ in counters]
-        out += [loss_spikes, grad_spikes, straggler, mon_ratio, over_budget]
+        out += [loss_spikes, grad_spikes, mon_ratio, over_budget]
         out += [op_seconds, op_count, op_active, eval_value]
         return out
