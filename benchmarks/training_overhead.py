@@ -34,6 +34,12 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=6, help="ABBA rounds")
     ap.add_argument("--block", type=int, default=40, help="steps per block")
     ap.add_argument(
+        "--watch",
+        action="store_true",
+        help="both arms log; arm A also runs run.watch(every=--watch-every), arm B pauses it",
+    )
+    ap.add_argument("--watch-every", type=int, default=100)
+    ap.add_argument(
         "--control",
         action="store_true",
         help="A/A control: arm A does not log either (shows the method's own noise and bias)",
@@ -47,11 +53,15 @@ def main() -> int:
         model = ByteTransformer(128, 2, 4, 128)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         run = trainmon_client.init(run="overhead", socket_path=exporter.socket)
+        watcher = run.watch(model, opt, every=args.watch_every) if args.watch else None
         B, T = 16, 128
         step = 0
 
-        def block(with_log: bool) -> float:
+        def block(arm_a: bool) -> float:
             nonlocal step
+            with_log = arm_a or args.watch
+            if watcher is not None:
+                watcher.enabled = arm_a and not args.control
             t0 = time.perf_counter()
             for _ in range(args.block):
                 loss, gn = train_step(model, opt, data, B, T)
@@ -89,14 +99,20 @@ def main() -> int:
             wall_a += (a1 + a2) * args.block
             overheads.append(((a1 + a2) - (b1 + b2)) / (b1 + b2))
         in_log = run.overhead_seconds - ovh0
+        logged_steps = len(a_times) * args.block * (2 if args.watch else 1)
+        logged_wall = wall_a + (sum(b_times) * args.block if args.watch else 0.0)
         run.finish()
         a, b = statistics.mean(a_times), statistics.mean(b_times)
         mean_o = statistics.mean(overheads)
         half = 2 * statistics.stdev(overheads) / len(overheads) ** 0.5
         kind = "A/A CONTROL (A does not log)" if args.control else "ABBA"
+        if args.watch:
+            kind += f" with watch(every={args.watch_every}) in A, paused in B (both log)"
         print(f"{kind}: {args.rounds} rounds x 4 blocks x {args.block} steps of the example model")
-        print(f"  A (log every step): {a * 1e3:8.2f} ms/step")
-        print(f"  B (no trainmon):    {b * 1e3:8.2f} ms/step")
+        a_name = "A (log + watch)" if args.watch else "A (log every step)"
+        b_name = "B (log, watch paused)" if args.watch else "B (no trainmon)"
+        print(f"  {a_name:22s} {a * 1e3:8.2f} ms/step")
+        print(f"  {b_name:22s} {b * 1e3:8.2f} ms/step")
         print(
             f"  overhead (A-B)/B:   {(a - b) / b * 100:+.2f} % "
             f"(per round: median {statistics.median(overheads) * 100:+.2f} %, "
@@ -106,9 +122,15 @@ def main() -> int:
             f"  mean of rounds:     {mean_o * 100:+.2f} % +- {half * 100:.2f} % (2 standard errors)"
         )
         print(
-            f"  time inside log():  {in_log / wall_a * 100:.3f} % of A's wall time "
-            f"({in_log / (len(a_times) * args.block) * 1e6:.1f} us per step, flushes included)"
+            f"  time inside log():  {in_log / logged_wall * 100:.3f} % of the logging blocks' "
+            f"wall time ({in_log / logged_steps * 1e6:.1f} us per step, flushes included)"
         )
+        if watcher is not None:
+            print(
+                f"  watch: {watcher.checks} checks, {watcher.seconds_total * 1e3:.1f} ms in all "
+                f"= {watcher.seconds_total / wall_a * 100:.3f} % of A's wall time; every is now "
+                f"{watcher.every}"
+            )
         print(f"  dropped: {run.dropped}")
     return 0
 

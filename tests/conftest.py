@@ -207,3 +207,36 @@ def child_env(**extra: str) -> dict[str, str]:
     env.update(extra)
     env["PYTHONUNBUFFERED"] = "1"
     return env
+
+
+def promtool_check_metrics(text: str) -> None:
+    """Fail unless ``promtool check metrics`` accepts ``text`` without a word.
+
+    Skips where promtool is missing, except in CI (``TRAINMON_REQUIRE_PROMTOOL``), which
+    installs it.
+    """
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        if os.environ.get("TRAINMON_REQUIRE_PROMTOOL"):
+            pytest.fail("promtool is required in CI (Debian package prometheus)")
+        pytest.skip("promtool not installed")
+    out = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.strip() == "" and out.stderr.strip() == ""  # not even a lint warning
+
+
+def tiny_model() -> tuple[Any, Any]:
+    """A 3-layer MLP (layers named 0, 2, 4 by nn.Sequential) and an AdamW optimizer."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 16),
+        torch.nn.ReLU(),
+        torch.nn.Linear(16, 16),
+        torch.nn.ReLU(),
+        torch.nn.Linear(16, 1),
+    )
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)

@@ -16,6 +16,7 @@ import pytest
 
 import trainmon_client
 from trainmon_client import _protocol as P
+from trainmon_exporter.ingest import MAX_NAMES_PER_CONNECTION
 
 from ..conftest import InProcessExporter, raw_connect, sample, wait_for
 
@@ -162,26 +163,36 @@ def test_a_hundred_thousand_custom_names_are_capped(
     )
     good.log(0, loss=1.0, mine=1.0)
     s = raw_connect(ex.socket)
-    s.send(pkt(hello(run="flood")))
-    # 2,000 names and a step that uses them, then 98,000 more names (ids are u16: rebound).
-    s.send(pkt(b"".join(P.encode_name(64 + i, f"m{i}") for i in range(2000))))
-    s.send(pkt(step(1, tuple(range(64, 2064)), tuple(float(i) for i in range(2000)))))
-    for start in range(2000, 100_000, 2000):
-        s.send(
-            pkt(
-                b"".join(P.encode_name(64 + i % 60000, f"m{i}") for i in range(start, start + 2000))
+    try:
+        s.send(pkt(hello(run="flood")))
+        # 2,000 names and a step that uses them, then 98,000 more names (ids are u16: rebound).
+        s.send(pkt(b"".join(P.encode_name(64 + i, f"m{i}") for i in range(2000))))
+        s.send(pkt(step(1, tuple(range(64, 2064)), tuple(float(i) for i in range(2000)))))
+        bound: set[int] = set(range(64, 2064))
+        refused = 0
+        for start in range(2000, 100_000, 2000):
+            ids = [64 + i % 60000 for i in range(start, start + 2000)]
+            for fid in ids:  # the rule: a new id binds while the connection has room
+                if fid in bound or len(bound) < MAX_NAMES_PER_CONNECTION:
+                    bound.add(fid)
+                else:
+                    refused += 1
+            names = (
+                P.encode_name(fid, f"m{i}")
+                for fid, i in zip(ids, range(start, start + 2000), strict=True)
             )
-        )
-    s.send(pkt(step(2)))
-    r = wait_for(lambda: (k := ex.rank("flood", 0)) and k["step"] == 2 and k, timeout=60)
-    assert len(r["custom"]) == 50
-    assert dropped(ex, "custom_cap") == 1950
-    assert invalid(ex, "custom_cap") == 100_000 - 50
-    assert ex.rank("good", 0)["custom"] == {"mine": 1.0}  # type: ignore[index]
-    m = ex.metrics()
-    assert sum(1 for (n, lbl) in m if n == "trainmon_train_custom_value") == 51
-    s.close()
-    good.finish()
+            s.send(pkt(b"".join(names)))
+        s.send(pkt(step(2)))
+        r = wait_for(lambda: (k := ex.rank("flood", 0)) and k["step"] == 2 and k, timeout=60)
+        assert len(r["custom"]) == 50  # the first 50 names that carried a value
+        assert dropped(ex, "custom_cap") == 1950
+        assert refused > 90_000 and invalid(ex, "name_cap") == refused
+        assert ex.rank("good", 0)["custom"] == {"mine": 1.0}  # type: ignore[index]
+        m = ex.metrics()
+        assert sum(1 for (n, lbl) in m if n == "trainmon_train_custom_value") == 51
+    finally:
+        s.close()
+        good.finish()
 
 
 def test_duplicate_rank_is_refused(exporter: InProcessExporter) -> None:

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 import time
 from collections.abc import Callable
 
@@ -14,7 +11,13 @@ import trainmon_client
 from trainmon_exporter.analytics import AnalyticsSettings, RankAnalytics
 from trainmon_exporter.state import RankState
 
-from ..conftest import InProcessExporter, parse_metrics, sample, wait_for
+from ..conftest import (
+    InProcessExporter,
+    parse_metrics,
+    promtool_check_metrics,
+    sample,
+    wait_for,
+)
 
 
 def scripted_session(ex: InProcessExporter, run: str = "scripted", ranks: int = 2) -> None:
@@ -53,17 +56,7 @@ def scripted_session(ex: InProcessExporter, run: str = "scripted", ranks: int = 
 
 def test_promtool_accepts_the_exposition(exporter: InProcessExporter) -> None:
     scripted_session(exporter)
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        if os.environ.get("TRAINMON_REQUIRE_PROMTOOL"):
-            pytest.fail("promtool is required in CI (Debian package prometheus)")
-        pytest.skip("promtool not installed")
-    text = exporter.metrics_text()
-    out = subprocess.run(
-        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.strip() == "" and out.stderr.strip() == ""  # not even a lint warning
+    promtool_check_metrics(exporter.metrics_text())
 
 
 def test_event_counters_of_health_start_at_zero(exporter: InProcessExporter) -> None:

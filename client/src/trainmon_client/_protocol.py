@@ -32,6 +32,9 @@ A packet is at most :data:`MAX_PACKET_BYTES` bytes. Record types:
     running now, and its cumulative seconds and count.
 ``CHECKPOINT`` (7)
     :data:`CHECKPOINT_BODY`: step, time it completed (Unix s), seconds it took (NaN unknown).
+``LAYERS`` (8)
+    :data:`LAYERS_HEADER` then ``n_stats`` stat codes (u8), ``n_layers`` layer NAME ids (u16)
+    and ``n_layers x n_stats`` values (f64, row per layer): one ``Run.watch`` check.
 
 All counters in STEP are cumulative since the client process started (never deltas), so a
 dropped packet or an exporter restart loses no totals.
@@ -61,6 +64,7 @@ FINISH: Final = 4
 EVAL: Final = 5
 TRACK: Final = 6
 CHECKPOINT: Final = 7
+LAYERS: Final = 8
 
 STEP_HEADER: Final = struct.Struct("<QQdddddQQQ")
 """STEP payload header: step, steps_total, time, step_time, tokens_total, samples_total,
@@ -105,6 +109,23 @@ TRACK_BODY: Final = struct.Struct("<HBdQ")
 """TRACK payload: name id u16, active u8 (1 while the operation runs), seconds_total f64
 (cumulative wall time of finished runs of it), count u64 (finished runs)."""
 CHECKPOINT_BODY: Final = struct.Struct("<Qdd")
+LAYER_STATS: Final[dict[str, int]] = {
+    "grad_norm": 1,
+    "grad_mean": 2,
+    "grad_std": 3,
+    "weight_norm": 4,
+    "update_ratio": 5,
+    "activation_mean": 6,
+    "activation_std": 7,
+    "dead_ratio": 8,
+}
+"""Stat codes of LAYERS records; codes ``QUANTILE_CODE0 + i`` are the ``LAYER_QUANTILES[i]``
+quantile of the layer's gradient values."""
+LAYER_QUANTILES: Final = (0.0, 0.25, 0.5, 0.75, 0.95, 0.99, 1.0)
+QUANTILE_CODE0: Final = 16
+LAYERS_HEADER: Final = struct.Struct("<QdQdHB")
+"""LAYERS payload header: optimizer step u64, time f64, checks_total u64 (watch checks so
+far), seconds_total f64 (their cumulative cost), n_layers u16, n_stats u8."""
 NAME_ID: Final = struct.Struct("<H")
 
 FINISH_OK: Final = 0
@@ -143,6 +164,7 @@ device's UUID as NVML prints it), started_at (Unix seconds), flops_per_token (fl
 MAX_NAME_CHARS: Final = 128
 """Longest run id or custom metric name accepted (characters)."""
 _NAME_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.:/\-]*\Z")
+_LABEL_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:/\-]*\Z")
 _RUN_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@+\-]*\Z")
 
 
@@ -167,6 +189,18 @@ def valid_metric_name(name: object) -> bool:
     """
     return (
         type(name) is str and 0 < len(name) <= MAX_NAME_CHARS and _NAME_RE.match(name) is not None
+    )
+
+
+def valid_name(name: object) -> bool:
+    """Whether ``name`` may travel in a NAME record.
+
+    It may be a custom metric name, an operation name, or a layer's module path, which may
+    start with a digit (``nn.Sequential`` children are ``0``, ``1``, ...): 1 to
+    :data:`MAX_NAME_CHARS` of letters, digits and ``_ . : / -``.
+    """
+    return (
+        type(name) is str and 0 < len(name) <= MAX_NAME_CHARS and _LABEL_RE.match(name) is not None
     )
 
 
@@ -239,6 +273,43 @@ def encode_checkpoint(step: int, when: float, seconds: float) -> bytes:
     return RECORD_HEADER.pack(CHECKPOINT, CHECKPOINT_BODY.size) + CHECKPOINT_BODY.pack(
         step, when, seconds
     )
+
+
+def encode_layers(
+    step: int,
+    when: float,
+    checks_total: int,
+    seconds_total: float,
+    layer_ids: list[int],
+    codes: list[int],
+    values: list[float],
+) -> bytes:
+    """Encode a LAYERS record; ``values`` is row-major, ``len(layer_ids) x len(codes)``."""
+    n, k = len(layer_ids), len(codes)
+    body = LAYERS_HEADER.pack(step, when, checks_total, seconds_total, n, k) + struct.pack(
+        f"<{k}B{n}H{n * k}d", *codes, *layer_ids, *values
+    )
+    return RECORD_HEADER.pack(LAYERS, len(body)) + body
+
+
+def decode_layers(
+    payload: memoryview,
+) -> tuple[tuple[int, float, int, float], tuple[int, ...], tuple[int, ...], tuple[float, ...]]:
+    """Decode a LAYERS payload to ``(header, stat codes, layer ids, values)``.
+
+    Raises:
+        ProtocolError: ``truncated`` when the sizes do not add up.
+    """
+    if len(payload) < LAYERS_HEADER.size:
+        raise ProtocolError("truncated", "LAYERS")
+    step, when, checks, seconds, n, k = LAYERS_HEADER.unpack_from(payload, 0)
+    if len(payload) != LAYERS_HEADER.size + k + 2 * n + 8 * n * k:
+        raise ProtocolError("truncated", "LAYERS")
+    off = LAYERS_HEADER.size
+    codes = struct.unpack_from(f"<{k}B", payload, off)
+    ids = struct.unpack_from(f"<{n}H", payload, off + k)
+    values = struct.unpack_from(f"<{n * k}d", payload, off + k + 2 * n)
+    return (int(step), float(when), int(checks), float(seconds)), codes, ids, values
 
 
 def step_payload_length(n_fields: int) -> int:

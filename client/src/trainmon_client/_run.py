@@ -39,6 +39,8 @@ FLUSH_BYTES = 48 * 1024
 """A buffer this large (bytes) is sent at once, well below :data:`MAX_PACKET_BYTES`."""
 MAX_CUSTOM_NAMES = 1024
 """Distinct custom metric names one client interns; further names are refused and counted."""
+MAX_LAYER_NAMES = 1024
+"""Room kept for watched layers' names beyond the custom names."""
 BACKOFF_MIN_S = 0.1
 BACKOFF_MAX_S = 2.0
 _SEND_FLAGS = getattr(socket, "MSG_DONTWAIT", 0) | getattr(socket, "MSG_NOSIGNAL", 0)
@@ -162,6 +164,8 @@ class Run:
         self._ops: dict[int, list[float]] = {}  # TRACK name id -> [seconds_total, count]
         self._plans: dict[tuple[str, ...], _Plan] = {}
         self._names: dict[str, int] = {}
+        self._n_custom_names = 0  # custom metric and operation names interned
+        self._n_layer_names = 0
         self._sock: socket.socket | None = None
         self._next_connect = 0.0
         self._backoff = BACKOFF_MIN_S
@@ -337,6 +341,83 @@ class Run:
         except Exception:
             self._internal_errors += 1
             log.debug("trainmon_client: checkpoint() failed internally", exc_info=True)
+
+    def watch(
+        self,
+        model: Any,
+        optimizer: Any,
+        *,
+        every: int = 100,
+        quantiles_every: int = 1000,
+        activations: bool = False,
+        exact_update: bool = True,
+        budget: float = 0.01,
+        max_layers: int = 128,
+    ) -> Any:
+        """Watch per-layer gradients, weights and updates every ``every`` optimizer steps.
+
+        Needs torch (imported here, not before). Statistics, their cost and the back-off are
+        described in :mod:`trainmon_client._watch`. The exporter exports them with a
+        ``layer`` label and watches update ratios and the layer-to-layer gradient gain.
+
+        Args:
+            model: the ``torch.nn.Module`` (the unwrapped one under DDP).
+            optimizer: its ``torch.optim.Optimizer`` (hooks on its ``step``).
+            every: optimizer steps between checks (doubled when over ``budget``).
+            quantiles_every: steps between gradient-distribution quantiles (0: never).
+            activations: also record layer outputs' mean, std and dead-unit share.
+            exact_update: copy the weights before watched steps for an exact update ratio.
+            budget: largest share of wall time the checks may take.
+            max_layers: layers watched at most (the first ones in module order).
+
+        Returns:
+            A ``Watcher``; its ``remove()`` detaches every hook.
+
+        Raises:
+            ValueError: invalid ``every``, ``budget`` or ``max_layers``.
+            ImportError: torch is not installed.
+
+        Example:
+            >>> watcher = run.watch(model, optimizer, every=100)  # doctest: +SKIP
+        """
+        if every < 1 or not 0 < budget <= 1 or max_layers < 1 or quantiles_every < 0:
+            raise ValueError("watch(): every >= 1, 0 < budget <= 1, max_layers >= 1 needed")
+        from trainmon_client._watch import Watcher
+
+        return Watcher(
+            self,
+            model,
+            optimizer,
+            every=every,
+            quantiles_every=quantiles_every,
+            activations=activations,
+            exact_update=exact_update,
+            budget=budget,
+            max_layers=max_layers,
+        )
+
+    def _send_layers(
+        self,
+        step: int,
+        names: list[str],
+        codes: list[int],
+        values: list[float],
+        checks_total: int,
+        seconds_total: float,
+    ) -> None:
+        """Queue one LAYERS record (from the watcher); sent with the next flush."""
+        if self._closed:
+            return
+        ids = [self._intern(n, layer=True) for n in names]
+        if not all(ids):
+            self._refused += sum(1 for i in ids if not i)
+            keep = [k for k, i in enumerate(ids) if i]
+            k = len(codes)
+            values = [v for row in keep for v in values[row * k : (row + 1) * k]]
+            ids = [ids[r] for r in keep]
+        self._encode_pending()
+        record = P.encode_layers(step, _wall(), checks_total, seconds_total, ids, codes, values)
+        self._add_record(record, data=True)
 
     def _track_begin(self, name: str) -> int:
         if self._closed:
@@ -538,7 +619,7 @@ class Run:
             self._plans[keys] = plan
         return plan
 
-    def _intern(self, name: str) -> int:
+    def _intern(self, name: str, layer: bool = False) -> int:
         """Field id for a custom name, or 0 when it is refused (bad name or over the cap).
 
         The caller counts refusals (per call, through the plan).
@@ -546,8 +627,14 @@ class Run:
         field_id = self._names.get(name)
         if field_id is not None:
             return field_id
-        if not P.valid_metric_name(name) or len(self._names) >= MAX_CUSTOM_NAMES:
-            return 0
+        if layer:
+            if not P.valid_name(name) or self._n_layer_names >= MAX_LAYER_NAMES:
+                return 0
+            self._n_layer_names += 1
+        else:
+            if not P.valid_metric_name(name) or self._n_custom_names >= MAX_CUSTOM_NAMES:
+                return 0
+            self._n_custom_names += 1
         field_id = P.FIRST_CUSTOM_ID + len(self._names)
         self._names[name] = field_id
         if self._sock is not None:  # otherwise the next connect sends it after HELLO

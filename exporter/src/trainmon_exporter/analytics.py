@@ -34,6 +34,12 @@ step the exporter receives, and exported as a counter. The detectors and their f
 - **Trend**: the least-squares slope of the EMA over the last ``trend_window_steps`` steps
   (loss units per step). **Plateau**: a full window whose EMA changed by less than
   ``plateau_tolerance`` (relative).
+- **Layers** (``Run.watch``): a layer's update ratio ``||dw||/||w||`` above
+  ``update_ratio_high`` or below ``update_ratio_low`` is counted per layer and check. The
+  *gradient gain* between consecutive layers (module order) is ``||g_i|| / ||g_{i+1}||``. Its
+  mean is the geometric mean over the layer pairs. The baseline is the median mean gain of the
+  first ``gain_baseline_checks`` checks. Drift is ``mean / baseline``, and an episode of
+  ``|ln drift| > ln gain_drift_factor`` is counted.
 - **Evaluation**:
   - improvement per evaluation ``(prev - cur) / |prev|``, slow under ``eval_slow_improvement``;
   - gap ``(val_loss - train EMA) / train EMA``, overfitting over ``eval_overfit_gap``;
@@ -115,6 +121,18 @@ class AnalyticsSettings(BaseModel):
     )
     straggler_ratio: float = Field(
         1.5, gt=1, description="straggler ratio above: a straggler (an episode is counted)"
+    )
+    update_ratio_high: float = Field(
+        0.1, gt=0, description="a layer's update ratio ||dw||/||w|| above this is too high"
+    )
+    update_ratio_low: float = Field(
+        1e-7, ge=0, description="a layer's update ratio below this is too low (frozen)"
+    )
+    gain_drift_factor: float = Field(
+        2.0, gt=1, description="mean gradient gain off its baseline by this factor: drift"
+    )
+    gain_baseline_checks: int = Field(
+        5, ge=1, description="watch checks whose median mean gain is the baseline"
     )
 
     @model_validator(mode="after")
@@ -232,6 +250,14 @@ class RankAnalytics:
         self.straggling = False
         self.straggler: float | None = None  # last run-level ratio (Store.check_conditions)
         self.straggler_episodes = 0
+        self.update_high = 0
+        self.update_low = 0
+        self.gain_mean: float | None = None
+        self.gain_baseline: float | None = None
+        self.gain_drift: float | None = None
+        self.gain_drifts = 0
+        self._gain_history: list[float] = []
+        self._gain_drifted = False
 
     def _keep(self, stats: RollingStats, x: float, severity: str | None, streak: int) -> int:
         """Add ``x`` to ``stats`` unless it is a spike; returns the new spike streak.
@@ -413,6 +439,56 @@ class RankAnalytics:
         if first == 0:
             return None
         return abs(last - first) / abs(first) < self.cfg.plateau_tolerance
+
+    # ----------------------------------------------------------------------------- layers
+
+    def observe_layers(self, rows: list[tuple[str, dict[int, float]]]) -> None:
+        """Apply one watch check: ``(layer, {stat code: value})`` in module order.
+
+        Stat codes: 1 grad norm, 5 update ratio (``trainmon_client._watch.STATS``).
+        """
+        cfg = self.cfg
+        high = low = 0
+        worst = 0.0
+        for _, row in rows:
+            ratio = row.get(5)
+            if ratio is None or not math.isfinite(ratio):
+                continue
+            if ratio > cfg.update_ratio_high:
+                high += 1
+                worst = max(worst, ratio)
+            elif ratio < cfg.update_ratio_low:
+                low += 1
+        if high:
+            self.update_high += high
+            self.event("update_ratio_high", worst)
+        if low:
+            self.update_low += low
+            self.event("update_ratio_low")
+        norms = [row.get(1) for _, row in rows]
+        logs = [
+            math.log(a / b)
+            for a, b in itertools.pairwise(norms)
+            if a is not None
+            and b is not None
+            and a > 0
+            and b > 0
+            and math.isfinite(a)
+            and math.isfinite(b)
+        ]
+        if not logs:
+            return
+        self.gain_mean = math.exp(sum(logs) / len(logs))
+        if len(self._gain_history) < cfg.gain_baseline_checks:
+            self._gain_history.append(self.gain_mean)
+            self.gain_baseline = statistics.median(self._gain_history)
+        drift = self.gain_mean / self.gain_baseline if self.gain_baseline else None
+        self.gain_drift = drift
+        drifted = drift is not None and abs(math.log(drift)) > math.log(cfg.gain_drift_factor)
+        if drifted and not self._gain_drifted:
+            self.gain_drifts += 1
+            self.event("grad_gain_drift", drift)
+        self._gain_drifted = drifted
 
     # ----------------------------------------------------------------------------- evaluation
 

@@ -44,11 +44,14 @@ INVALID_REASONS = (
     "invalid_name",
     "duplicate_rank",
     "too_many_ranks",
-    "custom_cap",
+    "name_cap",
 )
 """``reason`` values of ``trainmon_ingest_messages_invalid_total`` (all exported from 0);
-``custom_cap`` counts NAME records over ``max_custom_metrics``."""
-DROP_REASONS = ("unknown_field", "custom_cap", "unknown_hello_key")
+``name_cap`` counts NAME records past MAX_NAMES_PER_CONNECTION."""
+MAX_NAMES_PER_CONNECTION = 4096
+"""Names one connection may bind (custom metrics, operations, layers): a memory bound. The
+client binds at most 1,024 custom names plus its layers and operations."""
+DROP_REASONS = ("unknown_field", "custom_cap", "layer_cap", "unknown_hello_key")
 """``reason`` values of ``trainmon_ingest_values_dropped_total``."""
 RECORD_TYPES = {
     P.HELLO: "hello",
@@ -58,6 +61,7 @@ RECORD_TYPES = {
     P.EVAL: "eval",
     P.TRACK: "track",
     P.CHECKPOINT: "checkpoint",
+    P.LAYERS: "layers",
 }
 
 
@@ -133,7 +137,8 @@ class IngestMetrics:
         self.dropped_values = Counter(
             "trainmon_ingest_values_dropped",
             "Values of valid records that were dropped, by reason: unknown_field (no NAME for "
-            "the id), custom_cap (over max_custom_metrics), unknown_hello_key.",
+            "the id), custom_cap (over max_custom_metrics), layer_cap (over max_layers), "
+            "unknown_hello_key.",
             ["reason"],
             registry=registry,
         )
@@ -166,8 +171,7 @@ class Connection:
         self.sock = sock
         self.fd = sock.fileno()
         self.state: RankState | None = None
-        self.names: dict[int, str | None] = {}
-        self.capped: set[int] = set()  # ids whose NAME was refused by max_custom_metrics
+        self.names: dict[int, str] = {}
         self.finished = False
         self.closed = False
 
@@ -385,32 +389,27 @@ class IngestServer:
                 if state is None:
                     raise _Refused("no_hello")
                 head, ids, values = P.decode_step(payload)
-                unknown = state.observe_step(head, ids, values, conn.names, self.store.window_s)
+                unknown, capped = state.observe_step(
+                    head, ids, values, conn.names, self.store.window_s, self.store.max_custom
+                )
                 if unknown:
                     self.metrics.dropped_values.labels("unknown_field").inc(unknown)
-                if conn.capped:
-                    capped = sum(1 for i in ids if i in conn.capped)
-                    if capped:
-                        self.metrics.dropped_values.labels("custom_cap").inc(capped)
+                if capped:
+                    self.metrics.dropped_values.labels("custom_cap").inc(capped)
                 return _APPLIED
             if rtype == P.NAME:
                 if conn.state is None:
                     raise _Refused("no_hello")
                 field_id, name = P.decode_name(payload)
-                if not P.valid_metric_name(name):
+                if not P.valid_name(name):
                     raise _Refused("invalid_name")
-                custom = conn.state.custom
-                if name in custom or len(custom) < self.store.max_custom_metrics:
-                    conn.names[field_id] = name
-                    custom.setdefault(name, None)
-                    conn.capped.discard(field_id)
-                    return _APPLIED
-                conn.names[field_id] = None
-                conn.capped.add(field_id)
-                raise _Refused("custom_cap")
+                if field_id not in conn.names and len(conn.names) >= MAX_NAMES_PER_CONNECTION:
+                    raise _Refused("name_cap")
+                conn.names[field_id] = name
+                return _APPLIED
             if rtype == P.HELLO:
                 return self._hello(conn, payload)
-            if rtype in (P.EVAL, P.TRACK, P.CHECKPOINT):
+            if rtype in (P.EVAL, P.TRACK, P.CHECKPOINT, P.LAYERS):
                 if conn.state is None:
                     raise _Refused("no_hello")
                 return self._occasional(conn, conn.state, rtype, payload)
@@ -433,6 +432,16 @@ class IngestServer:
         self, conn: Connection, state: RankState, rtype: int, payload: memoryview
     ) -> object:
         """EVAL, TRACK and CHECKPOINT records (rare: at most a few per minute)."""
+        if rtype == P.LAYERS:
+            (step, _when, checks, seconds), codes, ids, values = P.decode_layers(payload)
+            names = [conn.names.get(i) for i in ids]
+            unknown, capped = state.observe_layers(names, codes, values, self.store.max_layers)
+            if unknown:
+                self.metrics.dropped_values.labels("unknown_field").inc(unknown)
+            if capped:
+                self.metrics.dropped_values.labels("layer_cap").inc(capped)
+            state.ops["watch"] = [seconds, float(checks), 0.0]
+            return _APPLIED
         if rtype == P.CHECKPOINT:
             step, when, seconds = P.decode_checkpoint(payload)
             state.checkpoint = (step, when, seconds)
@@ -486,7 +495,6 @@ class IngestServer:
         conn.state = result
         # The client re-sends every NAME after HELLO; forget what an earlier connection bound.
         conn.names = {}
-        conn.capped = set()
         return _APPLIED
 
 

@@ -39,6 +39,7 @@ class CollectorToggles(BaseModel):
 
     training: bool = Field(True, description="per-(run, rank) training series")
     health: bool = Field(True, description="spikes, hangs, throughput, evaluation, cost")
+    layers: bool = Field(True, description="per-layer series from Run.watch")
     exporter: bool = Field(True, description="the exporter's own build info and state sizes")
     process: bool = Field(True, description="process_* CPU, memory and file-descriptor series")
 
@@ -92,6 +93,9 @@ class Settings(BaseSettings):
     )
     max_ranks: int = Field(
         1024, ge=1, description="Most (run, rank) pairs tracked at once; more are refused."
+    )
+    max_layers: int = Field(
+        128, ge=0, description="Most layers per rank exported from Run.watch; more are refused."
     )
     max_custom_metrics: int = Field(
         256, ge=0, description="Most distinct custom metric names per rank; more are refused."

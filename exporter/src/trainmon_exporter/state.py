@@ -83,6 +83,7 @@ class RankState:
     checkpoint: tuple[int, float, float] | None = None  # step, time, seconds
     checkpoints_total: int = 0
     eval_values: dict[str, float | None] = field(default_factory=dict)
+    layers: dict[str, dict[int, float]] = field(default_factory=dict)  # layer -> stat code -> v
     eval_step: int | None = None
 
     def __post_init__(self) -> None:
@@ -98,13 +99,14 @@ class RankState:
         head: tuple[Any, ...],
         ids: tuple[int, ...],
         values: tuple[float, ...],
-        names: dict[int, str | None],
+        names: dict[int, str],
         window_s: float,
-    ) -> int:
-        """Apply one STEP record. Returns how many values were dropped (unknown field id).
+        max_custom: int = 256,
+    ) -> tuple[int, int]:
+        """Apply one STEP record; returns values dropped as ``(unknown id, over the cap)``.
 
         ``head`` is :data:`trainmon_client._protocol.STEP_HEADER`'s tuple; ``names`` maps the
-        connection's custom field ids to names (None: refused by the cap).
+        connection's custom field ids to names; at most ``max_custom`` custom names are kept.
         """
         (step, steps, when, step_time, tokens, samples, overhead, d_disc, d_bp, refused) = head
         restarted = steps < self.steps_total
@@ -129,7 +131,7 @@ class RankState:
         horizon = when - window_s
         while len(win) > 2 and win[1].time <= horizon:
             win.popleft()
-        unknown = 0
+        unknown = capped = 0
         loss = grad_norm = None
         std = P.STANDARD_NAMES
         for fid, v in zip(ids, values, strict=True):
@@ -145,19 +147,40 @@ class RankState:
                     self.analytics.last_step = step
                     self.analytics.event(f"nonfinite_{name}", v)
                 continue
-            if fid not in names:
+            cname = names.get(fid)
+            if cname is None:
                 unknown += 1
                 continue
-            cname = names[fid]
-            if cname is None:
-                continue  # over the cap: counted once at NAME time and per value by the caller
+            if cname not in self.custom and len(self.custom) >= max_custom:
+                capped += 1
+                continue
             self.custom[cname] = v
             if not math.isfinite(v):
                 self.nonfinite["custom"] += 1
                 self.analytics.last_step = step
                 self.analytics.event("nonfinite_custom", v)
         self.analytics.observe_step(step, loss, grad_norm, step_time, new_tokens)
-        return unknown
+        return unknown, capped
+
+    def observe_layers(
+        self, names: list[str | None], codes: tuple[int, ...], values: tuple[float, ...], cap: int
+    ) -> tuple[int, int]:
+        """Apply one LAYERS record; returns layers dropped as ``(unknown id, over the cap)``."""
+        k = len(codes)
+        unknown = capped = 0
+        rows: list[tuple[str, dict[int, float]]] = []
+        for r, name in enumerate(names):
+            if name is None:
+                unknown += 1
+                continue
+            if name not in self.layers and len(self.layers) >= cap:
+                capped += 1
+                continue
+            row = dict(zip(codes, values[r * k : (r + 1) * k], strict=True))
+            self.layers[name] = row
+            rows.append((name, row))
+        self.analytics.observe_layers(rows)
+        return unknown, capped
 
     def ops_seconds(self) -> float:
         """Cumulative seconds of every tracked operation."""
@@ -220,6 +243,7 @@ class Store:
         max_ranks: int,
         max_custom_metrics: int,
         buckets: tuple[float, ...],
+        max_layers: int = 128,
         window_s: float,
         ttl_s: float,
     ) -> None:
@@ -227,6 +251,8 @@ class Store:
         self.ranks: dict[tuple[str, int], RankState] = {}
         self.max_ranks = max_ranks
         self.max_custom_metrics = max_custom_metrics
+        self.max_custom = max_custom_metrics  # short alias used on the ingest path
+        self.max_layers = max_layers
         self.buckets = buckets
         self.window_s = window_s
         self.ttl_s = ttl_s

@@ -96,7 +96,13 @@ class ScrapeCollector:
 def build_collectors(ctx: CollectorContext) -> list[Collector]:
     """Instantiate the collectors enabled in ``ctx.settings.collectors``."""
     # Import for the side effect of registration.
-    from trainmon_exporter.collectors import exporter, health, process, training  # noqa: F401
+    from trainmon_exporter.collectors import (  # noqa: F401
+        exporter,
+        health,
+        layers,
+        process,
+        training,
+    )
 
     toggles = ctx.settings.collectors.model_dump()
     return [factory(ctx) for name, factory in FACTORIES.items() if toggles.get(name, True)]

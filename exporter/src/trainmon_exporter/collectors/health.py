@@ -86,6 +86,16 @@ _GAUGES: tuple[tuple[str, str, Callable[[RankState, RankAnalytics], float | None
         lambda s, a: a.straggler,
     ),
     (
+        "trainmon_train_grad_gain_mean",
+        "Geometric mean over consecutive layers of ||g_i|| / ||g_i+1|| at the last watch check.",
+        lambda s, a: a.gain_mean,
+    ),
+    (
+        "trainmon_train_grad_gain_drift_ratio",
+        "Mean gradient gain over its baseline (the median of the first gain_baseline_checks).",
+        lambda s, a: a.gain_drift,
+    ),
+    (
         "trainmon_train_loss_ema_slope",
         "Least-squares slope of the loss EMA over the last "
         "trend_window_steps (loss per step; above 0: diverging).",
@@ -161,6 +171,21 @@ _COUNTERS: tuple[tuple[str, str, Callable[[RankState, RankAnalytics], float]], .
         "trainmon_train_grad_vanishing",
         "Steps whose grad norm was below grad_vanishing_norm.",
         lambda s, a: a.vanishing,
+    ),
+    (
+        "trainmon_train_update_ratio_high",
+        "Layer checks (Run.watch) whose update ratio ||dw||/||w|| exceeded update_ratio_high.",
+        lambda s, a: a.update_high,
+    ),
+    (
+        "trainmon_train_update_ratio_low",
+        "Layer checks whose update ratio was below update_ratio_low (a frozen layer).",
+        lambda s, a: a.update_low,
+    ),
+    (
+        "trainmon_train_grad_gain_drifts",
+        "Episodes of the mean layer-to-layer gradient gain off its baseline by gain_drift_factor.",
+        lambda s, a: a.gain_drifts,
     ),
     ("trainmon_train_hangs", "Hang episodes (see trainmon_train_hung).", lambda s, a: a.hangs),
     (

@@ -1,0 +1,124 @@
+"""Per-layer series from Run.watch, through the real exporter, and the layer detectors."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+import trainmon_client
+from trainmon_exporter.analytics import AnalyticsSettings, RankAnalytics
+
+from ..conftest import InProcessExporter, promtool_check_metrics, sample, tiny_model, wait_for
+
+torch = pytest.importorskip("torch")
+
+
+def train(run: trainmon_client.Run, steps: int, every: int = 2) -> None:
+    model, opt = tiny_model()
+    run.watch(model, opt, every=every, quantiles_every=every, activations=True, budget=1.0)
+    for i in range(steps):
+        loss = (model(torch.randn(16, 8)) - 1).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        run.log(i, loss=loss.detach())
+    run.finish()
+
+
+def test_layer_series_reach_metrics(exporter: InProcessExporter) -> None:
+    run = trainmon_client.init(
+        run="lay",
+        socket_path=exporter.socket,
+        flush_interval=0.0,
+        rank=0,
+        world_size=1,
+        local_rank=0,
+    )
+    train(run, 6)
+    wait_for(lambda: (k := exporter.rank("lay", 0)) and k["status"] == "finished")
+    m = exporter.metrics()
+    lbl = {"run": "lay", "rank": "0"}
+    for layer in ("0", "2", "4"):
+        for name in (
+            "grad_norm",
+            "grad_mean",
+            "grad_stddev",
+            "weight_norm",
+            "update_ratio",
+            "activation_mean",
+            "activation_stddev",
+            "dead_units_ratio",
+        ):
+            assert sample(m, f"trainmon_layer_{name}", layer=layer, **lbl) is not None, name
+        qs = [
+            sample(m, "trainmon_layer_grad_percentile", layer=layer, percentile=q, **lbl)
+            for q in ("0", "25", "50", "75", "95", "99", "100")
+        ]
+        assert None not in qs and qs == sorted(qs)  # type: ignore[type-var]
+    assert sample(m, "trainmon_train_grad_gain_mean", **lbl) is not None
+    assert sample(m, "trainmon_monitoring_operations_total", operation="watch", **lbl) == 3
+
+
+def test_layer_cap(make_exporter: Callable[..., InProcessExporter]) -> None:
+    ex = make_exporter(max_layers=2)
+    run = trainmon_client.init(
+        run="cap", socket_path=ex.socket, flush_interval=0.0, rank=0, world_size=1, local_rank=0
+    )
+    train(run, 2)
+    wait_for(lambda: (k := ex.rank("cap", 0)) and k["status"] == "finished")
+    m = ex.metrics()
+    layers = {dict(lbl)["layer"] for (n, lbl) in m if n == "trainmon_layer_grad_norm"}
+    assert layers == {"0", "2"}
+    assert sample(m, "trainmon_ingest_values_dropped_total", reason="layer_cap") == 1
+
+
+def rows(norms: list[float], ratio: float = 1e-3) -> list[tuple[str, dict[int, float]]]:
+    return [(f"l{i}", {1: n, 5: ratio}) for i, n in enumerate(norms)]
+
+
+def test_gradient_gain_and_drift() -> None:
+    a = RankAnalytics(AnalyticsSettings(gain_baseline_checks=3, gain_drift_factor=2.0))
+    for _ in range(3):
+        a.observe_layers(rows([4.0, 2.0, 1.0]))  # each layer has twice the next one's norm
+    assert a.gain_mean == pytest.approx(2.0) and a.gain_drift == pytest.approx(1.0)
+    a.observe_layers(rows([16.0, 4.0, 1.0]))  # gain 4: drifted by 2x... not beyond
+    assert a.gain_drift == pytest.approx(2.0) and a.gain_drifts == 0
+    a.observe_layers(rows([64.0, 8.0, 1.0]))  # gain 8: 4x the baseline
+    a.observe_layers(rows([64.0, 8.0, 1.0]))  # same episode
+    assert a.gain_drifts == 1
+    a.observe_layers(rows([4.0, 2.0, 1.0]))
+    a.observe_layers(rows([0.5, 2.0, 8.0]))  # vanishing towards the input: 0.25 = 1/8x
+    assert a.gain_drifts == 2
+    assert [e.kind for e in a.events] == ["grad_gain_drift", "grad_gain_drift"]
+
+
+def test_update_ratio_bounds() -> None:
+    a = RankAnalytics(AnalyticsSettings(update_ratio_high=0.1, update_ratio_low=1e-7))
+    a.observe_layers(rows([1.0, 1.0], ratio=0.5))
+    a.observe_layers(rows([1.0, 1.0], ratio=1e-9))
+    a.observe_layers(rows([1.0, 1.0], ratio=1e-3))
+    assert (a.update_high, a.update_low) == (2, 2)
+
+
+def test_layer_exposition_passes_promtool_and_is_documented(exporter: InProcessExporter) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from ..conftest import ROOT
+
+    run = trainmon_client.init(
+        run="lint",
+        socket_path=exporter.socket,
+        flush_interval=0.0,
+        rank=0,
+        world_size=1,
+        local_rank=0,
+    )
+    train(run, 4)
+    wait_for(lambda: (k := exporter.rank("lint", 0)) and k["status"] == "finished")
+    text = exporter.metrics_text()
+    doc = (ROOT / "docs" / "metrics.md").read_text()
+    for fam in text_string_to_metric_families(text):
+        if fam.name.startswith(("trainmon_layer_", "trainmon_train_grad_gain")):
+            assert f"`{fam.name}" in doc, fam.name
+    promtool_check_metrics(text)
