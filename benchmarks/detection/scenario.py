@@ -14,6 +14,11 @@ Scenarios:
 - ``crash``: the process SIGKILLs itself at ``--at``.
 - ``slowdown``: from ``--at`` every step takes about twice as long.
 - ``straggler``: like slowdown, for the rank given by ``--slow-rank`` only.
+- ``leak``: from ``--at`` every step keeps 512 KiB of tensors alive for good.
+
+Every step also reports ``mem_allocated``: the process's resident memory from
+``/proc/self/statm``. On a GPU one would pass ``torch.cuda.memory_allocated()``; there is no
+CUDA here, so the real, measured CPU footprint stands in.
 """
 
 from __future__ import annotations
@@ -36,6 +41,14 @@ sys.path.insert(0, str(ROOT / "examples"))
 from train_char_transformer import ByteTransformer, load_corpus  # noqa: E402
 
 B, T = 8, 32
+
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def resident_bytes() -> float:
+    with open("/proc/self/statm") as f:
+        return float(int(f.read().split()[1]) * PAGE)
 
 
 def mark(kind: str, step: int) -> None:
@@ -64,6 +77,7 @@ def main() -> int:
         args.scenario == "straggler" and run.rank == args.slow_rank
     )
     spikes = 0
+    leaked: list[torch.Tensor] = []
     for step in range(args.steps):
         ix = torch.randint(len(data) - T - 1, (B,), generator=gen)
         x = torch.stack([data[i : i + T] for i in ix.tolist()])
@@ -93,7 +107,19 @@ def main() -> int:
             if step == args.at:
                 mark(args.scenario, step)
             time.sleep(time.perf_counter() - t0)  # the step takes twice as long
-        run.log(step, loss=loss.detach(), grad_norm=grad_norm, lr=lr, tokens=B * T, samples=B)
+        if args.scenario == "leak" and step >= args.at:
+            if step == args.at:
+                mark("leak", step)
+            leaked.append(torch.ones(128 * 1024))  # 512 KiB that is never freed
+        run.log(
+            step,
+            loss=loss.detach(),
+            grad_norm=grad_norm,
+            lr=lr,
+            tokens=B * T,
+            samples=B,
+            mem_allocated=resident_bytes(),
+        )
         if args.scenario == "hang" and at:
             mark("hang", step)
             time.sleep(3600)

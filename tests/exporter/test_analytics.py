@@ -259,3 +259,27 @@ def test_repeated_firings_coalesce_per_kind() -> None:
     a.last_step = 250  # a new episode later is a new event
     a.event("nonfinite_loss")
     assert [(e.kind, e.step) for e in a.events][-1] == ("nonfinite_loss", 250)
+
+
+def mem_feed(a: RankAnalytics, values: list[float], start: int = 0) -> None:
+    for i, v in enumerate(values):
+        a.observe_step(start + i, 1.0, 1.0, 0.1, 100.0, mem_allocated=v)
+
+
+def test_memory_leak_needs_steady_growth() -> None:
+    cfg = AnalyticsSettings(leak_window_steps=100)
+    flat = RankAnalytics(cfg)
+    mem_feed(flat, [1e9 + x * 1e6 for x in noisy(300, mean=0, sd=1, seed=8)])
+    assert flat.check_memory() is False and flat.leaks == 0
+    jump = RankAnalytics(cfg)
+    mem_feed(jump, [1e9] * 90 + [1.2e9] * 10)  # one allocation, then flat: not steady
+    assert jump.check_memory() is False
+    leak = RankAnalytics(cfg)
+    mem_feed(leak, [1e9 + 1e6 * i for i in range(100)])  # +1 MB a step: +10 % per window
+    assert leak.check_memory() is True and leak.leaks == 1
+    assert leak.memory_growth == pytest.approx(1e6)
+    mem_feed(leak, [1.1e9 + 1e6 * i for i in range(50)], start=100)
+    assert leak.check_memory() is False and leak.leaks == 1  # same episode
+    short = RankAnalytics(cfg)
+    mem_feed(short, [1e9 + 1e6 * i for i in range(99)])
+    assert short.check_memory() is False  # window not full yet

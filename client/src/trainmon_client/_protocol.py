@@ -138,6 +138,8 @@ STANDARD_FIELDS: Final[dict[str, int]] = {
     "batch_size": 4,
     "seq_len": 5,
     "val_loss": 6,
+    "mem_allocated": 7,
+    "mem_reserved": 8,
 }
 """Field ids of the standard scalars. ``tokens`` and ``samples`` are not fields: the client
 adds them to the cumulative totals in the STEP header."""

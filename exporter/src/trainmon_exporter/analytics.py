@@ -34,6 +34,9 @@ step the exporter receives, and exported as a counter. The detectors and their f
 - **Trend**: the least-squares slope of the EMA over the last ``trend_window_steps`` steps
   (loss units per step). **Plateau**: a full window whose EMA changed by less than
   ``plateau_tolerance`` (relative).
+- **Memory leak**: over the last ``leak_window_steps`` of ``mem_allocated``, the
+  least-squares growth ``slope * steps`` above ``leak_min_growth_ratio`` of the mean, with
+  ``R^2 >= leak_min_r2`` (steady growth, not a jump).
 - **Layers** (``Run.watch``): a layer's update ratio ``||dw||/||w||`` above
   ``update_ratio_high`` or below ``update_ratio_low`` is counted per layer and check. The
   *gradient gain* between consecutive layers (module order) is ``||g_i|| / ||g_{i+1}||``. Its
@@ -130,6 +133,13 @@ class AnalyticsSettings(BaseModel):
     )
     gain_drift_factor: float = Field(
         2.0, gt=1, description="mean gradient gain off its baseline by this factor: drift"
+    )
+    leak_window_steps: int = Field(200, ge=10, description="steps of mem_allocated in the leak fit")
+    leak_min_growth_ratio: float = Field(
+        0.05, gt=0, description="growth across the window, as a share of the mean, to flag"
+    )
+    leak_min_r2: float = Field(
+        0.9, ge=0, le=1, description="how steady (R^2 of the linear fit) the growth must be"
     )
     gain_baseline_checks: int = Field(
         5, ge=1, description="watch checks whose median mean gain is the baseline"
@@ -237,6 +247,10 @@ class RankAnalytics:
         self.step_times: deque[float] = deque(maxlen=cfg.step_time_window_steps)
         self.rates: deque[float] = deque(maxlen=cfg.throughput_baseline_steps)
         self.trend: deque[tuple[int, float]] = deque(maxlen=cfg.trend_window_steps)
+        self.memory: deque[tuple[int, float]] = deque(maxlen=cfg.leak_window_steps)
+        self.memory_growth: float | None = None  # bytes per step, least squares
+        self.leaking = False
+        self.leaks = 0
         self.hung = False
         self.hangs = 0
         self.evals: deque[float] = deque(maxlen=max(cfg.eval_plateau_evals, 2))
@@ -304,10 +318,13 @@ class RankAnalytics:
         grad_norm: float | None,
         step_time: float,
         tokens: float,
+        mem_allocated: float | None = None,
     ) -> None:
         """Apply one step: ``loss``/``grad_norm`` None when not logged; ``tokens`` this step."""
         cfg = self.cfg
         self.last_step = step
+        if mem_allocated is not None and math.isfinite(mem_allocated):
+            self.memory.append((step, mem_allocated))
         if loss is not None and math.isfinite(loss):
             stats = self.loss_stats
             z, severity = judge_spike(stats, loss, cfg)
@@ -375,6 +392,37 @@ class RankAnalytics:
             self.hangs += 1
             self.event("hang", seconds_since_step)
         self.hung = now_hung
+        return started
+
+    def check_memory(self) -> bool:
+        """Fit allocated memory over the window; True when a new leak episode starts.
+
+        Leak: a full window whose least-squares growth ``slope * (last step - first step)``
+        exceeds ``leak_min_growth_ratio`` of the mean, with ``R^2 >= leak_min_r2`` (steady
+        growth, not a one-off jump or noise).
+        """
+        pts = self.memory
+        if len(pts) < (pts.maxlen or 0):
+            self.memory_growth = None
+            return False
+        n = len(pts)
+        mx = sum(p[0] for p in pts) / n
+        my = sum(p[1] for p in pts) / n
+        sxx = sum((p[0] - mx) ** 2 for p in pts)
+        syy = sum((p[1] - my) ** 2 for p in pts)
+        if sxx == 0:
+            return False
+        sxy = sum((p[0] - mx) * (p[1] - my) for p in pts)
+        slope = sxy / sxx
+        self.memory_growth = slope
+        r2 = sxy * sxy / (sxx * syy) if syy > 0 else 0.0
+        growth = slope * (pts[-1][0] - pts[0][0])
+        leaking = growth > self.cfg.leak_min_growth_ratio * abs(my) and r2 >= self.cfg.leak_min_r2
+        started = leaking and not self.leaking
+        if started:
+            self.leaks += 1
+            self.event("memory_leak", slope)
+        self.leaking = leaking
         return started
 
     def check_throughput(self) -> bool:

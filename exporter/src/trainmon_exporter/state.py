@@ -132,7 +132,7 @@ class RankState:
         while len(win) > 2 and win[1].time <= horizon:
             win.popleft()
         unknown = capped = 0
-        loss = grad_norm = None
+        loss = grad_norm = mem = None
         std = P.STANDARD_NAMES
         for fid, v in zip(ids, values, strict=True):
             name = std.get(fid)
@@ -142,6 +142,8 @@ class RankState:
                     loss = v
                 elif fid == 3:
                     grad_norm = v
+                elif fid == 7:
+                    mem = v
                 if (name == "loss" or name == "grad_norm" or name == "lr") and not math.isfinite(v):
                     self.nonfinite[name] += 1
                     self.analytics.last_step = step
@@ -159,7 +161,7 @@ class RankState:
                 self.nonfinite["custom"] += 1
                 self.analytics.last_step = step
                 self.analytics.event("nonfinite_custom", v)
-        self.analytics.observe_step(step, loss, grad_norm, step_time, new_tokens)
+        self.analytics.observe_step(step, loss, grad_norm, step_time, new_tokens, mem)
         return unknown, capped
 
     def observe_layers(
@@ -327,6 +329,8 @@ class Store:
                         continue
                     if a.check_throughput():
                         started.append((s, "throughput_drop"))
+                    if a.check_memory():
+                        started.append((s, "memory_leak"))
                     recent = a.recent_step_time()
                     if recent is not None:
                         runs.setdefault(s.run, []).append((s, recent))

@@ -96,6 +96,17 @@ _GAUGES: tuple[tuple[str, str, Callable[[RankState, RankAnalytics], float | None
         lambda s, a: a.gain_drift,
     ),
     (
+        "trainmon_train_memory_growth_bytes_per_step",
+        "Least-squares slope of mem_allocated over the last leak_window_steps (bytes/step).",
+        lambda s, a: a.memory_growth,
+    ),
+    (
+        "trainmon_train_step_overdue_ratio",
+        "Seconds since the rank's last step over its median step time, while connected "
+        "(1: a step is about due; hung past hang_factor x median + grace).",
+        lambda s, a: _overdue(s, a),
+    ),
+    (
         "trainmon_train_loss_ema_slope",
         "Least-squares slope of the loss EMA over the last "
         "trend_window_steps (loss per step; above 0: diverging).",
@@ -187,6 +198,11 @@ _COUNTERS: tuple[tuple[str, str, Callable[[RankState, RankAnalytics], float]], .
         "Episodes of the mean layer-to-layer gradient gain off its baseline by gain_drift_factor.",
         lambda s, a: a.gain_drifts,
     ),
+    (
+        "trainmon_train_memory_leaks",
+        "Episodes of steady mem_allocated growth (trainmon_train_memory_growth_bytes_per_step).",
+        lambda s, a: a.leaks,
+    ),
     ("trainmon_train_hangs", "Hang episodes (see trainmon_train_hung).", lambda s, a: a.hangs),
     (
         "trainmon_train_throughput_drops",
@@ -205,6 +221,13 @@ _COUNTERS: tuple[tuple[str, str, Callable[[RankState, RankAnalytics], float]], .
         lambda s, a: s.checkpoints_total,
     ),
 )
+
+
+def _overdue(s: RankState, a: RankAnalytics) -> float | None:
+    median = a.median_step_time()
+    if not s.connected or s.last_step_time is None or not median:
+        return None
+    return max(0.0, time.time() - s.last_step_time) / median
 
 
 def _fin(v: float) -> float | None:

@@ -61,6 +61,18 @@ _GAUGES: tuple[tuple[str, str, Callable[[RankState], float | None]], ...] = (
         lambda s: s.values.get("grad_norm"),
     ),
     (
+        "trainmon_train_memory_allocated_bytes",
+        "Memory the rank's tensors hold (client field mem_allocated, e.g. "
+        "torch.cuda.memory_allocated()).",
+        lambda s: s.values.get("mem_allocated"),
+    ),
+    (
+        "trainmon_train_memory_reserved_bytes",
+        "Memory its allocator reserved (client field mem_reserved, e.g. "
+        "torch.cuda.memory_reserved()).",
+        lambda s: s.values.get("mem_reserved"),
+    ),
+    (
         "trainmon_train_batch_size",
         "Samples per step (client field batch_size).",
         lambda s: s.values.get("batch_size"),
