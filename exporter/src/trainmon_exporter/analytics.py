@@ -57,6 +57,7 @@ import math
 import statistics
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -224,6 +225,23 @@ def judge_spike(stats: RollingStats, x: float, cfg: AnalyticsSettings) -> SpikeR
         if z >= cfg.spike_z[name]:
             severity = name
     return SpikeResult(z, severity)
+
+
+def least_squares(points: Iterable[tuple[float, float]]) -> tuple[float, float] | None:
+    """``(slope, R^2)`` of the least-squares line through ``points``; None when x is constant."""
+    pts = list(points)
+    n = len(pts)
+    if n < 2:
+        return None
+    mx = sum(p[0] for p in pts) / n
+    my = sum(p[1] for p in pts) / n
+    sxx = sum((p[0] - mx) ** 2 for p in pts)
+    if sxx == 0:
+        return None
+    sxy = sum((p[0] - mx) * (p[1] - my) for p in pts)
+    syy = sum((p[1] - my) ** 2 for p in pts)
+    r2 = sxy * sxy / (sxx * syy) if syy > 0 else 0.0
+    return sxy / sxx, r2
 
 
 class RankAnalytics:
@@ -402,20 +420,13 @@ class RankAnalytics:
         growth, not a one-off jump or noise).
         """
         pts = self.memory
-        if len(pts) < (pts.maxlen or 0):
+        fit = least_squares(pts) if len(pts) == pts.maxlen else None
+        if fit is None:
             self.memory_growth = None
             return False
-        n = len(pts)
-        mx = sum(p[0] for p in pts) / n
-        my = sum(p[1] for p in pts) / n
-        sxx = sum((p[0] - mx) ** 2 for p in pts)
-        syy = sum((p[1] - my) ** 2 for p in pts)
-        if sxx == 0:
-            return False
-        sxy = sum((p[0] - mx) * (p[1] - my) for p in pts)
-        slope = sxy / sxx
+        slope, r2 = fit
         self.memory_growth = slope
-        r2 = sxy * sxy / (sxx * syy) if syy > 0 else 0.0
+        my = sum(p[1] for p in pts) / len(pts)
         growth = slope * (pts[-1][0] - pts[0][0])
         leaking = growth > self.cfg.leak_min_growth_ratio * abs(my) and r2 >= self.cfg.leak_min_r2
         started = leaking and not self.leaking
@@ -467,16 +478,10 @@ class RankAnalytics:
 
     def ema_slope(self) -> float | None:
         """Least-squares slope of the EMA over the trend window (loss units per step)."""
-        pts = self.trend
-        n = len(pts)
-        if n < self.cfg.min_history_steps:
+        if len(self.trend) < self.cfg.min_history_steps:
             return None
-        mx = sum(p[0] for p in pts) / n
-        my = sum(p[1] for p in pts) / n
-        sxx = sum((p[0] - mx) ** 2 for p in pts)
-        if sxx == 0:
-            return None
-        return sum((p[0] - mx) * (p[1] - my) for p in pts) / sxx
+        fit = least_squares(self.trend)
+        return None if fit is None else fit[0]
 
     def plateau(self) -> bool | None:
         """Whether a full trend window changed the EMA by less than the tolerance."""
