@@ -83,18 +83,22 @@ def main() -> int:
             show(url)
         print("\nafter training:", flush=True)
         show(url)
+        wanted = (
+            "trainmon_run_up",
+            "trainmon_train_steps_total",
+            "trainmon_train_loss",
+            "trainmon_train_loss_ema",
+            "trainmon_train_tokens_per_second",
+            "trainmon_train_step_time_median_seconds",
+            "trainmon_eval_loss",
+            "trainmon_checkpoints_total",
+            "trainmon_train_nonfinite_values_total",
+            "trainmon_client_overhead_ratio",
+        )
         lines = [
             ln
             for ln in get(url + "/metrics").decode().splitlines()
-            if ln.startswith(
-                (
-                    "trainmon_train_loss",
-                    "trainmon_train_steps_total",
-                    "trainmon_train_tokens_per_second",
-                    "trainmon_run_up",
-                    "trainmon_client_overhead_ratio",
-                )
-            )
+            if ln.split("{", 1)[0] in wanted
         ]
         print("\nfrom /metrics:\n  " + "\n  ".join(lines), flush=True)
         if args.keep:
