@@ -209,17 +209,23 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def promtool_check_metrics(text: str) -> None:
-    """Fail unless ``promtool check metrics`` accepts ``text`` without a word.
+def require_tool(name: str, package: str) -> str:
+    """Path of a Debian-packaged tool (promtool, amtool).
 
-    Skips where promtool is missing, except in CI (``TRAINMON_REQUIRE_PROMTOOL``), which
-    installs it.
+    Skips the test where it is missing, except in CI (``TRAINMON_REQUIRE_PROMTOOL``, set by
+    ``.ci/run``, which installs them), where it fails.
     """
-    promtool = shutil.which("promtool")
-    if promtool is None:
+    path = shutil.which(name)
+    if path is None:
         if os.environ.get("TRAINMON_REQUIRE_PROMTOOL"):
-            pytest.fail("promtool is required in CI (Debian package prometheus)")
-        pytest.skip("promtool not installed")
+            pytest.fail(f"{name} is required in CI (Debian package {package})")
+        pytest.skip(f"{name} not installed")
+    return path
+
+
+def promtool_check_metrics(text: str) -> None:
+    """Fail unless ``promtool check metrics`` accepts ``text`` without a word."""
+    promtool = require_tool("promtool", "prometheus")
     out = subprocess.run(
         [promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False
     )

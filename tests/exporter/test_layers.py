@@ -22,7 +22,7 @@ def train(run: trainmon_client.Run, steps: int, every: int = 2) -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
-        run.log(i, loss=loss.detach())
+        run.log(i, loss=loss.detach(), mem_allocated=1e9)
     run.finish()
 
 

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 
 import pytest
 import yaml
 
-from ..conftest import ROOT
+from ..conftest import ROOT, require_tool
 
 CONFIG = ROOT / "alertmanager" / "alertmanager.yml"
 ALERTS = ROOT / "deploy" / "prometheus" / "trainmon.alerts.yml"
@@ -17,12 +15,7 @@ EXPECTED = {"critical": "pagerduty", "warning": "slack", "info": "slack"}
 
 
 def amtool() -> str:
-    path = shutil.which("amtool")
-    if path is None:
-        if os.environ.get("TRAINMON_REQUIRE_PROMTOOL"):
-            pytest.fail("amtool is required in CI (Debian package prometheus-alertmanager)")
-        pytest.skip("amtool not installed")
-    return path
+    return require_tool("amtool", "prometheus-alertmanager")
 
 
 def route(*labels: str) -> str:

@@ -3,16 +3,15 @@ metric names against the exporter's real exposition, and runbook anchors."""
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
-from ..conftest import ROOT, InProcessExporter, tiny_model, wait_for
+from ..conftest import ROOT, InProcessExporter, require_tool, wait_for
+from ..exporter.test_layers import train
 from ..exporter.test_metrics import scripted_session
 
 PROM = ROOT / "deploy" / "prometheus"
@@ -20,12 +19,7 @@ RULE_FILES = [PROM / "trainmon.rules.yml", PROM / "trainmon.alerts.yml"]
 
 
 def promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        if os.environ.get("TRAINMON_REQUIRE_PROMTOOL"):
-            pytest.fail("promtool is required in CI (Debian package prometheus)")
-        pytest.skip("promtool not installed")
-    return path
+    return require_tool("promtool", "prometheus")
 
 
 def run(*args: str, cwd: Path = ROOT) -> str:
@@ -77,7 +71,7 @@ def test_rule_metric_names_exist_in_the_exporter(exporter: InProcessExporter) ->
     import trainmon_client
 
     scripted_session(exporter)
-    run_ = trainmon_client.init(
+    watched = trainmon_client.init(
         run="names",
         socket_path=exporter.socket,
         flush_interval=0.0,
@@ -85,17 +79,7 @@ def test_rule_metric_names_exist_in_the_exporter(exporter: InProcessExporter) ->
         world_size=1,
         local_rank=0,
     )
-    model, opt = tiny_model()
-    import torch
-
-    run_.watch(model, opt, every=1, budget=1.0)
-    for i in range(3):
-        loss = (model(torch.randn(4, 8)) - 1).pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        run_.log(i, loss=loss.detach(), mem_allocated=1e9)
-    run_.finish()
+    train(watched, 3, every=1)
     wait_for(lambda: (k := exporter.rank("names", 0)) and k["status"] == "finished")
     # The catalog: every family's TYPE line, samples or not (some gauges need hundreds of
     # steps before they have a value).
