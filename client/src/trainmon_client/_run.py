@@ -170,7 +170,9 @@ class Run:
         self._next_connect = 0.0
         self._backoff = BACKOFF_MIN_S
         self._warned = False
-        self._last_flush = _perf()
+        # The first log() sends at once: the exporter knows the rank from its first step, so a
+        # trainer that dies within its first flush interval still counts as crashed.
+        self._last_flush = -math.inf
         self._prev_t = _NAN
         self._steps = 0
         self._tokens = 0.0
