@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ..conftest import ROOT, InProcessExporter, require_tool, wait_for
-from ..exporter.test_layers import train
-from ..exporter.test_metrics import scripted_session
+from ..catalog import exposed_names
+from ..conftest import ROOT, InProcessExporter, require_tool
 
 PROM = ROOT / "deploy" / "prometheus"
 RULE_FILES = [PROM / "trainmon.rules.yml", PROM / "trainmon.alerts.yml"]
@@ -68,28 +67,7 @@ def test_every_runbook_anchor_exists() -> None:
 
 def test_rule_metric_names_exist_in_the_exporter(exporter: InProcessExporter) -> None:
     """Every trainmon_* name in a rule is a real series of a real exporter."""
-    import trainmon_client
-
-    scripted_session(exporter)
-    watched = trainmon_client.init(
-        run="names",
-        socket_path=exporter.socket,
-        flush_interval=0.0,
-        rank=0,
-        world_size=1,
-        local_rank=0,
-    )
-    train(watched, 3, every=1)
-    wait_for(lambda: (k := exporter.rank("names", 0)) and k["status"] == "finished")
-    # The catalog: every family's TYPE line, samples or not (some gauges need hundreds of
-    # steps before they have a value).
-    exposed: set[str] = set()
-    for line in exporter.metrics_text().splitlines():
-        if line.startswith("# TYPE "):
-            _, _, name, kind = line.split(" ", 3)
-            exposed.add(name)
-            if kind == "histogram":
-                exposed |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
+    exposed = exposed_names(exporter)
     used: set[str] = set()
     for path in RULE_FILES:  # names used in expressions, not recording rules' own names
         used |= set(re.findall(r"(?<![:\w])trainmon_[a-z0-9_]+(?![\w:])", path.read_text()))

@@ -1,0 +1,493 @@
+"""Build trainmon's Grafana dashboards (JSON in deploy/grafana/dashboards/).
+
+    python deploy/grafana/build_dashboards.py        # rewrite the JSON files
+
+Dashboards as code: panels share helpers, so units, datasource and variables stay consistent.
+The tests regenerate the JSON and compare. They also round-trip it through
+grafana-foundation-sdk (no unknown keys), parse every query with promtool, and check every
+metric name against the exporter's exposition.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+OUT = Path(__file__).resolve().parent / "dashboards"
+DS = {"type": "prometheus", "uid": "${datasource}"}
+SEL = 'run=~"$run", rank=~"$rank"'
+RUN = 'run=~"$run"'
+
+
+def variables() -> dict[str, Any]:
+    def query_var(name: str, query: str) -> dict[str, Any]:
+        return {
+            "type": "query",
+            "name": name,
+            "label": name,
+            "datasource": DS,
+            "query": {"query": query, "refId": name},
+            "refresh": 2,
+            "multi": True,
+            "includeAll": True,
+            "current": {"text": "All", "value": "$__all"},
+            "sort": 1,
+        }
+
+    return {
+        "list": [
+            {
+                "type": "datasource",
+                "name": "datasource",
+                "label": "Data source",
+                "query": "prometheus",
+                "current": {"text": "Prometheus", "value": "trainmon-prometheus"},
+            },
+            query_var("run", "label_values(trainmon_run_info, run)"),
+            query_var("rank", 'label_values(trainmon_rank_info{run=~"$run"}, rank)'),
+        ]
+    }
+
+
+class Layout:
+    """Places panels left to right, 24 grid units wide."""
+
+    def __init__(self) -> None:
+        self.x = self.y = self.row_h = 0
+        self.next_id = 1
+
+    def place(self, w: int, h: int) -> dict[str, int]:
+        if self.x + w > 24:
+            self.x, self.y, self.row_h = 0, self.y + self.row_h, 0
+        pos = {"h": h, "w": w, "x": self.x, "y": self.y}
+        self.x += w
+        self.row_h = max(self.row_h, h)
+        return pos
+
+    def id(self) -> int:
+        self.next_id += 1
+        return self.next_id - 1
+
+
+def panel(
+    lay: Layout,
+    title: str,
+    targets: list[tuple[str, str]],
+    *,
+    unit: str = "short",
+    kind: str = "timeseries",
+    w: int = 12,
+    h: int = 8,
+    description: str = "",
+    log_scale: bool = False,
+) -> dict[str, Any]:
+    custom: dict[str, Any] = {}
+    if kind == "timeseries":
+        custom = {"lineWidth": 1, "fillOpacity": 0, "showPoints": "never"}
+        if log_scale:
+            custom["scaleDistribution"] = {"type": "log", "log": 10}
+    p: dict[str, Any] = {
+        "type": kind,
+        "id": lay.id(),
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "gridPos": lay.place(w, h),
+        "fieldConfig": {"defaults": {"unit": unit, "custom": custom}, "overrides": []},
+        "options": {},
+        "targets": [
+            {"refId": chr(65 + i), "datasource": DS, "expr": expr, "legendFormat": legend}
+            for i, (expr, legend) in enumerate(targets)
+        ],
+    }
+    if kind == "timeseries":
+        p["options"] = {
+            "legend": {"showLegend": True, "displayMode": "list", "placement": "bottom"},
+            "tooltip": {"mode": "multi", "sort": "desc"},
+        }
+    return p
+
+
+def row(lay: Layout, title: str) -> dict[str, Any]:
+    lay.x, lay.y, lay.row_h = 0, lay.y + lay.row_h, 0
+    pos = lay.place(24, 1)
+    lay.x, lay.row_h = 24, 1
+    return {
+        "type": "row",
+        "id": lay.id(),
+        "title": title,
+        "gridPos": pos,
+        "collapsed": False,
+        "panels": [],
+    }
+
+
+def annotation(name: str, color: str, expr: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "enable": True,
+        "iconColor": color,
+        "datasource": DS,
+        "expr": expr,
+    }
+
+
+def dashboard(
+    uid: str,
+    title: str,
+    description: str,
+    panels: list[dict[str, Any]],
+    annotations: list[dict[str, Any]],
+) -> dict[str, Any]:
+    return {
+        "uid": uid,
+        "title": title,
+        "description": description,
+        "tags": ["trainmon"],
+        "editable": False,
+        "schemaVersion": 39,
+        "time": {"from": "now-6h", "to": "now"},
+        "refresh": "30s",
+        "timezone": "browser",
+        "graphTooltip": 1,
+        "templating": variables(),
+        "annotations": {"list": annotations},
+        "panels": panels,
+    }
+
+
+def training() -> dict[str, Any]:
+    lay = Layout()
+    rank_legend = "{{run}} rank {{rank}}"
+    panels = [
+        row(lay, "Loss and optimisation"),
+        panel(
+            lay,
+            "Loss and its EMA",
+            [
+                (f"trainmon_train_loss{{{SEL}}}", f"loss {rank_legend}"),
+                (f"trainmon_train_loss_ema{{{SEL}}}", f"EMA {rank_legend}"),
+            ],
+        ),
+        panel(
+            lay,
+            "Validation loss",
+            [
+                (f"trainmon_eval_loss{{{SEL}}}", rank_legend),
+            ],
+            description="Run.eval(step, val_loss=...)",
+        ),
+        panel(lay, "Learning rate", [(f"trainmon_train_learning_rate{{{SEL}}}", rank_legend)], w=8),
+        panel(
+            lay,
+            "Gradient norm and its rolling mean",
+            [
+                (f"trainmon_train_grad_norm{{{SEL}}}", f"grad norm {rank_legend}"),
+                (f"trainmon_train_grad_norm_mean{{{SEL}}}", f"mean {rank_legend}"),
+            ],
+            w=8,
+            log_scale=True,
+        ),
+        panel(
+            lay,
+            "Loss z-score",
+            [(f"trainmon_train_loss_zscore{{{SEL}}}", rank_legend)],
+            w=8,
+            description="Spikes are counted from z = 4 (minor), 6 (major), 10 (severe).",
+        ),
+        row(lay, "Speed"),
+        panel(
+            lay,
+            "Tokens per second",
+            [
+                (f"trainmon_train_tokens_per_second{{{SEL}}}", rank_legend),
+                (f"run:trainmon_train_tokens_per_second:sum{{{RUN}}}", "{{run}} total"),
+            ],
+        ),
+        panel(
+            lay,
+            "Step time (heatmap)",
+            [
+                (
+                    f"sum by (le) (increase(trainmon_train_step_duration_seconds_bucket{{{SEL}}}"
+                    "[$__rate_interval]))",
+                    "{{le}}",
+                ),
+            ],
+            kind="heatmap",
+            unit="s",
+        ),
+        panel(
+            lay,
+            "Median step time per rank",
+            [
+                (f"trainmon_train_step_time_median_seconds{{{SEL}}}", rank_legend),
+            ],
+            unit="s",
+            w=8,
+        ),
+        panel(
+            lay,
+            "Throughput ratio (1 = usual)",
+            [
+                (f"trainmon_train_throughput_ratio{{{SEL}}}", rank_legend),
+            ],
+            unit="percentunit",
+            w=8,
+        ),
+        panel(
+            lay,
+            "Straggler ratio (1 = like the others)",
+            [
+                (f"trainmon_train_straggler_ratio{{{SEL}}}", rank_legend),
+            ],
+            w=8,
+        ),
+        row(lay, "Events (counted at every step)"),
+        panel(
+            lay,
+            "Non-finite values",
+            [
+                (
+                    f"sum by (run, rank, field) (increase(trainmon_train_nonfinite_values_total{{{SEL}}}"
+                    "[$__range]))",
+                    "{{field}} " + rank_legend,
+                ),
+            ],
+            kind="stat",
+            w=6,
+            h=6,
+        ),
+        panel(
+            lay,
+            "Loss spikes",
+            [
+                (
+                    f"sum by (run, rank) (increase(trainmon_train_loss_spikes_total{{{SEL}}}[$__range]))",
+                    rank_legend,
+                ),
+            ],
+            kind="stat",
+            w=6,
+            h=6,
+        ),
+        panel(
+            lay,
+            "Gradient explosions",
+            [
+                (
+                    f"sum by (run, rank) (increase(trainmon_train_grad_explosions_total{{{SEL}}}"
+                    "[$__range]))",
+                    rank_legend,
+                ),
+            ],
+            kind="stat",
+            w=6,
+            h=6,
+        ),
+        panel(
+            lay,
+            "Crashes and hangs",
+            [
+                (
+                    f"sum by (run, rank) (increase(trainmon_run_crashes_total{{{SEL}}}[$__range]))",
+                    "crashes " + rank_legend,
+                ),
+                (
+                    f"sum by (run, rank) (increase(trainmon_train_hangs_total{{{SEL}}}[$__range]))",
+                    "hangs " + rank_legend,
+                ),
+            ],
+            kind="stat",
+            w=6,
+            h=6,
+        ),
+    ]
+    annotations = [
+        annotation(
+            "NaN/Inf", "red", f"increase(trainmon_train_nonfinite_values_total{{{RUN}}}[1m]) > 0"
+        ),
+        annotation(
+            "Loss spike",
+            "orange",
+            f"sum without (severity) (increase(trainmon_train_loss_spikes_total{{{RUN}}}[1m])) > 0",
+        ),
+        annotation("Crash", "purple", f"increase(trainmon_run_crashes_total{{{RUN}}}[1m]) > 0"),
+    ]
+    return dashboard(
+        "trainmon-training",
+        "trainmon / Training overview",
+        "Loss, optimisation, speed and step-level events per run and rank.",
+        panels,
+        annotations,
+    )
+
+
+def health() -> dict[str, Any]:
+    lay = Layout()
+    rank_legend = "{{run}} rank {{rank}}"
+    panels = [
+        row(lay, "Alerts and liveness"),
+        panel(
+            lay,
+            "Alerts firing",
+            [
+                (f'ALERTS{{alertstate="firing", {RUN}}}', "{{alertname}} {{run}} {{rank}}"),
+            ],
+            kind="table",
+            w=12,
+        ),
+        panel(
+            lay,
+            "Ranks connected",
+            [(f"trainmon_run_up{{{SEL}}}", rank_legend)],
+            kind="state-timeline",
+            w=12,
+        ),
+        panel(
+            lay,
+            "Step overdue (seconds since step / median step time)",
+            [
+                (f"trainmon_train_step_overdue_ratio{{{SEL}}}", rank_legend),
+            ],
+            w=12,
+        ),
+        panel(
+            lay,
+            "Client drops",
+            [
+                (
+                    f"sum by (run, rank, reason) (rate(trainmon_client_dropped_messages_total{{{SEL}}}"
+                    "[$__rate_interval]))",
+                    "{{reason}} " + rank_legend,
+                ),
+            ],
+            unit="ops",
+            w=12,
+        ),
+        row(lay, "Monitoring cost"),
+        panel(
+            lay,
+            "Monitoring share of wall time",
+            [
+                (f"trainmon_monitoring_overhead_ratio{{{SEL}}}", "all monitoring " + rank_legend),
+                (f"trainmon_client_overhead_ratio{{{SEL}}}", "trainmon client " + rank_legend),
+            ],
+            unit="percentunit",
+            w=12,
+            description="Budget: 5 % (monitoring_budget_ratio).",
+        ),
+        panel(
+            lay,
+            "Time per tracked operation",
+            [
+                (
+                    f"sum by (run, rank, operation) (rate(trainmon_monitoring_seconds_total{{{SEL}}}"
+                    "[$__rate_interval]))",
+                    "{{operation}} " + rank_legend,
+                ),
+            ],
+            unit="percentunit",
+            w=12,
+        ),
+        row(lay, "Checkpoints and evaluation"),
+        panel(
+            lay,
+            "Checkpoint age",
+            [
+                (f"time() - trainmon_checkpoint_last_timestamp_seconds{{{SEL}}}", rank_legend),
+            ],
+            unit="s",
+            w=8,
+        ),
+        panel(
+            lay,
+            "Checkpoint duration",
+            [
+                (f"trainmon_checkpoint_last_duration_seconds{{{SEL}}}", rank_legend),
+            ],
+            unit="s",
+            w=8,
+        ),
+        panel(
+            lay,
+            "Train/validation gap",
+            [
+                (f"trainmon_eval_generalization_gap_ratio{{{SEL}}}", rank_legend),
+            ],
+            unit="percentunit",
+            w=8,
+        ),
+        row(lay, "Memory"),
+        panel(
+            lay,
+            "Allocated memory",
+            [
+                (f"trainmon_train_memory_allocated_bytes{{{SEL}}}", rank_legend),
+            ],
+            unit="bytes",
+        ),
+        panel(
+            lay,
+            "Memory growth per step",
+            [
+                (f"trainmon_train_memory_growth_bytes_per_step{{{SEL}}}", rank_legend),
+            ],
+            unit="bytes",
+        ),
+        row(lay, "Layers (Run.watch)"),
+        panel(
+            lay,
+            "Update ratio by layer",
+            [
+                (f"trainmon_layer_update_ratio{{{SEL}}}", "{{layer}} " + rank_legend),
+            ],
+            log_scale=True,
+        ),
+        panel(
+            lay,
+            "Gradient norm by layer",
+            [
+                (f"trainmon_layer_grad_norm{{{SEL}}}", "{{layer}} " + rank_legend),
+            ],
+            log_scale=True,
+        ),
+        panel(
+            lay,
+            "Layer-to-layer gradient gain",
+            [
+                (f"trainmon_train_grad_gain_mean{{{SEL}}}", "gain " + rank_legend),
+                (f"trainmon_train_grad_gain_drift_ratio{{{SEL}}}", "drift " + rank_legend),
+            ],
+            w=24,
+        ),
+    ]
+    annotations = [
+        annotation("Hang", "red", f"increase(trainmon_train_hangs_total{{{RUN}}}[1m]) > 0"),
+        annotation(
+            "Memory leak", "orange", f"increase(trainmon_train_memory_leaks_total{{{RUN}}}[1m]) > 0"
+        ),
+    ]
+    return dashboard(
+        "trainmon-health",
+        "trainmon / Run health",
+        "Alerts, liveness, monitoring cost, checkpoints, evaluation, memory, layers.",
+        panels,
+        annotations,
+    )
+
+
+DASHBOARDS = {"training.json": training, "health.json": health}
+
+
+def render() -> dict[str, str]:
+    """File name -> JSON text of every dashboard."""
+    return {name: json.dumps(build(), indent=2) + "\n" for name, build in DASHBOARDS.items()}
+
+
+if __name__ == "__main__":
+    OUT.mkdir(parents=True, exist_ok=True)
+    for name, text in render().items():
+        (OUT / name).write_text(text)
+        print("wrote", OUT / name)

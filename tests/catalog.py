@@ -1,0 +1,36 @@
+"""The exporter's metric catalog, for checking names used by rules and dashboards."""
+
+from __future__ import annotations
+
+import trainmon_client
+
+from .conftest import InProcessExporter, wait_for
+from .exporter.test_layers import train
+from .exporter.test_metrics import scripted_session
+
+
+def exposed_names(exporter: InProcessExporter) -> set[str]:
+    """Every series name a real exporter exposes after a scripted session and a watched run.
+
+    Read from the TYPE lines, so families without samples yet (gauges that need hundreds of
+    steps) count; histograms add their _bucket, _sum and _count series.
+    """
+    scripted_session(exporter)
+    watched = trainmon_client.init(
+        run="catalog",
+        socket_path=exporter.socket,
+        flush_interval=0.0,
+        rank=0,
+        world_size=1,
+        local_rank=0,
+    )
+    train(watched, 3, every=1)
+    wait_for(lambda: (k := exporter.rank("catalog", 0)) and k["status"] == "finished")
+    names: set[str] = set()
+    for line in exporter.metrics_text().splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ", 3)
+            names.add(name)
+            if kind == "histogram":
+                names |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
+    return names

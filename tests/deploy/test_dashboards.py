@@ -1,0 +1,127 @@
+"""Grafana dashboards: generated from code, schema-valid, PromQL that parses, real names."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ..catalog import exposed_names
+from ..conftest import ROOT, InProcessExporter, require_tool
+
+GRAFANA = ROOT / "deploy" / "grafana"
+
+
+def generator() -> Any:
+    spec = importlib.util.spec_from_file_location(
+        "build_dashboards", GRAFANA / "build_dashboards.py"
+    )
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def dashboards() -> dict[str, dict[str, Any]]:
+    return {
+        p.name: json.loads(p.read_text()) for p in sorted((GRAFANA / "dashboards").glob("*.json"))
+    }
+
+
+def queries(dash: dict[str, Any]) -> list[str]:
+    out = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    out += [a["expr"] for a in dash["annotations"]["list"]]
+    return out
+
+
+def test_committed_json_is_what_the_generator_builds() -> None:
+    rendered = generator().render()
+    assert set(rendered) == {p.name for p in (GRAFANA / "dashboards").glob("*.json")}
+    for name, text in rendered.items():
+        assert (GRAFANA / "dashboards" / name).read_text() == text, (
+            f"{name} is stale: run python deploy/grafana/build_dashboards.py"
+        )
+
+
+def subset(small: Any, big: Any, path: str = "") -> list[str]:
+    """Paths of ``small`` missing or different in ``big``."""
+    if isinstance(small, dict):
+        if not isinstance(big, dict):
+            return [path]
+        return [p for k, v in small.items() for p in subset(v, big.get(k, _MISSING), f"{path}.{k}")]
+    if isinstance(small, list):
+        if not isinstance(big, list) or len(big) != len(small):
+            return [path]
+        return [
+            p
+            for i, (a, b) in enumerate(zip(small, big, strict=True))
+            for p in subset(a, b, f"{path}[{i}]")
+        ]
+    return [] if small == big else [path]
+
+
+_MISSING = object()
+
+
+def test_dashboards_round_trip_through_the_grafana_sdk() -> None:
+    sdk = pytest.importorskip("grafana_foundation_sdk.models.dashboard")
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+
+    for name, dash in dashboards().items():
+        back = json.loads(json.dumps(sdk.Dashboard.from_json(dash), cls=JSONEncoder))
+        lost = subset(dash, back)
+        assert not lost, f"{name}: keys the schema does not know or changed: {lost[:10]}"
+
+
+def test_dashboards_use_the_provisioned_datasource_and_variables() -> None:
+    ds = yaml.safe_load((GRAFANA / "provisioning" / "datasources" / "prometheus.yml").read_text())
+    uid = ds["datasources"][0]["uid"]
+    for name, dash in dashboards().items():
+        variables = {v["name"]: v for v in dash["templating"]["list"]}
+        assert {"datasource", "run", "rank"} <= set(variables), name
+        assert variables["datasource"]["current"]["value"] == uid
+        for p in dash["panels"]:
+            if p["type"] != "row":
+                assert p["datasource"]["uid"] == "${datasource}", (name, p["title"])
+                assert p["fieldConfig"]["defaults"]["unit"], (name, p["title"])
+
+
+def test_every_query_parses_in_promtool(tmp_path: Path) -> None:
+    promtool = require_tool("promtool", "prometheus")
+    rules = []
+    for dash in dashboards().values():
+        for i, q in enumerate(queries(dash)):
+            expr = (
+                q.replace("$__rate_interval", "1m")
+                .replace("$__range", "1h")
+                .replace("$run", ".*")
+                .replace("$rank", ".*")
+            )
+            rules.append({"record": f"dashboard:query:{len(rules)}_{i}", "expr": expr})
+    path = tmp_path / "queries.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboards", "rules": rules}]}))
+    out = subprocess.run(
+        [promtool, "check", "rules", str(path)], capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_every_metric_name_exists_in_the_exporter(exporter: InProcessExporter) -> None:
+    exposed = exposed_names(exporter)
+    recorded = {
+        r["record"]
+        for g in yaml.safe_load(
+            (ROOT / "deploy" / "prometheus" / "trainmon.rules.yml").read_text()
+        )["groups"]
+        for r in g["rules"]
+    }
+    for name, dash in dashboards().items():
+        for q in queries(dash):
+            for metric in re.findall(r"(?<![\w:])(?:run:)?trainmon_[a-z0-9_:]+", q):
+                assert metric in exposed or metric in recorded, f"{name}: {metric}"
