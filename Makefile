@@ -34,6 +34,8 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/client_log.py
 	$(BIN)/python benchmarks/training_overhead.py
 	$(BIN)/python benchmarks/ingest.py
+	$(BIN)/python benchmarks/rules_eval.py
+	$(BIN)/python benchmarks/detection/run.py
 
 clean:
 	rm -rf $(VENV)

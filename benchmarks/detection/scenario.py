@@ -11,6 +11,8 @@ Scenarios:
 - ``spike``: bad batches (a share of random bytes) every ``--every`` steps after ``--at``.
 - ``explosion``: the learning rate is multiplied by 1e4 at ``--at``.
 - ``hang``: the loop sleeps for an hour at ``--at``.
+- ``stall``: the loop sleeps ``--stall-seconds`` at ``--at``, then goes on (a hang that
+  recovers).
 - ``crash``: the process SIGKILLs itself at ``--at``.
 - ``slowdown``: from ``--at`` every step takes about twice as long.
 - ``straggler``: like slowdown, for the rank given by ``--slow-rank`` only.
@@ -64,6 +66,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--run", required=True)
     ap.add_argument("--slow-rank", type=int, default=1)
+    ap.add_argument("--stall-seconds", type=float, default=90.0)
     args = ap.parse_args()
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
@@ -123,6 +126,9 @@ def main() -> int:
         if args.scenario == "hang" and at:
             mark("hang", step)
             time.sleep(3600)
+        if args.scenario == "stall" and at:
+            mark("stall", step)
+            time.sleep(args.stall_seconds)
         if args.scenario == "crash" and at:
             mark("crash", step)
             os.kill(os.getpid(), signal.SIGKILL)

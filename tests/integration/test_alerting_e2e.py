@@ -132,7 +132,10 @@ def stack() -> Iterator[tuple[ExporterProcess, Receiver, Stack]]:
                 pytest.fail(f"{tool} is required in CI")
             pytest.skip(f"{tool} not installed")
     tmp = short_tmpdir()
-    exporter = ExporterProcess(tmp / "t.sock", free_port()).start()
+    # A 2 s hang grace (default 30 s), so a stalled trainer is hung within seconds.
+    exporter = ExporterProcess(
+        tmp / "t.sock", free_port(), "--analytics.hang-grace-seconds", "2"
+    ).start()
     receiver = Receiver()
     st = Stack(tmp, exporter, receiver)
     try:
@@ -214,3 +217,54 @@ def test_killed_trainer_pages_as_a_crash(stack: Any) -> None:
         interval=0.2,
     )
     print(f"\nkill -9 at step {mark['step']} -> PagerDuty after {hits[0][1] - mark['time']:.2f} s")
+
+
+def test_a_stall_pages_and_the_recovery_resolves(stack: Any) -> None:
+    """Hung (critical, for: 1m) while the loop sleeps; resolved once it steps again."""
+    exporter, receiver, _ = stack
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(SCENARIO),
+            "--scenario",
+            "stall",
+            "--run",
+            "e2e-stall",
+            "--steps",
+            "600",
+            "--at",
+            "300",
+            "--stall-seconds",
+            "75",
+        ],
+        env=child_env(TRAINMON_SOCKET=exporter.socket),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+
+        def events(action: str) -> list[tuple[Any, float]]:
+            return [
+                h
+                for h in receiver.find("/pagerduty", "e2e-stall")
+                if h[0]["event_action"] == action and "TrainmonTrainingHung" in json.dumps(h[0])
+            ]
+
+        triggered = wait_for(lambda: events("trigger"), timeout=120, interval=0.5)
+        resolved = wait_for(lambda: events("resolve"), timeout=120, interval=0.5)
+        assert resolved[0][0]["dedup_key"] == triggered[0][0]["dedup_key"]
+        assert resolved[0][1] > triggered[0][1]
+        assert proc.wait(60) == 0
+        out = proc.stdout.read() if proc.stdout else ""
+        mark = json.loads(next(ln for ln in out.splitlines() if ln.startswith("{")))
+        print(
+            f"\nstall at step {mark['step']}: paged after {triggered[0][1] - mark['time']:.1f} s "
+            f"(2 s grace + for: 1m), resolved {resolved[0][1] - mark['time']:.1f} s after it began "
+            "(the loop slept 75 s)"
+        )
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        if proc.stdout:
+            proc.stdout.close()
