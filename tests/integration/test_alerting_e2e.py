@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -187,6 +188,7 @@ def test_nan_pages_pagerduty_with_run_and_rank(stack: Any) -> None:
     details = json.dumps(body["payload"]["custom_details"])
     assert "run: e2e-nan" in details and "rank: 0" in details
     assert "runbooks.md#alert-name-trainmonnonfinitevalues" in details
+    assert "/d/trainmon-training/?var-run=e2e-nan" in details
     assert body["payload"]["severity"] in ("critical", "error")
     print(f"\nNaN at step {mark['step']} -> PagerDuty after {arrived - mark['time']:.2f} s")
     assert arrived - mark["time"] < 30
@@ -199,9 +201,14 @@ def test_loss_spike_goes_to_slack(stack: Any) -> None:
     body, arrived = hits[0]
     text = json.dumps(body)
     assert "TrainmonLossSpike" in text and "rank: 0" in text
+    step = re.search(r"step: (\d+)", text)
+    assert step and 400 <= int(step.group(1)) <= 420  # the rank's step when the alert fired
+    assert "/d/trainmon-training/?var-run=e2e-spike&var-rank=0" in text
     assert body["attachments"][0]["color"] == "danger"
     assert not receiver.find("/pagerduty", "e2e-spike")  # a warning never pages
     print(f"\nloss spike at step {mark['step']} -> Slack after {arrived - mark['time']:.2f} s")
+    attachment = body["attachments"][0]
+    print(f"--- Slack message ---\n{attachment['title']}\n{attachment['text']}\n---")
 
 
 def test_killed_trainer_pages_as_a_crash(stack: Any) -> None:
