@@ -57,7 +57,12 @@ FINISH_TIMEOUT_S = 1.0
 
 
 def _as_step(step: Any) -> int | None:
-    """A valid step number from NumPy / tensor integers or integral floats, else None."""
+    """A valid step number (0 to 2**64 - 1), or None.
+
+    Accepts an int, a NumPy or tensor integer, or an integral float.
+    """
+    if type(step) is int:
+        return step if 0 <= step <= _MAX_STEP else None
     try:
         value = operator.index(step)
     except Exception:
@@ -283,14 +288,12 @@ class Run:
                     vals.append(value)
                 else:
                     self._refused += 1
-            s = step if type(step) is int and 0 <= step <= _MAX_STEP else _as_step(step)
+            s = _as_step(step)
             if s is None:
                 self._refused += 1
                 return
-            self._encode_pending()
             head = P.EVAL_HEADER.pack(s, _wall())
-            self._add_record(P.encode_fields(P.EVAL, head, ids, vals), data=True)
-            self._flush(now)
+            self._send_now(P.encode_fields(P.EVAL, head, ids, vals), now)
         except Exception:
             self._internal_errors += 1
             log.debug("trainmon_client: eval() failed internally", exc_info=True)
@@ -332,17 +335,17 @@ class Run:
             return
         now = _perf()
         try:
-            s = step if type(step) is int and 0 <= step <= _MAX_STEP else _as_step(step)
+            s = _as_step(step)
             sec = _NAN if seconds is None else self._coerce(seconds)
             if s is None or sec is _REFUSED or sec < 0:
                 self._refused += 1
                 return
-            self._encode_pending()
-            self._add_record(P.encode_checkpoint(s, _wall(), sec), data=True)
-            self._flush(now)
+            self._send_now(P.encode_checkpoint(s, _wall(), sec), now)
         except Exception:
             self._internal_errors += 1
             log.debug("trainmon_client: checkpoint() failed internally", exc_info=True)
+        finally:
+            self._overhead += _perf() - now
 
     def watch(
         self,
@@ -431,9 +434,7 @@ class Run:
                 self._refused += 1
                 return 0
             totals = self._ops.setdefault(field_id, [0.0, 0])
-            self._encode_pending()
-            self._add_record(P.encode_track(field_id, True, totals[0], int(totals[1])), True)
-            self._flush(now)
+            self._send_now(P.encode_track(field_id, True, totals[0], int(totals[1])), now)
             return field_id
         except Exception:
             self._internal_errors += 1
@@ -450,9 +451,7 @@ class Run:
             totals = self._ops[field_id]
             totals[0] += seconds
             totals[1] += 1
-            self._encode_pending()
-            self._add_record(P.encode_track(field_id, False, totals[0], int(totals[1])), True)
-            self._flush(now)
+            self._send_now(P.encode_track(field_id, False, totals[0], int(totals[1])), now)
         except Exception:
             self._internal_errors += 1
             log.debug("trainmon_client: track() failed internally", exc_info=True)
@@ -504,6 +503,12 @@ class Run:
 
     # ------------------------------------------------------------------------- hot path
 
+    def _send_now(self, record: bytes, now: float) -> None:
+        """Queue ``record`` after every pending step and flush at once (rare records)."""
+        self._encode_pending()
+        self._add_record(record, data=True)
+        self._flush(now)
+
     def _snapshot(self, metrics: dict[str, Any]) -> dict[str, Any]:
         """Convert every value that is not a plain float/int now (tensors may change later)."""
         out = {}
@@ -535,7 +540,7 @@ class Run:
         self._pending = []
         for step, t0, wall, metrics in pending:
             if type(step) is not int or not 0 <= step <= _MAX_STEP:
-                step = _as_step(step)
+                step = _as_step(step)  # NumPy / tensor integers, integral floats, or None
                 if step is None:
                     self._refused += 1
                     continue
