@@ -390,7 +390,12 @@ class IngestServer:
                     raise _Refused("no_hello")
                 head, ids, values = P.decode_step(payload)
                 unknown, capped = state.observe_step(
-                    head, ids, values, conn.names, self.store.window_s, self.store.max_custom
+                    head,
+                    ids,
+                    values,
+                    conn.names,
+                    self.store.window_s,
+                    self.store.max_custom_metrics,
                 )
                 if unknown:
                     self.metrics.dropped_values.labels("unknown_field").inc(unknown)

@@ -253,7 +253,6 @@ class Store:
         self.ranks: dict[tuple[str, int], RankState] = {}
         self.max_ranks = max_ranks
         self.max_custom_metrics = max_custom_metrics
-        self.max_custom = max_custom_metrics  # short alias used on the ingest path
         self.max_layers = max_layers
         self.buckets = buckets
         self.window_s = window_s
