@@ -123,6 +123,11 @@ def row(lay: Layout, title: str) -> dict[str, Any]:
     }
 
 
+def events(counter: str, by: str = "run, rank") -> str:
+    """Events a counter counted over the dashboard's time range, per ``by``."""
+    return f"sum by ({by}) (increase({counter}{{{SEL}}}[$__range]))"
+
+
 def annotation(name: str, color: str, expr: str) -> dict[str, Any]:
     return {
         "name": name,
@@ -250,8 +255,7 @@ def training() -> dict[str, Any]:
             "Non-finite values",
             [
                 (
-                    f"sum by (run, rank, field) (increase(trainmon_train_nonfinite_values_total{{{SEL}}}"
-                    "[$__range]))",
+                    events("trainmon_train_nonfinite_values_total", "run, rank, field"),
                     "{{field}} " + rank_legend,
                 ),
             ],
@@ -264,7 +268,7 @@ def training() -> dict[str, Any]:
             "Loss spikes",
             [
                 (
-                    f"sum by (run, rank) (increase(trainmon_train_loss_spikes_total{{{SEL}}}[$__range]))",
+                    events("trainmon_train_loss_spikes_total"),
                     rank_legend,
                 ),
             ],
@@ -277,8 +281,7 @@ def training() -> dict[str, Any]:
             "Gradient explosions",
             [
                 (
-                    f"sum by (run, rank) (increase(trainmon_train_grad_explosions_total{{{SEL}}}"
-                    "[$__range]))",
+                    events("trainmon_train_grad_explosions_total"),
                     rank_legend,
                 ),
             ],
@@ -291,11 +294,11 @@ def training() -> dict[str, Any]:
             "Crashes and hangs",
             [
                 (
-                    f"sum by (run, rank) (increase(trainmon_run_crashes_total{{{SEL}}}[$__range]))",
+                    events("trainmon_run_crashes_total"),
                     "crashes " + rank_legend,
                 ),
                 (
-                    f"sum by (run, rank) (increase(trainmon_train_hangs_total{{{SEL}}}[$__range]))",
+                    events("trainmon_train_hangs_total"),
                     "hangs " + rank_legend,
                 ),
             ],
