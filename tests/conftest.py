@@ -63,10 +63,11 @@ def sample(metrics: dict[Any, float], metric: str, /, **labels: str) -> float | 
 class InProcessExporter:
     """The real app (lifespan, ingest socket, collectors) served by FastAPI's TestClient."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, nvml: Any = None) -> None:
         self.settings = settings
         self.socket = str(settings.socket)
-        self.client = TestClient(create_app(settings))
+        self.app = create_app(settings, nvml)
+        self.client = TestClient(self.app)
 
     def metrics_text(self) -> str:
         r = self.client.get("/metrics")
@@ -95,10 +96,11 @@ def make_exporter() -> Iterator[Callable[..., InProcessExporter]]:
     """Factory for in-process exporters with settings overrides; all stopped at teardown."""
     made: list[tuple[InProcessExporter, Path]] = []
 
-    def make(**overrides: Any) -> InProcessExporter:
+    def make(nvml: Any = None, **overrides: Any) -> InProcessExporter:
+        """``nvml``: an NvmlBackend (e.g. tests/exporter/fake_nvml.py) instead of the real one."""
         d = short_tmpdir()
         settings = Settings(socket=d / "t.sock", **overrides)
-        ex = InProcessExporter(settings)
+        ex = InProcessExporter(settings, nvml)
         ex.client.__enter__()
         made.append((ex, d))
         return ex
@@ -117,11 +119,14 @@ def exporter(make_exporter: Callable[..., InProcessExporter]) -> InProcessExport
 class ExporterProcess:
     """``python -m trainmon_exporter`` as a real subprocess."""
 
-    def __init__(self, socket_path: Path, port: int, *args: str) -> None:
+    def __init__(
+        self, socket_path: Path, port: int, *args: str, env: dict[str, str] | None = None
+    ) -> None:
         self.socket = str(socket_path)
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.args = args
+        self.env = env
         self.proc: subprocess.Popen[str] | None = None
 
     def start(self, wait: bool = True) -> ExporterProcess:
@@ -136,7 +141,7 @@ class ExporterProcess:
             *self.args,
         ]
         self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=self.env
         )
         if wait:
             wait_for(self.ready, timeout=20)
@@ -176,10 +181,13 @@ def exporter_process() -> Iterator[Callable[..., ExporterProcess]]:
     made: list[tuple[ExporterProcess, Path]] = []
 
     def make(
-        *args: str, socket_dir: Path | None = None, port: int | None = None
+        *args: str,
+        socket_dir: Path | None = None,
+        port: int | None = None,
+        env: dict[str, str] | None = None,
     ) -> ExporterProcess:
         d = socket_dir or short_tmpdir()
-        ex = ExporterProcess(d / "t.sock", port or free_port(), *args)
+        ex = ExporterProcess(d / "t.sock", port or free_port(), *args, env=env)
         made.append((ex, d))
         return ex
 

@@ -195,6 +195,7 @@ def test_state_survives_a_reconnect_under_the_same_run() -> None:
         "gpu_uuid": None,
         "started_at": 0.0,
         "flops_per_token": None,
+        "dtype": "bf16",
     }
     s = store.attach(hello)
     assert not isinstance(s, str)

@@ -34,7 +34,7 @@ def test_help_documents_every_setting() -> None:
         if name != "collectors":
             assert "--" + name.replace("_", "-") in out.stdout, name
     for name in Settings.model_fields["collectors"].annotation.model_fields:  # type: ignore[union-attr]
-        assert f"--collectors.{name}" in out.stdout
+        assert f"--collectors.{name.replace('_', '-')}" in out.stdout
     assert "TRAINMON_" in out.stdout
 
 

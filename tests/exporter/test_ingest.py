@@ -31,6 +31,7 @@ HELLO: dict[str, Any] = {
     "gpu_uuid": None,
     "started_at": 1.0,
     "flops_per_token": None,
+    "dtype": "bf16",
 }
 
 

@@ -237,6 +237,7 @@ def make_state(**analytics: object) -> RankState:
         gpu_uuid=None,
         started_at=0.0,
         flops_per_token=None,
+        dtype="bf16",
         buckets=(1.0,),
         analytics=RankAnalytics(AnalyticsSettings(**analytics)),  # type: ignore[arg-type]
     )

@@ -140,6 +140,9 @@ STANDARD_FIELDS: Final[dict[str, int]] = {
     "val_loss": 6,
     "mem_allocated": 7,
     "mem_reserved": 8,
+    "mem_peak": 9,
+    "alloc_retries": 10,
+    "ooms": 11,
 }
 """Field ids of the standard scalars. ``tokens`` and ``samples`` are not fields: the client
 adds them to the cumulative totals in the STEP header."""
@@ -158,10 +161,12 @@ HELLO_FIELDS: Final = (
     "gpu_uuid",
     "started_at",
     "flops_per_token",
+    "dtype",
 )
 """Keys of the HELLO object: run id (str), rank / local_rank / world_size (int), hostname (str),
 pid (int, the client's own PID namespace), client_version (str), gpu_uuid (str or null, the CUDA
-device's UUID as NVML prints it), started_at (Unix seconds), flops_per_token (float or null)."""
+device's UUID as NVML prints it), started_at (Unix seconds), flops_per_token (float or null),
+dtype (str: the training dtype MFU is judged against: bf16, fp16, fp8, tf32 or fp32)."""
 
 MAX_NAME_CHARS: Final = 128
 """Longest run id or custom metric name accepted (characters)."""

@@ -147,6 +147,8 @@ class Run:
         flops_per_token: float | None,
         gpu_uuid: str | None,
         enabled: bool,
+        dtype: str = "bf16",
+        cuda_memory: bool = False,
     ) -> None:
         self.run_id = run_id
         self.rank = rank
@@ -156,6 +158,9 @@ class Run:
         self.flush_interval = flush_interval
         self.flops_per_token = flops_per_token
         self.gpu_uuid = gpu_uuid
+        self.dtype = dtype
+        self.cuda_memory = cuda_memory
+        self._detect_uuid = gpu_uuid is None
         self._closed = not enabled
         self._pid = os.getpid()
         self._started_at = _wall()
@@ -649,6 +654,10 @@ class Run:
         return field_id
 
     def _hello_packets(self) -> list[bytes]:
+        if self._detect_uuid and self.gpu_uuid is None:
+            # init() often runs before the model moves to the GPU; by the first flush CUDA
+            # is initialised.
+            self.gpu_uuid = _torch_gpu_uuid(self.local_rank)
         hello = P.encode_hello(
             {
                 "run": self.run_id,
@@ -661,6 +670,7 @@ class Run:
                 "gpu_uuid": self.gpu_uuid,
                 "started_at": self._started_at,
                 "flops_per_token": self.flops_per_token,
+                "dtype": self.dtype,
             }
         )
         packets = []
@@ -704,6 +714,8 @@ class Run:
         if os.getpid() != self._pid:  # forked child: never touch the parent's socket
             self._pending = []
             return
+        if self.cuda_memory and self._pending:
+            _add_allocator_stats(self._pending[-1][3])
         if self._resend_names and self._sock is not None:
             self._resend_names = False
             for name, field_id in self._names.items():
@@ -781,6 +793,8 @@ def init(
     num_params: int | None = None,
     flops_per_token: float | None = None,
     gpu_uuid: str | None = None,
+    dtype: str = "bf16",
+    cuda_memory: bool = False,
     flush_interval: float | None = None,
     enabled: bool = True,
 ) -> Run:
@@ -803,7 +817,15 @@ def init(
             decoder forward + backward, Kaplan et al. 2020, "Scaling Laws", §2.1) for MFU.
         flops_per_token: training FLOPs per token, when known better than ``6 * num_params``.
         gpu_uuid: this rank's GPU UUID as NVML prints it (``GPU-…``); default: detected from
-            torch when CUDA is initialised.
+            torch when CUDA is initialised (at ``init()`` or at the first flush).
+        dtype: the training dtype MFU is judged against: ``bf16`` (default), ``fp16``,
+            ``fp8``, ``tf32`` or ``fp32``; the exporter looks up that dtype's peak.
+        cuda_memory: also send ``torch.cuda`` allocator figures, read once per flush (at most
+            every ``flush_interval``) from ``torch.cuda.memory_stats()``: ``mem_allocated``,
+            ``mem_reserved``, ``mem_peak`` (``allocated_bytes.all.peak``), ``alloc_retries``
+            (``num_alloc_retries``: cudaMalloc retries after freeing the cache, the sign of
+            fragmentation before an OOM) and ``ooms`` (``num_ooms``). Values you log under
+            those names win. Host-side counters: no device synchronisation.
         flush_interval: longest time (seconds) a record waits in the buffer before it is sent.
             Default: ``TRAINMON_FLUSH_INTERVAL`` or 0.5. Non-finite values are sent at once.
         enabled: ``False`` returns a handle whose methods do nothing (e.g. on ranks you skip).
@@ -845,6 +867,8 @@ def init(
         flops_per_token = 6.0 * num_params
     if flops_per_token is not None and not (math.isfinite(flops_per_token) and flops_per_token > 0):
         raise ValueError(f"flops_per_token must be a positive number, got {flops_per_token!r}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if gpu_uuid is None:
         gpu_uuid = _torch_gpu_uuid(local_rank)
     path = os.fspath(socket_path) if socket_path is not None else None
@@ -859,7 +883,37 @@ def init(
         flops_per_token=flops_per_token,
         gpu_uuid=gpu_uuid,
         enabled=enabled,
+        dtype=dtype,
+        cuda_memory=cuda_memory,
     )
+
+
+DTYPES = ("bf16", "fp16", "fp8", "tf32", "fp32")
+"""Values of ``init(dtype=...)``."""
+
+_ALLOCATOR_STATS = (
+    ("mem_allocated", "allocated_bytes.all.current"),
+    ("mem_reserved", "reserved_bytes.all.current"),
+    ("mem_peak", "allocated_bytes.all.peak"),
+    ("alloc_retries", "num_alloc_retries"),
+    ("ooms", "num_ooms"),
+)
+
+
+def _add_allocator_stats(metrics: dict[str, Any]) -> None:
+    """Add ``torch.cuda.memory_stats()`` figures to one step's metrics (user values win)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    try:
+        if not torch.cuda.is_initialized():
+            return
+        stats = torch.cuda.memory_stats()
+    except Exception:
+        return
+    for key, stat in _ALLOCATOR_STATS:
+        if key not in metrics and stat in stats:
+            metrics[key] = stats[stat]
 
 
 def _torch_gpu_uuid(local_rank: int) -> str | None:

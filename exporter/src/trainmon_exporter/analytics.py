@@ -228,18 +228,34 @@ def judge_spike(stats: RollingStats, x: float, cfg: AnalyticsSettings) -> SpikeR
 
 
 def least_squares(points: Iterable[tuple[float, float]]) -> tuple[float, float] | None:
-    """``(slope, R^2)`` of the least-squares line through ``points``; None when x is constant."""
-    pts = list(points)
-    n = len(pts)
+    """``(slope, R^2)`` of the least-squares line through ``points``; None when x is constant.
+
+    One pass over sums of the points shifted by the first one (shifting keeps the sums small,
+    so ``Σx² − (Σx)²/n`` does not cancel when x are large step numbers).
+    """
+    it = iter(points)
+    first = next(it, None)
+    if first is None:
+        return None
+    x0, y0 = first
+    n = 1
+    sx = sy = sxx = sxy = syy = 0.0
+    for x, y in it:
+        dx = x - x0
+        dy = y - y0
+        n += 1
+        sx += dx
+        sy += dy
+        sxx += dx * dx
+        sxy += dx * dy
+        syy += dy * dy
     if n < 2:
         return None
-    mx = sum(p[0] for p in pts) / n
-    my = sum(p[1] for p in pts) / n
-    sxx = sum((p[0] - mx) ** 2 for p in pts)
-    if sxx == 0:
+    sxx -= sx * sx / n
+    if sxx <= 0:
         return None
-    sxy = sum((p[0] - mx) * (p[1] - my) for p in pts)
-    syy = sum((p[1] - my) ** 2 for p in pts)
+    sxy -= sx * sy / n
+    syy -= sy * sy / n
     r2 = sxy * sxy / (sxx * syy) if syy > 0 else 0.0
     return sxy / sxx, r2
 
@@ -249,6 +265,8 @@ class RankAnalytics:
 
     def __init__(self, cfg: AnalyticsSettings) -> None:
         self.cfg = cfg
+        self._slope_key: tuple[int, tuple[float, float]] | None = None
+        self._slope: float | None = None
         self.ema: float | None = None
         self.loss_stats = RollingStats(cfg.window_steps)
         self.grad_stats = RollingStats(cfg.window_steps)  # grad norms, for the mean
@@ -480,8 +498,11 @@ class RankAnalytics:
         """Least-squares slope of the EMA over the trend window (loss units per step)."""
         if len(self.trend) < self.cfg.min_history_steps:
             return None
-        fit = least_squares(self.trend)
-        return None if fit is None else fit[0]
+        key = (len(self.trend), self.trend[-1])
+        if key != self._slope_key:  # scrapes and the API ask between steps: fit once per step
+            fit = least_squares(self.trend)
+            self._slope_key, self._slope = key, None if fit is None else fit[0]
+        return self._slope
 
     def plateau(self) -> bool | None:
         """Whether a full trend window changed the EMA by less than the tolerance."""

@@ -1,4 +1,4 @@
-"""The JSON API's schema (``/api/v1/runs``) and the snapshot that fills it."""
+"""The JSON API's schema (``/api/v1/runs``, ``/api/v1/gpus``) and the snapshots that fill it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,20 @@ import time
 
 from pydantic import BaseModel, Field
 
+from trainmon_exporter.collectors.rank_gpu import state_mfu
+from trainmon_exporter.nvml import CLOCK_EVENT_REASONS, NOT_STARTED, GpuSample, GpuSnapshot
 from trainmon_exporter.state import RankState, Store
+
+SLOWDOWN_REASONS = frozenset(
+    (
+        "sw_power_cap",
+        "hw_slowdown",
+        "sw_thermal_slowdown",
+        "hw_thermal_slowdown",
+        "hw_power_brake_slowdown",
+    )
+)
+"""Clock-event reasons that mean the GPU runs slower than it could (not idle, not a setting)."""
 
 
 class EventView(BaseModel):
@@ -29,6 +42,8 @@ class RankView(BaseModel):
     world_size: int
     hostname: str
     gpu_uuid: str | None
+    gpu: int | None = Field(description="NVML index of the rank's GPU, joined on gpu_uuid")
+    dtype: str = Field(description="training dtype MFU is judged against")
     up: bool = Field(description="client connected now")
     status: str = Field(description="running, finished, failed (exception) or crashed")
     step: int | None
@@ -41,6 +56,10 @@ class RankView(BaseModel):
     samples_per_second: float | None
     client_overhead_ratio: float | None
     step_time_mean_seconds: float | None
+    model_flops_per_second: float | None = Field(description="tokens/s x flops_per_token")
+    mfu_ratio: float | None = Field(description="model FLOP/s / peak dense FLOP/s")
+    mfu_unavailable_reason: str | None = Field(description="why mfu_ratio is null")
+    gpu_memory_used_bytes: float | None = Field(description="NVML memory of the rank's process")
     values: dict[str, float | None] = Field(description="last loss, lr, grad_norm, ...")
     custom: dict[str, float | None]
     nonfinite: dict[str, int]
@@ -71,8 +90,16 @@ def _num(v: float | None) -> float | None:
     return v if v is not None and math.isfinite(v) else None
 
 
-def _rank_view(s: RankState, now: float, window_s: float) -> RankView:
+def _rank_view(
+    s: RankState,
+    now: float,
+    window_s: float,
+    gpus: dict[str, GpuSample],
+    pids: dict[int, float],
+    override: float | None,
+) -> RankView:
     rates = s.rates(now, window_s)
+    m, g = state_mfu(s, None if rates is None else rates[0], gpus, override)
     health = []
     if s.nonfinite["loss"] or s.nonfinite["grad_norm"]:
         health.append(
@@ -97,6 +124,8 @@ def _rank_view(s: RankState, now: float, window_s: float) -> RankView:
         world_size=s.world_size,
         hostname=s.hostname,
         gpu_uuid=s.gpu_uuid,
+        gpu=None if g is None else g.index,
+        dtype=s.dtype,
         up=s.connected,
         status=s.status,
         step=s.step,
@@ -109,6 +138,10 @@ def _rank_view(s: RankState, now: float, window_s: float) -> RankView:
         samples_per_second=None if rates is None else rates[1],
         client_overhead_ratio=None if rates is None else rates[2],
         step_time_mean_seconds=s.hist_sum / s.hist_count if s.hist_count else None,
+        model_flops_per_second=m.model_flops,
+        mfu_ratio=m.mfu,
+        mfu_unavailable_reason=m.reason or None,
+        gpu_memory_used_bytes=pids.get(s.peer_pid or s.pid),
         values={k: _num(v) for k, v in s.values.items()},
         custom={k: _num(v) for k, v in s.custom.items()},
         nonfinite=dict(s.nonfinite),
@@ -130,17 +163,96 @@ def _rank_view(s: RankState, now: float, window_s: float) -> RankView:
     )
 
 
-def snapshot(store: Store) -> RunsResponse:
-    """Every run with its ranks, sorted by run then rank (one lock hold)."""
+def snapshot(
+    store: Store, gpus: GpuSnapshot = NOT_STARTED, peak_flops: float | None = None
+) -> RunsResponse:
+    """Every run with its ranks, sorted by run then rank (one lock hold).
+
+    ``gpus`` is the NVML sampler's latest pass (for the rank ↔ GPU join and MFU);
+    ``peak_flops`` the MFU override setting.
+    """
     now = time.time()
+    by_uuid = gpus.by_uuid()
+    pids = gpus.process_memory()
     runs: dict[str, list[RankView]] = {}
     with store.lock:
         for (run, _rank), s in sorted(store.ranks.items()):
-            runs.setdefault(run, []).append(_rank_view(s, now, store.window_s))
+            runs.setdefault(run, []).append(
+                _rank_view(s, now, store.window_s, by_uuid, pids, peak_flops)
+            )
     return RunsResponse(
         time=now,
         runs=[
             RunView(run=r, world_size=max(v.world_size for v in ranks), ranks=ranks)
             for r, ranks in runs.items()
         ],
+    )
+
+
+class GpuView(BaseModel):
+    """One GPU's last NVML sample, in base units (see docs/metrics.md for each source)."""
+
+    index: int
+    uuid: str
+    name: str
+    pci_bus_id: str
+    utilization_ratio: float | None
+    memory_used_bytes: float | None
+    memory_size_bytes: float | None
+    power_usage_watts: float | None
+    temperature_celsius: float | None
+    sm_clock_hertz: float | None
+    tensor_active_ratio: float | None = Field(description="GPM, Hopper and newer")
+    slowdown_reasons: list[str] = Field(description="active clock-event reasons that slow it")
+    xid_errors: int = Field(description="XID critical errors since the exporter started")
+
+
+class GpusResponse(BaseModel):
+    """Body of ``GET /api/v1/gpus``."""
+
+    time: float
+    ok: bool = Field(description="NVML usable")
+    error: str = Field(description="why not, when ok is false")
+    hint: str = Field(description="what to do about it")
+    driver_version: str
+    lost_total: int = Field(description="GPUs NVML reported lost; their series are dropped")
+    sample_seconds: float = Field(description="wall time of the last sampling pass")
+    gpus: list[GpuView]
+
+
+def gpu_snapshot(snap: GpuSnapshot) -> GpusResponse:
+    """The API view of the sampler's latest pass."""
+    views = []
+    for g in snap.gpus:
+        v = g.values
+        views.append(
+            GpuView(
+                index=g.index,
+                uuid=g.uuid,
+                name=g.name,
+                pci_bus_id=g.pci_bus_id,
+                utilization_ratio=v.get("trainmon_gpu_utilization_ratio"),
+                memory_used_bytes=v.get("trainmon_gpu_memory_used_bytes"),
+                memory_size_bytes=v.get("trainmon_gpu_memory_size_bytes"),
+                power_usage_watts=v.get("trainmon_gpu_power_usage_watts"),
+                temperature_celsius=v.get("trainmon_gpu_temperature_celsius"),
+                sm_clock_hertz=v.get("trainmon_gpu_sm_clock_hertz"),
+                tensor_active_ratio=v.get("trainmon_gpu_tensor_active_ratio"),
+                slowdown_reasons=[
+                    r
+                    for r in CLOCK_EVENT_REASONS
+                    if r in SLOWDOWN_REASONS and g.clock_events.get(r)
+                ],
+                xid_errors=sum(g.xid.values()),
+            )
+        )
+    return GpusResponse(
+        time=time.time(),
+        ok=snap.ok,
+        error=snap.error,
+        hint=snap.hint,
+        driver_version=snap.driver_version,
+        lost_total=snap.lost_total,
+        sample_seconds=snap.sample_seconds,
+        gpus=views,
     )

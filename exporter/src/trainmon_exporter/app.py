@@ -21,9 +21,10 @@ from prometheus_client import CollectorRegistry, disable_created_metrics
 from prometheus_client.exposition import choose_encoder
 
 from trainmon_exporter import __version__
-from trainmon_exporter.api import RunsResponse, snapshot
+from trainmon_exporter.api import GpusResponse, RankView, RunsResponse, gpu_snapshot, snapshot
 from trainmon_exporter.collectors import CollectorContext, ScrapeCollector, build_collectors
 from trainmon_exporter.ingest import IngestMetrics, IngestServer
+from trainmon_exporter.nvml import NOT_STARTED, GpuSampler, GpuSnapshot, NvmlBackend, PynvmlBackend
 from trainmon_exporter.settings import Settings
 from trainmon_exporter.state import Store
 
@@ -40,10 +41,18 @@ class Exporter:
     ingest: IngestServer
     scrape: ScrapeCollector
     started: float
+    gpus: GpuSampler | None = None
 
 
-def build_exporter(settings: Settings) -> Exporter:
-    """Wire the store, registry, collectors and ingest server (nothing starts yet)."""
+class GpusRequiredError(RuntimeError):
+    """``require_gpus`` is set and NVML cannot be used."""
+
+
+def build_exporter(settings: Settings, nvml: NvmlBackend | None = None) -> Exporter:
+    """Wire the store, registry, collectors, GPU sampler and ingest server (nothing starts).
+
+    ``nvml`` replaces the real NVML backend (tests pass a fake).
+    """
     disable_created_metrics()  # type: ignore[no-untyped-call] # no *_created series: they double the exposition for nothing
     store = Store(
         analytics=settings.analytics,
@@ -56,7 +65,14 @@ def build_exporter(settings: Settings) -> Exporter:
     )
     registry = CollectorRegistry(auto_describe=False)
     metrics = IngestMetrics(registry)
-    scrape = ScrapeCollector(build_collectors(CollectorContext(settings, store)))
+    gpus = None
+    if settings.collectors.gpu or settings.collectors.rank_gpu:
+        gpus = GpuSampler(
+            nvml if nvml is not None else PynvmlBackend(),
+            interval=settings.nvml_interval_seconds,
+            processes=settings.nvml_processes,
+        )
+    scrape = ScrapeCollector(build_collectors(CollectorContext(settings, store, gpus)))
     registry.register(scrape)  # type: ignore[arg-type]
     ingest = IngestServer(
         settings.socket,
@@ -65,7 +81,7 @@ def build_exporter(settings: Settings) -> Exporter:
         settings.socket_permissions,
         settings.ingest_poll_interval_seconds,
     )
-    return Exporter(settings, store, registry, ingest, scrape, time.time())
+    return Exporter(settings, store, registry, ingest, scrape, time.time(), gpus)
 
 
 async def _sweep(store: Store) -> None:
@@ -87,16 +103,27 @@ async def _watch_conditions(store: Store, period: float = 0.1, rates_every: int 
             log.warning("run %s rank %d: %s detected at step %s", s.run, s.rank, kind, s.step)
 
 
-def create_app(settings: Settings) -> FastAPI:
-    """Build the exporter's ASGI app from ``settings``.
+def create_app(settings: Settings, nvml: NvmlBackend | None = None) -> FastAPI:
+    """Build the exporter's ASGI app from ``settings`` (``nvml``: see :func:`build_exporter`).
 
     Raises (at startup, from the lifespan): :class:`~trainmon_exporter.ingest.SocketInUseError`
-    or ``OSError`` when the ingest socket cannot be created.
+    or ``OSError`` when the ingest socket cannot be created; :class:`GpusRequiredError` when
+    ``require_gpus`` is set and NVML is unusable.
     """
-    ex = build_exporter(settings)
+    ex = build_exporter(settings, nvml)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if ex.gpus is not None:
+            if settings.require_gpus:
+                if not ex.gpus.open():
+                    snap = ex.gpus.snapshot
+                    raise GpusRequiredError(
+                        f"require_gpus is set but {snap.error}"
+                        + (f". HINT: {snap.hint}" if snap.hint else "")
+                    )
+                ex.gpus.sample_once()
+            ex.gpus.start()
         ex.ingest.start()
         tasks = [
             asyncio.create_task(_sweep(ex.store)),
@@ -111,6 +138,8 @@ def create_app(settings: Settings) -> FastAPI:
                     await task
             ex.ingest.close()
             log.info("ingest socket closed and removed")
+            if ex.gpus is not None:
+                ex.gpus.stop()
 
     app = FastAPI(
         title="trainmon exporter",
@@ -140,20 +169,48 @@ def create_app(settings: Settings) -> FastAPI:
             "status": "ready" if ready else "not ready",
             "socket": str(settings.socket),
             "collectors": ex.scrape.last_success,
+            "collector_errors": ex.scrape.last_error,
+            "gpus": _gpu_status(ex),
         }
         return JSONResponse(body, status_code=200 if ready else 503)
 
     @app.get("/api/v1/runs", response_model=RunsResponse)
     def runs() -> RunsResponse:
-        """Every run and rank the exporter knows, with last values and health."""
-        return snapshot(ex.store)
+        """Every run and rank the exporter knows, with last values, health and MFU."""
+        return snapshot(ex.store, _gpus(ex), settings.peak_flops)
+
+    @app.get("/api/v1/gpus", response_model=GpusResponse)
+    def gpus() -> GpusResponse:
+        """Every GPU of the node from the last NVML sample, or why there is none."""
+        return gpu_snapshot(_gpus(ex))
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def status_page() -> str:
         """A small human-readable status page (refreshes every 5 s)."""
-        return render_status(snapshot(ex.store), ex)
+        return render_status(
+            snapshot(ex.store, _gpus(ex), settings.peak_flops), gpu_snapshot(_gpus(ex)), ex
+        )
 
     return app
+
+
+def _gpus(ex: Exporter) -> GpuSnapshot:
+    return ex.gpus.snapshot if ex.gpus is not None else NOT_STARTED
+
+
+def _gpu_status(ex: Exporter) -> dict[str, object]:
+    """GPU sampling state for ``/readyz`` (readiness never depends on it)."""
+    if ex.gpus is None:
+        return {"enabled": False}
+    snap = ex.gpus.snapshot
+    return {
+        "enabled": True,
+        "ok": snap.ok,
+        "count": len(snap.gpus),
+        "lost": snap.lost_total,
+        "error": snap.error,
+        "hint": snap.hint,
+    }
 
 
 def _f(v: float | None, fmt: str = ".4g") -> str:
@@ -171,7 +228,13 @@ def _scale(v: float | None, k: float) -> float | None:
     return None if v is None else v * k
 
 
-def render_status(data: RunsResponse, ex: Exporter) -> str:
+def _mfu_cell(r: RankView) -> str:
+    if r.mfu_ratio is not None:
+        return f"{r.mfu_ratio * 100:.1f} %"
+    return "–" if r.mfu_unavailable_reason is None else f"– ({r.mfu_unavailable_reason})"
+
+
+def render_status(data: RunsResponse, gpus: GpusResponse, ex: Exporter) -> str:
     """HTML for ``/``: every value escaped (run ids and names come from clients)."""
     e = html.escape
     rows = []
@@ -192,13 +255,41 @@ def render_status(data: RunsResponse, ex: Exporter) -> str:
                 f"<td>{_value(r.values, 'lr', '.3g')}</td>"
                 f"<td>{_value(r.values, 'grad_norm', '.3g')}</td>"
                 f"<td>{_f(r.tokens_per_second, ',.0f')}</td>"
+                f"<td>{e(_mfu_cell(r))}</td>"
+                f"<td>{'–' if r.gpu is None else r.gpu}</td>"
                 f"<td>{_f(_scale(r.step_time_mean_seconds, 1e3), '.1f')}</td>"
                 f"<td>{_f(_scale(r.client_overhead_ratio, 100), '.3f')}</td>"
                 f"<td>{_f(r.seconds_since_last_step, '.1f')}</td>"
                 f"<td>{e(health)}</td>"
                 "</tr>"
             )
-    body = "\n".join(rows) or "<tr><td colspan='13'>No trainer has connected yet.</td></tr>"
+    body = "\n".join(rows) or "<tr><td colspan='15'>No trainer has connected yet.</td></tr>"
+    gpu_rows = [
+        "<tr>"
+        f"<td>{g.index}</td><td>{e(g.name)}</td><td>{e(g.uuid)}</td>"
+        f"<td>{_f(_scale(g.utilization_ratio, 100), '.0f')}</td>"
+        f"<td>{_f(_scale(g.tensor_active_ratio, 100), '.0f')}</td>"
+        f"<td>{_f(_scale(g.memory_used_bytes, 2**-30), '.1f')} / "
+        f"{_f(_scale(g.memory_size_bytes, 2**-30), '.1f')}</td>"
+        f"<td>{_f(g.power_usage_watts, '.0f')}</td>"
+        f"<td>{_f(g.temperature_celsius, '.0f')}</td>"
+        f"<td>{_f(_scale(g.sm_clock_hertz, 1e-6), '.0f')}</td>"
+        f"<td>{e(', '.join(g.slowdown_reasons)) or 'none'}</td>"
+        f"<td>{g.xid_errors}</td>"
+        "</tr>"
+        for g in gpus.gpus
+    ]
+    if gpus.ok:
+        lost = f" · {gpus.lost_total} lost" if gpus.lost_total else ""
+        gpu_head = (
+            f"<p>NVML driver {e(gpus.driver_version)}: {len(gpus.gpus)} GPU(s){lost}, "
+            f"sampled in {gpus.sample_seconds * 1e3:.1f} ms.</p>"
+        )
+    elif ex.gpus is None:
+        gpu_head = "<p>GPU sampling is turned off (collectors gpu and rank_gpu).</p>"
+    else:
+        hint = f" Hint: {e(gpus.hint)}" if gpus.hint else ""
+        gpu_head = f"<p class='crashed'>No GPU metrics: {e(gpus.error)}.</p><p>{hint}</p>"
     collectors = (
         ", ".join(f"{e(k)}: {'ok' if v else 'FAILING'}" for k, v in ex.scrape.last_success.items())
         or "not scraped yet"
@@ -220,8 +311,16 @@ collectors: {collectors} ·
 <a href="/metrics">/metrics</a> · <a href="/api/v1/runs">/api/v1/runs</a> ·
 <a href="/docs">API docs</a></p>
 <table><thead><tr><th>run</th><th>rank</th><th>host</th><th>status</th><th>step</th>
-<th>loss</th><th>lr</th><th>grad norm</th><th>tokens/s</th><th>step ms</th>
+<th>loss</th><th>lr</th><th>grad norm</th><th>tokens/s</th><th>MFU</th><th>GPU</th><th>step ms</th>
 <th>client overhead %</th><th>s since step</th><th>health</th></tr></thead>
 <tbody>
 {body}
+</tbody></table>
+<h2>GPUs</h2>
+{gpu_head}
+<table><thead><tr><th>gpu</th><th>name</th><th>uuid</th><th>util %</th><th>tensor %</th>
+<th>memory GiB</th><th>power W</th><th>temp °C</th><th>SM MHz</th><th>slowdown</th>
+<th>XIDs</th></tr></thead>
+<tbody>
+{"".join(gpu_rows)}
 </tbody></table></body></html>"""

@@ -96,6 +96,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "--listen HOST:PORT or TRAINMON_LISTEN"
             )
         return _fail(f"cannot listen on {settings.listen}: {exc.strerror}")
+    if settings.require_gpus and (settings.collectors.gpu or settings.collectors.rank_gpu):
+        from trainmon_exporter.nvml import GpuSampler, PynvmlBackend
+
+        probe = GpuSampler(PynvmlBackend())
+        if not probe.open():
+            snap = probe.snapshot
+            hint = f". HINT: {snap.hint}" if snap.hint else ""
+            return _fail(f"require_gpus is set but NVML is unusable: {snap.error}{hint}")
+        probe.stop()
     from trainmon_exporter.app import create_app
 
     app = create_app(settings)

@@ -17,6 +17,7 @@ import logging
 import os
 import socket
 import stat
+import struct
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -86,6 +87,12 @@ class HelloMessage(BaseModel):
     gpu_uuid: str | None = None
     started_at: float = Field(0.0, allow_inf_nan=False)
     flops_per_token: float | None = Field(None, gt=0, allow_inf_nan=False)
+    dtype: str = "bf16"
+
+    @field_validator("dtype")
+    @classmethod
+    def _dtype(cls, v: str) -> str:
+        return _printable(v, 16).lower()
 
     @field_validator("run")
     @classmethod
@@ -165,15 +172,30 @@ class IngestMetrics:
 class Connection:
     """One trainer connection and the names it bound."""
 
-    __slots__ = ("capped", "closed", "fd", "finished", "names", "sock", "state")
+    __slots__ = ("capped", "closed", "fd", "finished", "names", "peer_pid", "sock", "state")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.fd = sock.fileno()
+        self.peer_pid = _peer_pid(sock)
         self.state: RankState | None = None
         self.names: dict[int, str] = {}
         self.finished = False
         self.closed = False
+
+
+def _peer_pid(sock: socket.socket) -> int | None:
+    """The connected process's PID in *this* process's PID namespace (``SO_PEERCRED``).
+
+    NVML reports host PIDs; an exporter sharing the host's PID namespace sees the same number
+    even when the trainer runs in another container (whose own ``os.getpid()`` differs).
+    """
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        pid = int(struct.unpack("3i", raw)[0])
+    except (OSError, AttributeError, struct.error):
+        return None
+    return pid or None
 
 
 class SocketInUseError(RuntimeError):
@@ -498,6 +520,7 @@ class IngestServer:
             log.warning("refused run %s rank %d: %s", hello.run, hello.rank, result)
             raise _Refused(result)
         conn.state = result
+        result.peer_pid = conn.peer_pid
         # The client re-sends every NAME after HELLO; forget what an earlier connection bound.
         conn.names = {}
         return _APPLIED

@@ -42,6 +42,10 @@ class CollectorToggles(BaseModel):
     layers: bool = Field(True, description="per-layer series from Run.watch")
     exporter: bool = Field(True, description="the exporter's own build info and state sizes")
     process: bool = Field(True, description="process_* CPU, memory and file-descriptor series")
+    gpu: bool = Field(True, description="per-GPU series from NVML (needs the NVIDIA driver)")
+    rank_gpu: bool = Field(
+        True, description="per-rank MFU, model FLOP/s and process GPU memory (joins on uuid)"
+    )
 
 
 class Settings(BaseSettings):
@@ -103,6 +107,30 @@ class Settings(BaseSettings):
     step_duration_buckets: tuple[float, ...] = Field(
         DEFAULT_STEP_BUCKETS,
         description="Upper bounds (s) of trainmon_train_step_duration_seconds buckets.",
+    )
+    nvml_interval_seconds: float = Field(
+        1.0,
+        ge=0.1,
+        le=60,
+        description="How often the NVML sampler reads every GPU (s), on its own thread. 1 s "
+        "keeps GPU series fresher than any scrape interval at well under 1 % of a core for 8 "
+        "GPUs (docs/performance.md).",
+    )
+    nvml_processes: bool = Field(
+        True,
+        description="Read each GPU's compute processes (per-rank GPU memory). The costliest "
+        "NVML call; turn off on hosts with many processes.",
+    )
+    require_gpus: bool = Field(
+        False,
+        description="Refuse to start when NVML is unusable (no library, no driver), instead "
+        "of serving training metrics without GPU series.",
+    )
+    peak_flops: float | None = Field(
+        None,
+        gt=0,
+        description="Peak dense FLOP/s per GPU for MFU, overriding the built-in table for "
+        "every GPU of this node (e.g. 989.5e12). Also gives MFU without NVML.",
     )
     log_level: str = Field("info", description="critical, error, warning, info or debug.")
     collectors: CollectorToggles = CollectorToggles()

@@ -55,8 +55,10 @@ class RankState:
     gpu_uuid: str | None
     started_at: float
     flops_per_token: float | None
+    dtype: str
     buckets: tuple[float, ...]
     analytics: RankAnalytics
+    peer_pid: int | None = None  # SO_PEERCRED: the client's PID in the exporter's namespace
     connected: bool = True
     status: str = "running"
     connected_mono: float = field(default_factory=time.monotonic)

@@ -17,6 +17,7 @@ from typing import Protocol
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from trainmon_exporter.nvml import GpuSampler
 from trainmon_exporter.settings import Settings
 from trainmon_exporter.state import Store
 
@@ -25,10 +26,18 @@ log = logging.getLogger("trainmon_exporter.collectors")
 
 @dataclass(frozen=True)
 class CollectorContext:
-    """What a collector factory gets: the settings and the shared state."""
+    """What a collector factory gets: the settings, the shared state and the GPU sampler."""
 
     settings: Settings
     store: Store
+    gpus: GpuSampler | None = None
+
+
+class CollectorFailed(Exception):
+    """A collector cannot produce its series for a known reason (one line, no traceback).
+
+    The message goes to the log once per change, to ``/readyz`` and to the status page.
+    """
 
 
 class Collector(Protocol):
@@ -64,6 +73,7 @@ class ScrapeCollector:
     def __init__(self, collectors: list[Collector]) -> None:
         self.collectors = collectors
         self.last_success: dict[str, bool] = {}
+        self.last_error: dict[str, str] = {}
 
     def collect(self) -> Iterator[Metric]:
         """prometheus-client entry point."""
@@ -82,8 +92,15 @@ class ScrapeCollector:
             try:
                 families = list(c.collect())
                 ok = True
-            except Exception:
+                self.last_error.pop(c.name, None)
+            except CollectorFailed as exc:
+                if self.last_error.get(c.name) != str(exc):
+                    log.warning("collector %s failed: %s", c.name, exc)
+                self.last_error[c.name] = str(exc)
+                families, ok = [], False
+            except Exception as exc:
                 log.exception("collector %s failed", c.name)
+                self.last_error[c.name] = f"{type(exc).__name__}: {exc}"
                 families, ok = [], False
             duration.add_metric([c.name], time.perf_counter() - t0)
             success.add_metric([c.name], 1.0 if ok else 0.0)
@@ -98,9 +115,11 @@ def build_collectors(ctx: CollectorContext) -> list[Collector]:
     # Import for the side effect of registration.
     from trainmon_exporter.collectors import (  # noqa: F401
         exporter,
+        gpu,
         health,
         layers,
         process,
+        rank_gpu,
         training,
     )
 

@@ -73,6 +73,13 @@ _GAUGES: tuple[tuple[str, str, Callable[[RankState], float | None]], ...] = (
         lambda s: s.values.get("mem_reserved"),
     ),
     (
+        "trainmon_train_memory_peak_bytes",
+        "Peak memory the rank's tensors held since the process started (client field "
+        "mem_peak; init(cuda_memory=True) sends torch.cuda.memory_stats() "
+        "allocated_bytes.all.peak).",
+        lambda s: s.values.get("mem_peak"),
+    ),
+    (
         "trainmon_train_batch_size",
         "Samples per step (client field batch_size).",
         lambda s: s.values.get("batch_size"),
@@ -81,6 +88,23 @@ _GAUGES: tuple[tuple[str, str, Callable[[RankState], float | None]], ...] = (
         "trainmon_train_sequence_length",
         "Tokens per sample (client field seq_len).",
         lambda s: s.values.get("seq_len"),
+    ),
+)
+
+# Counters the client sends only when it reads the CUDA allocator (omitted otherwise).
+_OPTIONAL_COUNTERS: tuple[tuple[str, str, str], ...] = (
+    (
+        "trainmon_train_allocator_retries",
+        "alloc_retries",
+        "cudaMalloc retries after the caching allocator freed its cache (client field "
+        "alloc_retries; torch.cuda.memory_stats() num_alloc_retries): memory pressure before "
+        "an OOM.",
+    ),
+    (
+        "trainmon_train_oom_errors",
+        "ooms",
+        "CUDA out-of-memory errors the allocator raised (client field ooms; "
+        "torch.cuda.memory_stats() num_ooms).",
     ),
 )
 
@@ -135,10 +159,12 @@ class TrainingCollector:
         now = time.time()
         gauges = [(GaugeMetricFamily(n, h, labels=RL), f) for n, h, f in _GAUGES]
         counters = [(CounterMetricFamily(n, h, labels=RL), f) for n, h, f in _COUNTERS]
+        optional = [(CounterMetricFamily(n, h, labels=RL), k) for n, k, h in _OPTIONAL_COUNTERS]
         rank_info = GaugeMetricFamily(
             "trainmon_rank_info",
             "Always 1; identity of a rank: node, local rank, world size, GPU UUID (NVML "
-            "format, from the client) and client version. Join on uuid with GPU series.",
+            "format, from the client), client version and training dtype. Join on uuid with "
+            "GPU series.",
             labels=[
                 "run",
                 "rank",
@@ -147,6 +173,7 @@ class TrainingCollector:
                 "hostname",
                 "uuid",
                 "client_version",
+                "dtype",
             ],
         )
         run_info = GaugeMetricFamily(
@@ -206,6 +233,10 @@ class TrainingCollector:
                         fam.add_metric(labels, v)
                 for cfam, cfn in counters:
                     cfam.add_metric(labels, cfn(s))
+                for ofam, key in optional:
+                    v = s.values.get(key)
+                    if v is not None:
+                        ofam.add_metric(labels, v)
                 rank_info.add_metric(
                     [
                         s.run,
@@ -215,6 +246,7 @@ class TrainingCollector:
                         s.hostname,
                         s.gpu_uuid or "",
                         s.client_version,
+                        s.dtype,
                     ],
                     1.0,
                 )
@@ -235,6 +267,7 @@ class TrainingCollector:
             run_info.add_metric([run, str(world)], 1.0)
         out: list[Any] = [fam for fam, _ in gauges]
         out += [fam for fam, _ in counters]
+        out += [fam for fam, _ in optional]
         out += [rank_info, run_info, tps, sps, ovr, step_hist, nonfinite, dropped, custom]
         return out
 

@@ -1,0 +1,264 @@
+"""GPU telemetry cost: NVML sampling per GPU, /metrics scrape time, exporter CPU and RSS.
+
+    python benchmarks/gpu.py [--gpus 8 --seconds 30]
+
+Runs the real nvidia-ml-py code against the fake ``libnvidia-ml.so.1`` of ``tests/fake_nvml``
+(compiled here with gcc), or against the real driver with ``--real``. Three parts, each with a
+baseline measured in the same run:
+
+1. Sampling: one :class:`GpuSampler` pass over every GPU, against the same NVML calls made
+   straight through pynvml in a bare loop (what the error policy and snapshot cost on top).
+2. Scrape: ``generate_latest`` on an exporter with the GPUs and 8 or 64 ranks (one new step per
+   rank between scrapes, so nothing is served from a cache), against the same exporter with
+   the GPU collectors off.
+3. A real exporter process sampling the GPUs at 1 Hz while 8 ranks log 10 steps/s and /metrics
+   is scraped every 5 s: CPU share of one core and RSS, against the same with the GPU
+   collectors off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.fake_nvml import CONFIG_ENV, build, h100, load, write_config  # noqa: E402
+
+
+def median_ms(fn, n: int) -> float:  # type: ignore[no-untyped-def]
+    ts = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts) * 1e3
+
+
+def bare_pass(pynvml, handles) -> None:  # type: ignore[no-untyped-def]
+    """The sampler's NVML calls, straight through pynvml: the floor of any sampler."""
+    for h in handles:
+        pynvml.nvmlDeviceGetMemoryInfo(h)
+        pynvml.nvmlDeviceGetUtilizationRates(h)
+        pynvml.nvmlDeviceGetPowerUsage(h)
+        pynvml.nvmlDeviceGetEnforcedPowerLimit(h)
+        pynvml.nvmlDeviceGetTotalEnergyConsumption(h)
+        pynvml.nvmlDeviceGetTemperature(h, 0)
+        pynvml.nvmlDeviceGetClockInfo(h, 1)
+        pynvml.nvmlDeviceGetClockInfo(h, 2)
+        pynvml.nvmlDeviceGetFieldValues(h, [(82, 0), (197, 0), (198, 0), (138, 0), (139, 0)])
+        pynvml.nvmlDeviceGetCurrentClocksEventReasons(h)
+        for e in (0, 1):
+            for c in (0, 1):
+                pynvml.nvmlDeviceGetTotalEccErrors(h, e, c)
+        pynvml.nvmlDeviceGetRemappedRows(h)
+        pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+
+
+def sampling(n_gpus: int) -> None:
+    import pynvml
+
+    from trainmon_exporter.nvml import GpuSampler, PynvmlBackend
+
+    s = GpuSampler(PynvmlBackend())
+    assert s.open(), s.snapshot.error
+    handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(n_gpus)]
+    for _ in range(20):
+        s.sample_once()
+        bare_pass(pynvml, handles)
+    ours = median_ms(s.sample_once, 300)
+    bare = median_ms(lambda: bare_pass(pynvml, handles), 300)
+    s.stop()
+    print(f"\n1. NVML sampling, {n_gpus} GPUs, median of 300 passes")
+    print(
+        f"   sampler pass (GPM, XID drain) {ours:7.3f} ms = {ours / n_gpus * 1e3:5.0f} µs per GPU"
+    )
+    print(
+        f"   bare pynvml calls (no GPM)    {bare:7.3f} ms = {bare / n_gpus * 1e3:5.0f} µs per GPU"
+    )
+    print(f"   ratio sampler / bare          {ours / bare:7.2f}")
+
+
+def scrape(n_gpus: int, ranks: int, gpu_on: bool) -> tuple[float, int]:
+    from prometheus_client.exposition import generate_latest
+
+    from trainmon_exporter.app import build_exporter
+    from trainmon_exporter.settings import CollectorToggles, Settings
+
+    d = tempfile.mkdtemp(prefix="tm-bench-")
+    settings = Settings(
+        socket=Path(d) / "t.sock",
+        collectors=CollectorToggles(gpu=gpu_on, rank_gpu=gpu_on),
+    )
+    ex = build_exporter(settings)
+    if ex.gpus is not None:
+        assert ex.gpus.open()
+        ex.gpus.sample_once()
+        ex.gpus.sample_once()
+    now = time.time()
+    states = []
+    for r in range(ranks):
+        st = ex.store.attach(
+            {
+                "run": "bench",
+                "rank": r,
+                "local_rank": r % 8,
+                "world_size": ranks,
+                "hostname": "node-1",
+                "pid": 1000 + r,
+                "client_version": "bench",
+                "gpu_uuid": h100(r % n_gpus)["uuid"],
+                "started_at": now - 400,
+                "flops_per_token": 6 * 124e6,
+                "dtype": "bf16",
+            }
+        )
+        assert not isinstance(st, str)
+        for i in range(300):
+            st.observe_step(
+                (i, i + 1, now - 300 + i, 0.1, 4096.0 * i, 8.0 * i, 1e-3 * i, 0, 0, 0),
+                (1, 2, 3),
+                (2.0 + 0.01 * (i % 7), 3e-4, 1.0 + 0.1 * (i % 3)),
+                {},
+                30.0,
+            )
+        states.append(st)
+    step = [300]
+
+    def one() -> bytes:
+        i = step[0]
+        step[0] += 1
+        t = time.time()
+        for st in states:  # a new step per rank: no cached fit is reused
+            st.observe_step(
+                (i, i + 1, t, 0.1, 4096.0 * i, 8.0 * i, 1e-3 * i, 0, 0, 0),
+                (1, 2, 3),
+                (2.0, 3e-4, 1.0),
+                {},
+                30.0,
+            )
+        return generate_latest(ex.registry)
+
+    body = one()
+    ts = []
+    for _ in range(40):
+        t0 = time.perf_counter()
+        one()
+        ts.append(time.perf_counter() - t0)
+    feed = median_ms(
+        lambda: [
+            st.observe_step(
+                (1, 1, time.time(), 0.1, 1.0, 1.0, 0.0, 0, 0, 0), (1,), (2.0,), {}, 30.0
+            )
+            for st in states
+        ],
+        40,
+    )
+    if ex.gpus is not None:
+        ex.gpus.stop()
+    return statistics.median(ts) * 1e3 - feed, body.count(b"\n")
+
+
+def process_cost(env: dict[str, str], gpu_on: bool, seconds: float) -> tuple[float, float]:
+    from trainmon_client import init
+    from trainmon_exporter.local import LocalExporter
+
+    flags = ["--nvml-interval-seconds", "1"]
+    if not gpu_on:
+        flags += ["--no-collectors.gpu", "--no-collectors.rank-gpu"]
+    os.environ.update(env)  # inherited by the exporter process
+    with LocalExporter(*flags) as ex:
+        import urllib.request
+
+        assert ex.proc is not None
+        pid = ex.proc.pid
+        runs = [
+            init(
+                run="cost",
+                rank=r,
+                world_size=8,
+                socket_path=ex.socket,
+                num_params=124_000_000,
+                gpu_uuid=str(h100(r)["uuid"]),
+            )
+            for r in range(8)
+        ]
+        time.sleep(2)
+        t_start = time.time()
+        cpu0 = cpu_seconds(pid)
+        step, next_scrape = 0, t_start
+        while time.time() - t_start < seconds:
+            for r in runs:
+                r.log(step, loss=2.0, lr=3e-4, grad_norm=1.0, tokens=4096)
+            step += 1
+            if time.time() >= next_scrape:
+                urllib.request.urlopen(ex.url + "/metrics", timeout=5).read()
+                next_scrape += 5
+            time.sleep(0.1)
+        cpu = (cpu_seconds(pid) - cpu0) / (time.time() - t_start)
+        rss = rss_mib(pid)
+        for r in runs:
+            r.finish()
+    return cpu, rss
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--seconds", type=float, default=30.0)
+    ap.add_argument("--real", action="store_true", help="use the host's real NVML")
+    args = ap.parse_args()
+    env: dict[str, str] = {}
+    if not args.real:
+        tmp = Path(tempfile.mkdtemp(prefix="tm-fake-nvml-"))
+        lib = build(tmp)
+        cfg = tmp / "gpus.conf"
+        write_config(cfg, [h100(i, procs=f"{1000 + i}:{2**30}") for i in range(args.gpus)])
+        os.environ[CONFIG_ENV] = str(cfg)
+        load(lib)
+        env = {"LD_LIBRARY_PATH": str(tmp), CONFIG_ENV: str(cfg)}
+        print(f"fake libnvidia-ml.so.1 with {args.gpus} scripted H100s ({lib})")
+    sampling(args.gpus)
+    print(
+        f"\n2. /metrics collection + formatting (generate_latest), {args.gpus} GPUs, median of 40"
+    )
+    scrape(args.gpus, 8, True)  # warm-up: imports, first-call caches
+    for ranks in (8, 64):
+        with_gpu, lines = scrape(args.gpus, ranks, True)
+        without, lines0 = scrape(args.gpus, ranks, False)
+        print(
+            f"   {ranks:3d} ranks: {with_gpu:6.1f} ms ({lines} lines) vs {without:6.1f} ms without "
+            f"GPU collectors ({lines0} lines): +{with_gpu - without:.1f} ms"
+        )
+    print(f"\n3. exporter process, 8 ranks at 10 steps/s, NVML at 1 Hz, {args.seconds:.0f} s")
+    on = process_cost(env, True, args.seconds)
+    off = process_cost(env, False, args.seconds)
+    print(f"   GPU collectors on : {on[0] * 100:5.2f} % of one core, RSS {on[1]:5.1f} MiB")
+    print(f"   GPU collectors off: {off[0] * 100:5.2f} % of one core, RSS {off[1]:5.1f} MiB")
+    print(
+        f"   GPU sampling adds : {(on[0] - off[0]) * 100:5.2f} % of one core, "
+        f"{on[1] - off[1]:+.1f} MiB"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,129 @@
+"""Per-rank series that need the rank's GPU: MFU, model FLOP/s and its process's GPU memory.
+
+The join key is the GPU UUID the client reports (``torch.cuda.get_device_properties(i).uuid``
+in NVML's ``GPU-…`` form), never a device index: ``CUDA_VISIBLE_DEVICES`` renumbers devices
+inside the trainer. A rank's process is found in NVML's process list by the PID the kernel
+gave the exporter for the socket peer (``SO_PEERCRED``), which is in the exporter's PID
+namespace, so it matches NVML's host PIDs when the exporter shares the host's PID namespace
+(compose: ``pid: host``); the client's own PID is the fallback.
+
+MFU (PaLM, Chowdhery et al. 2022, appendix B)::
+
+    model FLOP/s = tokens/s x flops_per_token       (client: 6 x num_params by default)
+    MFU          = model FLOP/s / peak dense FLOP/s of that GPU model for the client's dtype
+
+with the peak from :mod:`trainmon_exporter.peaks` or the ``peak_flops`` setting.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+
+from trainmon_exporter.collectors import CollectorContext, register
+from trainmon_exporter.nvml import NOT_STARTED, GpuSample, GpuSampler, GpuSnapshot
+from trainmon_exporter.peaks import Mfu, rank_mfu
+from trainmon_exporter.state import RankState
+
+RL = ["run", "rank"]
+
+MFU_REASONS = (
+    "no_flops_per_token",
+    "no_gpu_uuid",
+    "gpu_not_sampled",
+    "unknown_gpu_model",
+    "unknown_dtype",
+)
+"""Why a rank has no MFU (label ``reason`` of ``trainmon_train_mfu_unavailable``)."""
+
+
+def state_mfu(
+    s: RankState,
+    tokens_per_second: float | None,
+    gpus: dict[str, GpuSample],
+    override: float | None,
+) -> tuple[Mfu, GpuSample | None]:
+    """A rank's MFU (:func:`trainmon_exporter.peaks.rank_mfu`) and the GPU it joined to."""
+    g = gpus.get(s.gpu_uuid) if s.gpu_uuid else None
+    m = rank_mfu(
+        tokens_per_second,
+        s.flops_per_token,
+        s.dtype,
+        s.gpu_uuid,
+        None if g is None else (g.name, g.pci_device_id),
+        override,
+    )
+    return m, g
+
+
+@register("rank_gpu")
+class RankGpuCollector:
+    """Joins the store's ranks to the sampler's GPUs by UUID at scrape time."""
+
+    name = "rank_gpu"
+
+    def __init__(self, ctx: CollectorContext) -> None:
+        self.store = ctx.store
+        self.sampler: GpuSampler | None = ctx.gpus
+        self.window_s = ctx.settings.rate_window_seconds
+        self.override = ctx.settings.peak_flops
+
+    def collect(self) -> Iterable[Metric]:
+        """Return the MFU, model FLOP/s, peak and per-rank GPU memory families."""
+        snap: GpuSnapshot = self.sampler.snapshot if self.sampler is not None else NOT_STARTED
+        gpus = snap.by_uuid()
+        pids = snap.process_memory()
+        achieved = GaugeMetricFamily(
+            "trainmon_train_model_flops_per_second",
+            "Model FLOP/s the rank achieves: tokens/s over rate_window_seconds x the client's "
+            "flops_per_token (6 x num_params by default).",
+            labels=RL,
+        )
+        peak = GaugeMetricFamily(
+            "trainmon_train_peak_flops_per_second",
+            "Peak dense FLOP/s of the rank's GPU for its dtype: the MFU denominator "
+            "(trainmon_exporter.peaks datasheet table by PCI device id and NVML name, or the "
+            "peak_flops setting).",
+            labels=RL,
+        )
+        mfu = GaugeMetricFamily(
+            "trainmon_train_mfu_ratio",
+            "Model FLOPs utilisation: trainmon_train_model_flops_per_second / "
+            "trainmon_train_peak_flops_per_second (PaLM, appendix B).",
+            labels=RL,
+        )
+        unavailable = GaugeMetricFamily(
+            "trainmon_train_mfu_unavailable",
+            "1 when the rank has no MFU, with the reason: no_flops_per_token (pass num_params "
+            "to init), no_gpu_uuid (no CUDA device reported), gpu_not_sampled (NVML does not "
+            "show that GPU), unknown_gpu_model or unknown_dtype (not in the peak table: set "
+            "peak_flops).",
+            labels=[*RL, "reason"],
+        )
+        memory = GaugeMetricFamily(
+            "trainmon_rank_gpu_memory_used_bytes",
+            "GPU memory of the rank's process as the driver sees it (nvmlDeviceGetCompute"
+            "RunningProcesses usedGpuMemory, summed over GPUs; process found by SO_PEERCRED pid).",
+            labels=RL,
+        )
+        now = time.time()
+        with self.store.lock:
+            for s in self.store.ranks.values():
+                labels = [s.run, str(s.rank)]
+                pid = s.peer_pid or s.pid
+                if pid in pids:
+                    memory.add_metric(labels, pids[pid])
+                rates = s.rates(now, self.window_s)
+                m, _ = state_mfu(s, None if rates is None else rates[0], gpus, self.override)
+                if m.model_flops is not None:
+                    achieved.add_metric(labels, m.model_flops)
+                if m.peak is not None:
+                    peak.add_metric(labels, m.peak)
+                if m.mfu is not None:
+                    mfu.add_metric(labels, m.mfu)
+                if m.reason:
+                    unavailable.add_metric([*labels, m.reason], 1.0)
+        return [achieved, peak, mfu, unavailable, memory]

@@ -1,0 +1,348 @@
+"""GPU telemetry through a fake NVML backend: sampler, error policy, collector, join and MFU."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import pytest
+
+from tests.conftest import InProcessExporter, promtool_check_metrics, sample, wait_for
+from tests.exporter.fake_nvml import FakeGpu, FakeNvmlBackend
+from trainmon_client import init
+from trainmon_exporter import nvml, peaks
+from trainmon_exporter.nvml import GpuSampler
+
+
+def uuid(i: int) -> str:
+    return f"GPU-{i:08x}-1111-2222-3333-444444444444"
+
+
+def eight_gpus() -> list[FakeGpu]:
+    return [FakeGpu(uuid=uuid(i), bus_id=f"00000000:{0x18 + i:02X}:00.0") for i in range(8)]
+
+
+def test_sampler_reads_every_field_in_base_units() -> None:
+    g = FakeGpu(clock_reasons=nvml.CLOCK_EVENT_REASONS["hw_thermal_slowdown"], xids=[79])
+    s = GpuSampler(FakeNvmlBackend([g]))
+    assert s.open()
+    s.sample_once()
+    snap = s.sample_once()  # GPM needs two samples
+    assert snap.ok and len(snap.gpus) == 1
+    v = snap.gpus[0].values
+    assert v["trainmon_gpu_utilization_ratio"] == pytest.approx(0.97)
+    assert v["trainmon_gpu_memory_used_bytes"] == 42_949_672_960
+    assert v["trainmon_gpu_power_usage_watts"] == pytest.approx(612.345)
+    assert v["trainmon_gpu_energy_consumption_joules"] == pytest.approx(123_456.789)
+    assert v["trainmon_gpu_sm_clock_hertz"] == 1980e6
+    assert v["trainmon_gpu_sm_clock_max_hertz"] == 1980e6
+    assert v["trainmon_gpu_memory_temperature_celsius"] == 70
+    assert v["trainmon_gpu_nvlink_transmit_bytes"] == 3 * 1024
+    assert v["trainmon_gpu_tensor_active_ratio"] == pytest.approx(0.55)
+    assert v["trainmon_gpu_remapped_rows_pending"] == 0
+    gs = snap.gpus[0]
+    assert gs.clock_events["hw_thermal_slowdown"] == 1 and gs.clock_events["sw_power_cap"] == 0
+    assert gs.ecc[("corrected", "aggregate")] == 5
+    assert gs.remapped_rows == {"correctable": 0.0, "uncorrectable": 1.0}
+    assert gs.xid == {79: 1}
+
+
+def test_not_supported_omits_only_that_reading() -> None:
+    g = FakeGpu(
+        errors={
+            "temperature": nvml.NotSupported("t", 3),
+            "ecc_errors": nvml.NotSupported("e", 3),
+            "power_usage": nvml.FunctionNotFound("nvmlDeviceGetPowerUsage: x", 13),
+        },
+        fields={nvml.FIELD_PCIE_TX_BYTES: 5.0},
+        gpm=None,
+    )
+    s = GpuSampler(FakeNvmlBackend([g]))
+    s.open()
+    snap = s.sample_once()
+    v = snap.gpus[0].values
+    assert "trainmon_gpu_temperature_celsius" not in v
+    assert "trainmon_gpu_power_usage_watts" not in v
+    assert "trainmon_gpu_memory_temperature_celsius" not in v
+    assert "trainmon_gpu_tensor_active_ratio" not in v
+    assert v["trainmon_gpu_pcie_transmit_bytes"] == 5.0
+    assert v["trainmon_gpu_utilization_ratio"] == pytest.approx(0.97)
+    assert snap.gpus[0].ecc == {}
+    assert snap.read_errors == {}  # not-supported and missing functions are not errors
+
+
+def test_other_errors_are_counted_and_one_broken_gpu_hides_nothing() -> None:
+    gpus = eight_gpus()
+    gpus[2].errors["memory"] = nvml.NvmlError("memory: Unknown Error", 999)
+    gpus[5].errors["utilization"] = nvml.NvmlError("utilization: Timeout", 10)
+    s = GpuSampler(FakeNvmlBackend(gpus))
+    s.open()
+    snap = s.sample_once()
+    assert len(snap.gpus) == 8
+    assert "trainmon_gpu_memory_used_bytes" not in snap.gpus[2].values
+    assert "trainmon_gpu_utilization_ratio" in snap.gpus[2].values
+    assert snap.read_errors == {"unknown": 1, "timeout": 1}
+
+
+def test_lost_gpu_is_dropped_and_counted(caplog: pytest.LogCaptureFixture) -> None:
+    gpus = eight_gpus()
+    backend = FakeNvmlBackend(gpus)
+    s = GpuSampler(backend)
+    s.open()
+    assert len(s.sample_once().gpus) == 8
+    gpus[3].lost = True
+    with caplog.at_level(logging.ERROR, "trainmon_exporter.nvml"):
+        snap = s.sample_once()
+    assert [g.index for g in snap.gpus] == [0, 1, 2, 4, 5, 6, 7]
+    assert snap.lost_total == 1
+    assert "GPU 3" in caplog.text and "lost" in caplog.text
+    assert s.sample_once().lost_total == 1  # counted once, not per pass
+    s.stop()
+    assert backend.gpm_live == 0  # GPM samples are freed
+
+
+@pytest.mark.parametrize(
+    ("code", "hint"),
+    [
+        (12, "libnvidia-ml.so.1 was not found"),
+        (9, "kernel driver is not loaded"),
+        (18, "differ in version"),
+    ],
+)
+def test_unusable_nvml_fails_with_a_hint(code: int, hint: str) -> None:
+    err = nvml.NvmlUnavailable("nvmlInit: x", code, nvml.HINTS[code])
+    s = GpuSampler(FakeNvmlBackend([], init_error=err))
+    assert not s.open()
+    assert not s.snapshot.ok and hint in s.snapshot.hint
+
+
+def test_real_pynvml_without_a_driver_translates_to_unavailable() -> None:
+    import pynvml
+
+    exc = nvml.translate(pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND), "nvmlInit")
+    assert isinstance(exc, nvml.NvmlUnavailable) and "not found" in exc.hint
+    assert isinstance(nvml.translate(pynvml.NVMLError(15)), nvml.GpuLost)
+    assert isinstance(nvml.translate(pynvml.NVMLError(3)), nvml.NotSupported)
+    assert isinstance(nvml.translate(pynvml.NVMLError(13)), nvml.FunctionNotFound)
+
+
+# --------------------------------------------------------------------------- through the app
+
+
+def wait_sampled(ex: InProcessExporter, n: int = 1) -> None:
+    sampler = ex.app.state.exporter.gpus
+    start = sampler.snapshot.samples_total
+    wait_for(lambda: sampler.snapshot.samples_total >= start + n)
+
+
+def test_exposition_with_eight_gpus_passes_promtool(
+    make_exporter: Callable[..., InProcessExporter],
+) -> None:
+    gpus = eight_gpus()
+    gpus[1].xids = [48, 48, 79]
+    ex = make_exporter(nvml=FakeNvmlBackend(gpus), nvml_interval_seconds=0.1)
+    wait_sampled(ex, 2)
+    text = ex.metrics_text()
+    promtool_check_metrics(text)
+    m = ex.metrics()
+    assert sample(m, "trainmon_scrape_collector_success", collector="gpu") == 1
+    assert sample(m, "trainmon_gpu_devices") == 8
+    for i in range(8):
+        assert sample(m, "trainmon_gpu_utilization_ratio", gpu=str(i), uuid=uuid(i)) == 0.97
+    assert sample(m, "trainmon_gpu_xid_errors_total", gpu="1", uuid=uuid(1), xid="48") == 2
+    assert sample(m, "trainmon_gpu_xid_errors_total", gpu="1", uuid=uuid(1), xid="79") == 1
+    info = [k for k in m if k[0] == "trainmon_gpu_info"]
+    assert len(info) == 8
+    labels = dict(info[0][1])
+    assert labels["name"] == "NVIDIA H100 80GB HBM3" and labels["pci_device_id"] == "0x233010de"
+    assert labels["driver_version"] == "550.54.15"
+    assert (
+        sample(
+            m,
+            "trainmon_gpu_ecc_errors_total",
+            gpu="0",
+            uuid=uuid(0),
+            error_type="uncorrected",
+            counter_type="aggregate",
+        )
+        == 1
+    )
+
+
+def test_no_nvml_keeps_training_metrics_and_explains(
+    make_exporter: Callable[..., InProcessExporter],
+) -> None:
+    err = nvml.NvmlUnavailable("nvmlInit: Driver Not Loaded", 9, nvml.HINTS[9])
+    ex = make_exporter(nvml=FakeNvmlBackend(init_error=err))
+    wait_for(lambda: not ex.app.state.exporter.gpus.snapshot.error.startswith("GPU sampling"))
+    run = init(run="nogpu", socket_path=ex.socket)
+    run.log(0, loss=1.0, tokens=10)
+    run.finish()
+    wait_for(lambda: ex.rank("nogpu", 0) is not None)
+    m = ex.metrics()
+    assert sample(m, "trainmon_scrape_collector_success", collector="gpu") == 0
+    assert sample(m, "trainmon_scrape_collector_success", collector="training") == 1
+    assert sample(m, "trainmon_train_loss", run="nogpu", rank="0") == 1.0
+    ready = ex.client.get("/readyz").json()
+    assert ready["gpus"]["ok"] is False and "driver is not loaded" in ready["gpus"]["hint"]
+    assert "Driver Not Loaded" in ready["collector_errors"]["gpu"]
+    page = ex.client.get("/").text
+    assert "No GPU metrics" in page and "kernel driver is not loaded" in page
+    api = ex.client.get("/api/v1/gpus").json()
+    assert api["ok"] is False and api["gpus"] == []
+
+
+def test_require_gpus_refuses_to_start(make_exporter: Callable[..., InProcessExporter]) -> None:
+    from trainmon_exporter.app import GpusRequiredError
+
+    err = nvml.NvmlUnavailable("nvmlInit: NVML Shared Library Not Found", 12, nvml.HINTS[12])
+    with pytest.raises(GpusRequiredError, match=r"HINT: libnvidia-ml\.so\.1"):
+        make_exporter(nvml=FakeNvmlBackend(init_error=err), require_gpus=True)
+
+
+def test_rank_gpu_join_and_mfu_against_a_hand_computation(
+    make_exporter: Callable[..., InProcessExporter],
+) -> None:
+    import os
+
+    gpus = eight_gpus()
+    gpus[5].processes = [(os.getpid(), 7 * 2**30), (999_999, 2**30)]
+    gpus[6].name, gpus[6].pci_device_id = "NVIDIA Z9000", 0x999910DE  # not in the table
+    gpus[7].name, gpus[7].pci_device_id = "NVIDIA A100-SXM4-80GB", 0x20B210DE
+    ex = make_exporter(nvml=FakeNvmlBackend(gpus), nvml_interval_seconds=0.1)
+    wait_sampled(ex)
+    # Rank 0 on GPU 5 (an H100 SXM); rank 1 on an unknown part; rank 2 without CUDA; rank 3
+    # without a parameter count; rank 4 on an A100 in fp8 (Ampere has no FP8 tensor cores).
+    runs = [
+        init(
+            run="mfu",
+            rank=0,
+            world_size=5,
+            socket_path=ex.socket,
+            num_params=124_000_000,
+            gpu_uuid=uuid(5),
+        ),
+        init(
+            run="mfu", rank=1, world_size=5, socket_path=ex.socket, num_params=1, gpu_uuid=uuid(6)
+        ),
+        init(run="mfu", rank=2, world_size=5, socket_path=ex.socket, num_params=1),
+        init(run="mfu", rank=3, world_size=5, socket_path=ex.socket, gpu_uuid=uuid(5)),
+        init(
+            run="mfu",
+            rank=4,
+            world_size=5,
+            socket_path=ex.socket,
+            num_params=1,
+            gpu_uuid=uuid(7),
+            dtype="fp8",
+        ),
+    ]
+    for r in runs:
+        r.flush_interval = 0.0
+    # 1,000,000 tokens per step, one step per client-second: 1e6 tokens/s exactly, because
+    # tokens/s comes from the client's wall-clock stamps (set here by hand).
+    import trainmon_client._run as client_run
+
+    t = [time.time() - 5.0]
+    real_wall = client_run._wall
+    client_run._wall = lambda: t[0]
+    try:
+        for step in range(5):
+            for r in runs:
+                r.log(step, loss=1.0, tokens=1_000_000)
+            t[0] += 1.0
+    finally:
+        client_run._wall = real_wall
+    for r in runs:
+        r.finish()
+    wait_for(lambda: all((ex.rank("mfu", i) or {}).get("steps_total") == 5 for i in range(5)))
+    m = ex.metrics()
+    promtool_check_metrics(ex.metrics_text())
+    flops = 1e6 * 6 * 124_000_000  # tokens/s x 6 x params = 7.44e14 FLOP/s
+    assert sample(m, "trainmon_train_model_flops_per_second", run="mfu", rank="0") == pytest.approx(
+        flops
+    )
+    assert sample(m, "trainmon_train_peak_flops_per_second", run="mfu", rank="0") == 989.5e12
+    assert sample(m, "trainmon_train_mfu_ratio", run="mfu", rank="0") == pytest.approx(
+        7.44e14 / 989.5e12
+    )
+    for rank, reason in (
+        ("1", "unknown_gpu_model"),
+        ("2", "no_gpu_uuid"),
+        ("3", "no_flops_per_token"),
+        ("4", "unknown_dtype"),
+    ):
+        assert sample(m, "trainmon_train_mfu_ratio", run="mfu", rank=rank) is None
+        assert sample(m, "trainmon_train_mfu_unavailable", run="mfu", rank=rank, reason=reason) == 1
+    # The rank's process memory, found by the socket peer's PID.
+    assert sample(m, "trainmon_rank_gpu_memory_used_bytes", run="mfu", rank="0") == 7 * 2**30
+    api = ex.rank("mfu", 0)
+    assert (
+        api is not None
+        and api["gpu"] == 5
+        and api["mfu_ratio"] == pytest.approx(7.44e14 / 989.5e12)
+    )
+    assert ex.rank("mfu", 1)["mfu_unavailable_reason"] == "unknown_gpu_model"  # type: ignore[index]
+    info = [dict(k[1]) for k in m if k[0] == "trainmon_rank_info"]
+    assert {i["uuid"] for i in info} >= {uuid(5), uuid(6), ""}
+    page = ex.client.get("/").text
+    assert "75.2 %" in page and "unknown_gpu_model" in page
+
+
+def test_peak_override_gives_mfu_without_nvml(
+    make_exporter: Callable[..., InProcessExporter],
+) -> None:
+    err = nvml.NvmlUnavailable("nvmlInit: x", 12, nvml.HINTS[12])
+    ex = make_exporter(nvml=FakeNvmlBackend(init_error=err), peak_flops=1e12)
+    run = init(run="cpu", socket_path=ex.socket, flops_per_token=1e6, flush_interval=0.0)
+    for step in range(3):
+        run.log(step, loss=1.0, tokens=1000)
+        time.sleep(0.3)  # rates need the window to span 0.5 s
+    wait_for(lambda: (ex.rank("cpu", 0) or {}).get("steps_total") == 3)
+    m = ex.metrics()
+    tps = ex.rank("cpu", 0)["tokens_per_second"]  # type: ignore[index]
+    run.finish()
+    assert sample(m, "trainmon_train_peak_flops_per_second", run="cpu", rank="0") == 1e12
+    assert sample(m, "trainmon_train_mfu_ratio", run="cpu", rank="0") == pytest.approx(
+        tps * 1e6 / 1e12, rel=1e-9
+    )
+
+
+# --------------------------------------------------------------------------- peak table
+
+
+@pytest.mark.parametrize(
+    ("name", "pci", "dtype", "expected"),
+    [
+        ("NVIDIA A100-SXM4-80GB", 0x20B210DE, "bf16", 312e12),
+        ("NVIDIA H100 80GB HBM3", 0x233010DE, "bf16", 989.5e12),
+        ("NVIDIA H100 PCIe", 0x233110DE, "bf16", 756.5e12),
+        ("NVIDIA H100 NVL", 0x232110DE, "fp8", 1670.5e12),
+        ("NVIDIA H200", 0x233510DE, "bf16", 989.5e12),
+        ("NVIDIA H200 NVL", 0, "bf16", 835.5e12),
+        ("NVIDIA H20", 0, "bf16", 148e12),
+        ("NVIDIA B200", 0, "bf16", 2250e12),
+        ("NVIDIA GB200", 0, "fp8", 5000e12),
+        ("NVIDIA L40S", 0, "bf16", 362.05e12),
+        ("NVIDIA L4", 0x27B810DE, "bf16", 121e12),
+        ("NVIDIA A10G", 0x223710DE, "bf16", 125e12),
+        ("NVIDIA GeForce RTX 4090", 0x268410DE, "bf16", 165.2e12),
+        # The PCI id wins over a name that would say otherwise.
+        ("Some Renamed Board", 0x233010DE, "tf32", 494.5e12),
+    ],
+)
+def test_peak_table(name: str, pci: int, dtype: str, expected: float) -> None:
+    assert peaks.peak_flops(name, pci, dtype).flops == expected
+
+
+def test_peak_table_never_guesses() -> None:
+    assert peaks.peak_flops("NVIDIA L40", 0, "bf16").flops == 181.05e12  # not the L4's
+    assert peaks.peak_flops("NVIDIA L4", 0, "bf16").flops == 121e12  # not the L40's
+    unknown = peaks.peak_flops("NVIDIA Tesla V100-SXM2-16GB", 0x1DB110DE, "bf16")
+    assert unknown.flops is None and unknown.reason == "unknown_gpu_model"
+    no_fp8 = peaks.peak_flops("NVIDIA A100-SXM4-40GB", 0x20B010DE, "fp8")
+    assert no_fp8.flops is None and no_fp8.reason == "unknown_dtype"
+    for m in peaks.MODELS:
+        assert m.source and all(v > 1e13 for v in m.dense.values())
+        assert all(m.sparse[k] == 2 * m.dense[k] for k in m.dense)

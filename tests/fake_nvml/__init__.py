@@ -1,0 +1,122 @@
+"""Build and script the fake ``libnvidia-ml.so.1`` (``fake_nvml.c``; its header says how).
+
+The library is compiled with gcc into a directory of the caller's choice. Two ways to use it:
+
+- in this process: :func:`load` opens it by absolute path; its SONAME is
+  ``libnvidia-ml.so.1``, so pynvml's later ``CDLL("libnvidia-ml.so.1")`` gets the same
+  library without any search path;
+- in a subprocess: put its directory first in ``LD_LIBRARY_PATH``.
+
+Either way ``TRAINMON_FAKE_NVML_CONFIG`` names the script written by :func:`write_config`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+SOURCE = Path(__file__).with_name("fake_nvml.c")
+CONFIG_ENV = "TRAINMON_FAKE_NVML_CONFIG"
+
+
+def build(out_dir: Path, *defines: str) -> Path:
+    """Compile the fake into ``out_dir/libnvidia-ml.so.1`` (``defines``: e.g. ``NO_GPM``)."""
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    if gcc is None:
+        if os.environ.get("TRAINMON_REQUIRE_PROMTOOL"):
+            pytest.fail("gcc is required in CI to build the fake libnvidia-ml.so.1")
+        pytest.skip("no C compiler for the fake libnvidia-ml.so.1")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lib = out_dir / "libnvidia-ml.so.1"
+    cmd = [
+        gcc,
+        "-shared",
+        "-fPIC",
+        "-O2",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        "-std=c11",
+        "-D_POSIX_C_SOURCE=200809L",
+        "-Wl,-soname,libnvidia-ml.so.1",
+        *(f"-D{d}" for d in defines),
+        "-o",
+        str(lib),
+        str(SOURCE),
+    ]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return lib
+
+
+_loaded: Path | None = None
+
+
+def load(lib: Path) -> None:
+    """Make ``lib`` the ``libnvidia-ml.so.1`` of this process (once per process)."""
+    global _loaded
+    if _loaded is None:
+        ctypes.CDLL(str(lib.resolve()))
+        _loaded = lib
+    elif _loaded != lib:
+        raise RuntimeError(f"another fake NVML is already loaded: {_loaded}")
+
+
+def write_config(path: Path, gpus: list[Mapping[str, object]], **top: object) -> None:
+    """Write the script atomically (the library re-reads it when its mtime changes)."""
+    lines = [f"count={len(gpus)}", *(f"{k}={v}" for k, v in top.items())]
+    for i, g in enumerate(gpus):
+        lines += [f"gpu.{i}.{k}={v}" for k, v in g.items()]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    os.replace(tmp, path)
+
+
+def h100(i: int, **extra: object) -> dict[str, object]:
+    """A scripted H100 SXM with every reading set (values as NVML returns them)."""
+    g: dict[str, object] = {
+        "name": "NVIDIA H100 80GB HBM3",
+        "uuid": f"GPU-{i:08x}-aaaa-bbbb-cccc-dddddddddddd",
+        "bus_id": f"00000000:{0x18 + i:02X}:00.0",
+        "pci_device_id": "0x233010DE",
+        "mem_total": 85_520_809_984,
+        "mem_used": 40_000_000_000 + i,
+        "util_gpu": 90 + i % 10,
+        "util_mem": 40,
+        "power_mw": 650_000,
+        "power_limit_mw": 700_000,
+        "energy_mj": 1_000_000 * (i + 1),
+        "temp": 60 + i,
+        "mem_temp": 70,
+        "sm_clock": 1980,
+        "mem_clock": 2619,
+        "sm_clock_max": 1980,
+        "mem_clock_max": 2619,
+        "clock_reasons": 0,
+        "ecc_corr_vol": 1,
+        "ecc_corr_agg": 3,
+        "ecc_unc_vol": 0,
+        "ecc_unc_agg": 0,
+        "remap_corr": 0,
+        "remap_unc": 0,
+        "pcie_tx": 123_456,
+        "pcie_rx": 654_321,
+        "nvlink_tx_kib": 1000,
+        "nvlink_rx_kib": 2000,
+        "gpm": 1,
+        "sm_active": 80,
+        "sm_occupancy": 35,
+        "tensor_active": 45,
+        "dram_active": 25,
+    }
+    for k, v in extra.items():  # None removes a reading (the device does not report it)
+        if v is None:
+            g.pop(k, None)
+        else:
+            g[k] = v
+    return g
