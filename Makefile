@@ -35,6 +35,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/training_overhead.py
 	$(BIN)/python benchmarks/ingest.py
 	$(BIN)/python benchmarks/rules_eval.py
+	$(BIN)/python benchmarks/gpu.py
 	$(BIN)/python benchmarks/detection/run.py
 
 clean:
