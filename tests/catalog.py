@@ -2,19 +2,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import trainmon_client
 
 from .conftest import InProcessExporter, wait_for
+from .exporter.fake_nvml import FakeGpu, FakeNvmlBackend
 from .exporter.test_layers import train
 from .exporter.test_metrics import scripted_session
 
 
-def exposed_names(exporter: InProcessExporter) -> set[str]:
+def exposed_names(make_exporter: Callable[..., InProcessExporter]) -> set[str]:
     """Every series name a real exporter exposes after a scripted session and a watched run.
 
+    The exporter samples two GPUs of the fake NVML backend, so the GPU families are there.
     Read from the TYPE lines, so families without samples yet (gauges that need hundreds of
     steps) count; histograms add their _bucket, _sum and _count series.
     """
+    exporter = make_exporter(
+        nvml=FakeNvmlBackend([FakeGpu(uuid="GPU-a"), FakeGpu(uuid="GPU-b")]),
+        nvml_interval_seconds=0.1,
+    )
+    wait_for(lambda: exporter.app.state.exporter.gpus.snapshot.ok)
     scripted_session(exporter)
     watched = trainmon_client.init(
         run="catalog",

@@ -20,7 +20,7 @@ SEL = 'run=~"$run", rank=~"$rank"'
 RUN = 'run=~"$run"'
 
 
-def variables() -> dict[str, Any]:
+def variables(extra: tuple[tuple[str, str], ...] = ()) -> dict[str, Any]:
     def query_var(name: str, query: str) -> dict[str, Any]:
         return {
             "type": "query",
@@ -46,6 +46,7 @@ def variables() -> dict[str, Any]:
             },
             query_var("run", "label_values(trainmon_run_info, run)"),
             query_var("rank", 'label_values(trainmon_rank_info{run=~"$run"}, rank)'),
+            *(query_var(name, query) for name, query in extra),
         ]
     }
 
@@ -144,6 +145,7 @@ def dashboard(
     description: str,
     panels: list[dict[str, Any]],
     annotations: list[dict[str, Any]],
+    extra_variables: tuple[tuple[str, str], ...] = (),
 ) -> dict[str, Any]:
     return {
         "uid": uid,
@@ -156,7 +158,7 @@ def dashboard(
         "refresh": "30s",
         "timezone": "browser",
         "graphTooltip": 1,
-        "templating": variables(),
+        "templating": variables(extra_variables),
         "annotations": {"list": annotations},
         "panels": panels,
     }
@@ -209,6 +211,23 @@ def training() -> dict[str, Any]:
                 (f"trainmon_train_tokens_per_second{{{SEL}}}", rank_legend),
                 (f"run:trainmon_train_tokens_per_second:sum{{{RUN}}}", "{{run}} total"),
             ],
+        ),
+        panel(
+            lay,
+            "MFU, and the GPU's tensor-core activity",
+            [
+                (f"trainmon_train_mfu_ratio{{{SEL}}}", "MFU " + rank_legend),
+                (f"run:trainmon_train_mfu_ratio:avg{{{RUN}}}", "MFU {{run}} mean"),
+                (
+                    f'max by (run, rank, uuid) (trainmon_rank_info{{{SEL}, uuid!=""}}) '
+                    "* on (uuid) group_left () max by (uuid) (trainmon_gpu_tensor_active_ratio)",
+                    "tensor active " + rank_legend,
+                ),
+            ],
+            unit="percentunit",
+            description="MFU = tokens/s x FLOPs per token / the GPU's dense peak for the dtype "
+            "(trainmon_train_mfu_unavailable says why a rank has none). Tensor active is NVML "
+            "GPM's view of the same GPU (Hopper and newer).",
         ),
         panel(
             lay,
@@ -481,7 +500,269 @@ def health() -> dict[str, Any]:
     )
 
 
-DASHBOARDS = {"training.json": training, "health.json": health}
+GPU = 'instance=~"$instance", gpu=~"$gpu"'
+
+
+def on_ranks(gpu_metric: str) -> str:
+    """A per-GPU series relabelled with the run and rank on that GPU (join on the UUID)."""
+    return (
+        f'max by (run, rank, uuid) (trainmon_rank_info{{{SEL}, uuid!=""}}) '
+        f"* on (uuid) group_left (gpu) max by (uuid, gpu) ({gpu_metric})"
+    )
+
+
+def gpu() -> dict[str, Any]:
+    lay = Layout()
+    g = "GPU {{gpu}} {{instance}}"
+    ranked = "{{run}} rank {{rank}} (GPU {{gpu}})"
+    panels = [
+        row(lay, "Utilisation"),
+        panel(
+            lay,
+            "GPU utilisation (a kernel was running)",
+            [(f"trainmon_gpu_utilization_ratio{{{GPU}}}", g)],
+            unit="percentunit",
+            w=8,
+            description="nvmlDeviceGetUtilizationRates: the share of time any kernel ran. Not "
+            "throughput; compare SM active and tensor active.",
+        ),
+        panel(
+            lay,
+            "SM active and tensor active (GPM)",
+            [
+                (f"trainmon_gpu_sm_active_ratio{{{GPU}}}", "SM active " + g),
+                (f"trainmon_gpu_tensor_active_ratio{{{GPU}}}", "tensor active " + g),
+                (f"trainmon_gpu_sm_occupancy_ratio{{{GPU}}}", "occupancy " + g),
+            ],
+            unit="percentunit",
+            w=8,
+            description="NVML GPM metrics, Hopper and newer; empty on older GPUs.",
+        ),
+        panel(
+            lay,
+            "MFU of the ranks on these GPUs",
+            [
+                (
+                    f"max by (run, rank) (trainmon_train_mfu_ratio{{{SEL}}}) "
+                    f"* on (run, rank) group_left (uuid) max by (run, rank, uuid) "
+                    f'(trainmon_rank_info{{{SEL}, uuid!=""}})',
+                    "{{run}} rank {{rank}} {{uuid}}",
+                ),
+            ],
+            unit="percentunit",
+            w=8,
+        ),
+        row(lay, "Memory"),
+        panel(
+            lay,
+            "Memory used",
+            [
+                (f"trainmon_gpu_memory_used_bytes{{{GPU}}}", "used " + g),
+                (f"trainmon_gpu_memory_size_bytes{{{GPU}}}", "total " + g),
+            ],
+            unit="bytes",
+            w=8,
+        ),
+        panel(
+            lay,
+            "Memory used / total",
+            [
+                (
+                    f"trainmon_gpu_memory_used_bytes{{{GPU}}} / "
+                    f"trainmon_gpu_memory_size_bytes{{{GPU}}}",
+                    g,
+                )
+            ],
+            unit="percentunit",
+            w=8,
+            description="TrainmonGpuMemoryPressure fires above 95 % for 5 minutes.",
+        ),
+        panel(
+            lay,
+            "Per rank: process memory (NVML) and allocator",
+            [
+                (f"trainmon_rank_gpu_memory_used_bytes{{{SEL}}}", "NVML {{run}} rank {{rank}}"),
+                (
+                    f"trainmon_train_memory_reserved_bytes{{{SEL}}}",
+                    "reserved {{run}} rank {{rank}}",
+                ),
+                (f"trainmon_train_memory_peak_bytes{{{SEL}}}", "peak {{run}} rank {{rank}}"),
+            ],
+            unit="bytes",
+            w=8,
+            description="Allocator figures need init(cuda_memory=True).",
+        ),
+        row(lay, "Power, clocks and temperature"),
+        panel(
+            lay,
+            "Power",
+            [
+                (f"trainmon_gpu_power_usage_watts{{{GPU}}}", g),
+                (
+                    f"rate(trainmon_gpu_energy_consumption_joules_total{{{GPU}}}"
+                    "[$__rate_interval])",
+                    "average " + g,
+                ),
+                (f"trainmon_gpu_power_limit_watts{{{GPU}}}", "limit " + g),
+            ],
+            unit="watt",
+            w=8,
+        ),
+        panel(
+            lay,
+            "SM clock against its maximum",
+            [
+                (f"trainmon_gpu_sm_clock_hertz{{{GPU}}}", g),
+                (f"trainmon_gpu_sm_clock_max_hertz{{{GPU}}}", "max " + g),
+            ],
+            unit="hertz",
+            w=8,
+        ),
+        panel(
+            lay,
+            "Temperature",
+            [
+                (f"trainmon_gpu_temperature_celsius{{{GPU}}}", g),
+                (f"trainmon_gpu_memory_temperature_celsius{{{GPU}}}", "memory " + g),
+            ],
+            unit="celsius",
+            w=8,
+        ),
+        panel(
+            lay,
+            "Clock-event (throttle) reasons active",
+            [
+                (
+                    f'trainmon_gpu_clock_event_reason_active{{{GPU}, reason!="gpu_idle"}} > 0',
+                    "{{reason}} " + g,
+                )
+            ],
+            unit="short",
+            w=12,
+            description="nvmlDeviceGetCurrentClocksEventReasons. sw_power_cap is normal at full "
+            "load; thermal, hw_slowdown and power brake alert (TrainmonGpuThrottled).",
+        ),
+        panel(
+            lay,
+            "Step time of each rank next to its GPU's power",
+            [
+                (f"trainmon_train_step_time_median_seconds{{{SEL}}}", "step {{run}} rank {{rank}}"),
+                (on_ranks(f"trainmon_gpu_power_usage_watts{{{GPU}}}"), "W " + ranked),
+            ],
+            unit="s",
+            w=12,
+            description="Joined on the GPU UUID the client reports, not on indices.",
+        ),
+        row(lay, "Interconnect"),
+        panel(
+            lay,
+            "PCIe",
+            [
+                (
+                    f"rate(trainmon_gpu_pcie_transmit_bytes_total{{{GPU}}}[$__rate_interval])",
+                    "tx " + g,
+                ),
+                (
+                    f"rate(trainmon_gpu_pcie_receive_bytes_total{{{GPU}}}[$__rate_interval])",
+                    "rx " + g,
+                ),
+            ],
+            unit="Bps",
+        ),
+        panel(
+            lay,
+            "NVLink",
+            [
+                (
+                    f"rate(trainmon_gpu_nvlink_transmit_bytes_total{{{GPU}}}[$__rate_interval])",
+                    "tx " + g,
+                ),
+                (
+                    f"rate(trainmon_gpu_nvlink_receive_bytes_total{{{GPU}}}[$__rate_interval])",
+                    "rx " + g,
+                ),
+            ],
+            unit="Bps",
+        ),
+        row(lay, "Errors (over the dashboard's range)"),
+        panel(
+            lay,
+            "XID errors",
+            [
+                (
+                    f"sum by (instance, gpu, xid) (increase(trainmon_gpu_xid_errors_total"
+                    f"{{{GPU}}}[$__range]))",
+                    "XID {{xid}} " + g,
+                )
+            ],
+            kind="stat",
+            w=6,
+            h=6,
+        ),
+        panel(
+            lay,
+            "Uncorrectable ECC errors",
+            [
+                (
+                    "sum by (instance, gpu) (increase(trainmon_gpu_ecc_errors_total"
+                    f'{{{GPU}, error_type="uncorrected", counter_type="volatile"}}[$__range]))',
+                    g,
+                )
+            ],
+            kind="stat",
+            w=6,
+            h=6,
+        ),
+        panel(
+            lay,
+            "Remapped rows",
+            [
+                (f"trainmon_gpu_remapped_rows_total{{{GPU}}}", "{{cause}} " + g),
+                (f"trainmon_gpu_remapped_rows_pending{{{GPU}}}", "pending " + g),
+            ],
+            kind="stat",
+            w=6,
+            h=6,
+        ),
+        panel(
+            lay,
+            "GPUs lost, NVML read errors",
+            [
+                (
+                    'sum by (instance) (increase(trainmon_gpu_lost_total{instance=~"$instance"}'
+                    "[$__range]))",
+                    "lost {{instance}}",
+                ),
+                (
+                    'sum by (instance) (increase(trainmon_gpu_read_errors_total{instance=~"$instance"}'
+                    "[$__range]))",
+                    "read errors {{instance}}",
+                ),
+            ],
+            kind="stat",
+            w=6,
+            h=6,
+        ),
+    ]
+    annotations = [
+        annotation(
+            "XID", "red", 'increase(trainmon_gpu_xid_errors_total{instance=~"$instance"}[1m]) > 0'
+        ),
+    ]
+    return dashboard(
+        "trainmon-gpu",
+        "trainmon / GPUs",
+        "NVML telemetry per GPU, joined to the ranks that run on each (on the GPU UUID).",
+        panels,
+        annotations,
+        (
+            ("instance", "label_values(trainmon_gpu_info, instance)"),
+            ("gpu", 'label_values(trainmon_gpu_info{instance=~"$instance"}, gpu)'),
+        ),
+    )
+
+
+DASHBOARDS = {"training.json": training, "health.json": health, "gpu.json": gpu}
 
 
 def render() -> dict[str, str]:

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import re
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +103,8 @@ def test_every_query_parses_in_promtool(tmp_path: Path) -> None:
                 .replace("$__range", "1h")
                 .replace("$run", ".*")
                 .replace("$rank", ".*")
+                .replace("$instance", ".*")
+                .replace("$gpu", ".*")
             )
             rules.append({"record": f"dashboard:query:{len(rules)}_{i}", "expr": expr})
     path = tmp_path / "queries.yml"
@@ -112,8 +115,10 @@ def test_every_query_parses_in_promtool(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
 
 
-def test_every_metric_name_exists_in_the_exporter(exporter: InProcessExporter) -> None:
-    exposed = exposed_names(exporter)
+def test_every_metric_name_exists_in_the_exporter(
+    make_exporter: Callable[..., InProcessExporter],
+) -> None:
+    exposed = exposed_names(make_exporter)
     recorded = {
         r["record"]
         for g in yaml.safe_load(

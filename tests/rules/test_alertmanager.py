@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
@@ -56,3 +58,90 @@ def test_no_secret_is_inline() -> None:
             assert pd["routing_key_file"].startswith("/etc/alertmanager/secrets/")
         for slack in receiver.get("slack_configs", []):
             assert "api_url" not in slack and slack["api_url_file"].startswith("/etc/")
+
+
+def render(alert_labels: dict[str, str], annotations: dict[str, str], tmp_path: Path) -> str:
+    """The shipped notification text for one firing alert (``amtool template render``)."""
+    data = {
+        "receiver": "slack",
+        "status": "firing",
+        "alerts": [
+            {
+                "status": "firing",
+                "labels": alert_labels,
+                "annotations": annotations,
+                "startsAt": "2026-11-22T00:00:00Z",
+                "endsAt": "0001-01-01T00:00:00Z",
+                "generatorURL": "",
+                "fingerprint": "1",
+            }
+        ],
+        "groupLabels": {"alertname": alert_labels["alertname"]},
+        "commonLabels": alert_labels,
+        "commonAnnotations": annotations,
+        "externalURL": "http://alertmanager",
+    }
+    path = tmp_path / "data.json"
+    path.write_text(json.dumps(data))
+    out = subprocess.run(
+        [
+            amtool(),
+            "template",
+            "render",
+            f"--template.glob={ROOT / 'alertmanager' / 'templates' / 'trainmon.tmpl'}",
+            '--template.text={{ template "trainmon.title" . }}\n{{ template "trainmon.text" . }}',
+            f"--template.data={path}",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+def test_gpu_alerts_name_the_gpu_its_ranks_and_link_the_gpu_dashboard(tmp_path: Path) -> None:
+    text = render(
+        {
+            "alertname": "TrainmonGpuXidError",
+            "gpu": "3",
+            "uuid": "GPU-abc",
+            "xid": "79",
+            "instance": "node7:9478",
+            "job": "trainmon",
+            "severity": "critical",
+        },
+        {
+            "summary": "A GPU reported an XID critical error.",
+            "description": "GPU 3 (GPU-abc) on node7:9478 reported XID 79.",
+            "ranks": "llm rank 3, llm rank 11",
+            "runbook_url": "https://trainmon.invalid/docs/runbooks.md#alert-name-trainmongpuxiderror",
+        },
+        tmp_path,
+    )
+    assert "gpu: 3 (GPU-abc) · ranks on it: llm rank 3, llm rank 11 · host: node7:9478" in text
+    assert "/d/trainmon-gpu/?var-instance=node7%3A9478&var-gpu=3" in text
+    assert "run: -" not in text  # not the rank layout
+
+
+def test_rank_alerts_keep_the_run_layout(tmp_path: Path) -> None:
+    text = render(
+        {
+            "alertname": "TrainmonLowMfu",
+            "run": "llm",
+            "rank": "2",
+            "instance": "node7:9478",
+            "job": "trainmon",
+            "severity": "warning",
+        },
+        {
+            "summary": "Model FLOPs utilisation has been low for 30 minutes.",
+            "description": "Run llm rank 2 runs at 9% MFU (threshold 15 %).",
+            "step": "1200",
+            "runbook_url": "https://trainmon.invalid/docs/runbooks.md#alert-name-trainmonlowmfu",
+        },
+        tmp_path,
+    )
+    assert "run: llm · rank: 2 · step: 1200 · host: node7:9478" in text
+    assert "/d/trainmon-training/?var-run=llm&var-rank=2" in text
+    assert "[FIRING:1] TrainmonLowMfu - run llm" in text

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -65,9 +66,11 @@ def test_every_runbook_anchor_exists() -> None:
         assert f'<a id="{anchor}"></a>' in doc, f"docs/runbooks.md lacks {anchor}"
 
 
-def test_rule_metric_names_exist_in_the_exporter(exporter: InProcessExporter) -> None:
+def test_rule_metric_names_exist_in_the_exporter(
+    make_exporter: Callable[..., InProcessExporter],
+) -> None:
     """Every trainmon_* name in a rule is a real series of a real exporter."""
-    exposed = exposed_names(exporter)
+    exposed = exposed_names(make_exporter)
     used: set[str] = set()
     for path in RULE_FILES:  # names used in expressions, not recording rules' own names
         used |= set(re.findall(r"(?<![:\w])trainmon_[a-z0-9_]+(?![\w:])", path.read_text()))
