@@ -60,6 +60,7 @@ class RankView(BaseModel):
     mfu_ratio: float | None = Field(description="model FLOP/s / peak dense FLOP/s")
     mfu_unavailable_reason: str | None = Field(description="why mfu_ratio is null")
     gpu_memory_used_bytes: float | None = Field(description="NVML memory of the rank's process")
+    loss_ema: float | None = Field(description="EMA of the loss (analytics ema_decay)")
     values: dict[str, float | None] = Field(description="last loss, lr, grad_norm, ...")
     custom: dict[str, float | None]
     nonfinite: dict[str, int]
@@ -141,6 +142,7 @@ def _rank_view(
         model_flops_per_second=m.model_flops,
         mfu_ratio=m.mfu,
         mfu_unavailable_reason=m.reason or None,
+        loss_ema=_num(s.analytics.ema),
         gpu_memory_used_bytes=pids.get(s.peer_pid or s.pid),
         values={k: _num(v) for k, v in s.values.items()},
         custom={k: _num(v) for k, v in s.custom.items()},

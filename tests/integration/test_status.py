@@ -1,0 +1,131 @@
+"""``trainmon status`` against a real exporter process with two fake GPUs and real ranks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ExporterProcess, child_env, wait_for
+from tests.fake_nvml import CONFIG_ENV, build, h100, write_config
+from trainmon_client import init
+from trainmon_exporter import status
+
+
+@pytest.fixture(scope="module")
+def fake_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build(tmp_path_factory.mktemp("fake-nvml-status"))
+
+
+def parse(text: str) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """The --once format, parsed the way a script would: split on runs of 2+ spaces."""
+    import re
+
+    sections: dict[str, list[dict[str, str]]] = {}
+    current = ""
+    header: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("# "):
+            current, header = line[2:].split(" ", 1)[0], []
+            sections[current] = []
+        elif line.strip():
+            cells = re.split(r"\s{2,}", line.strip())
+            if not header:
+                header = cells
+            else:
+                sections[current].append(dict(zip(header, cells, strict=True)))
+    return sections.get("ranks", []), sections.get("gpus", [])
+
+
+def test_status_once_and_live_view(
+    tmp_path: Path, fake_lib: Path, exporter_process: Callable[..., ExporterProcess]
+) -> None:
+    cfg = tmp_path / "gpus.conf"
+    gpus = [h100(0), h100(1, clock_reasons=0x40, xid="79")]
+    write_config(cfg, gpus)
+    env = child_env(LD_LIBRARY_PATH=str(fake_lib.parent), **{CONFIG_ENV: str(cfg)})
+    ex = exporter_process("--nvml-interval-seconds", "0.2", env=env).start()
+    runs = [
+        init(
+            run="status-demo",
+            rank=r,
+            world_size=2,
+            socket_path=ex.socket,
+            num_params=10**8,
+            gpu_uuid=str(gpus[r]["uuid"]),
+            flush_interval=0.0,
+        )
+        for r in range(2)
+    ]
+    for step in range(30):
+        for r in runs:
+            r.log(step, loss=3.0 - step * 0.01, tokens=2048)
+        time.sleep(0.03)  # tokens/s (so MFU) needs the steps to span 0.5 s
+    runs[1].log(30, loss=float("nan"), tokens=2048)
+    wait_for(
+        lambda: (
+            all(k["steps_total"] >= 30 for run in ex.runs()["runs"] for k in run["ranks"])
+            and len(ex.runs()["runs"][0]["ranks"]) == 2
+        )
+    )
+
+    out = subprocess.run(
+        [sys.executable, "-m", "trainmon_exporter", "status", "--url", ex.url, "--once"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=child_env(),
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "\x1b[" not in out.stdout  # plain text, no colour codes
+    ranks, gpu_table = parse(out.stdout)
+    assert [(r["run"], r["rank"]) for r in ranks] == [
+        ("status-demo", "0/2"),
+        ("status-demo", "1/2"),
+    ]
+    r0, r1 = ranks
+    assert r0["status"] == "running" and r0["step"] == "29" and r0["gpu"] == "0"
+    assert r0["gpu_util"].endswith("%") and r0["mfu"].endswith("%")
+    assert r0["anomalies"] == "ok"
+    assert r1["loss"] == "NaN/Inf" and "nonfinite_loss" in r1["anomalies"]
+    assert [g["gpu"] for g in gpu_table] == ["0", "1"]
+    assert gpu_table[1]["slowdown"] == "hw_thermal_slowdown" and gpu_table[1]["xids"] == "1"
+    assert gpu_table[0]["name"] == "NVIDIA H100 80GB HBM3"
+
+    # The live view renders the same data with rich.
+    from rich.console import Console
+
+    runs_body, gpus_body = status.fetch(ex.url)
+    console = Console(record=True, width=160, color_system=None)
+    console.print(status.rich_view(runs_body, gpus_body, ex.url))
+    screen = console.export_text()
+    assert "status-demo" in screen and "NaN/Inf" in screen and "hw_thermal_slowdown" in screen
+    for r in runs:
+        r.finish()
+
+
+def test_status_says_when_the_exporter_is_unreachable() -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainmon_exporter",
+            "status",
+            "--url",
+            "http://127.0.0.1:9",
+            "--once",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=child_env(),
+        check=False,
+    )
+    assert out.returncode == 2
+    assert out.stderr.startswith("trainmon status: cannot read http://127.0.0.1:9/api/v1/runs")
+    assert "Traceback" not in out.stderr
