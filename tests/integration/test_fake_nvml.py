@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx2 as httpx
 import pytest
 
 from tests.conftest import (
@@ -187,7 +188,7 @@ def test_exporter_with_eight_fake_gpus_one_lost_mid_run(
     wait_for(lambda: sample(metrics(), "trainmon_gpu_lost_total") == 1, timeout=10)
     r0.log(step, loss=2.0, tokens=4096)
     r1.log(step, loss=2.0, tokens=4096)
-    text = __import__("httpx").get(ex.url + "/metrics", timeout=5).text
+    text = httpx.get(ex.url + "/metrics", timeout=5).text
     r0.finish()
     r1.finish()
     promtool_check_metrics(text)
@@ -244,7 +245,7 @@ def test_exporter_without_a_driver_serves_training_metrics(
     wait_for(lambda: sample(ex.metrics(), "trainmon_train_loss", run="nodriver", rank="0") == 1.0)
     m = ex.metrics()
     assert sample(m, "trainmon_scrape_collector_success", collector="gpu") == 0
-    ready = __import__("httpx").get(ex.url + "/readyz", timeout=5)
+    ready = httpx.get(ex.url + "/readyz", timeout=5)
     assert (
         ready.status_code == 200 and "kernel driver is not loaded" in ready.json()["gpus"]["hint"]
     )
