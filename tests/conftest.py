@@ -217,6 +217,18 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def trainmon_status(*args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m trainmon_exporter status ARGS`` as a user would run it (not checked)."""
+    return subprocess.run(
+        [sys.executable, "-m", "trainmon_exporter", "status", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=child_env(),
+        check=False,
+    )
+
+
 def require_tool(name: str, package: str) -> str:
     """Path of a Debian-packaged tool (promtool, amtool).
 

@@ -511,6 +511,22 @@ def on_ranks(gpu_metric: str) -> str:
     )
 
 
+def link_panel(lay: Layout, title: str, link: str, legend: str) -> dict[str, Any]:
+    """Transmit and receive rates of a GPU's ``link`` byte counters (pcie or nvlink)."""
+    return panel(
+        lay,
+        title,
+        [
+            (
+                f"rate(trainmon_gpu_{link}_{way}_bytes_total{{{GPU}}}[$__rate_interval])",
+                f"{short} {legend}",
+            )
+            for way, short in (("transmit", "tx"), ("receive", "rx"))
+        ],
+        unit="Bps",
+    )
+
+
 def gpu() -> dict[str, Any]:
     lay = Layout()
     g = "GPU {{gpu}} {{instance}}"
@@ -654,36 +670,8 @@ def gpu() -> dict[str, Any]:
             description="Joined on the GPU UUID the client reports, not on indices.",
         ),
         row(lay, "Interconnect"),
-        panel(
-            lay,
-            "PCIe",
-            [
-                (
-                    f"rate(trainmon_gpu_pcie_transmit_bytes_total{{{GPU}}}[$__rate_interval])",
-                    "tx " + g,
-                ),
-                (
-                    f"rate(trainmon_gpu_pcie_receive_bytes_total{{{GPU}}}[$__rate_interval])",
-                    "rx " + g,
-                ),
-            ],
-            unit="Bps",
-        ),
-        panel(
-            lay,
-            "NVLink",
-            [
-                (
-                    f"rate(trainmon_gpu_nvlink_transmit_bytes_total{{{GPU}}}[$__rate_interval])",
-                    "tx " + g,
-                ),
-                (
-                    f"rate(trainmon_gpu_nvlink_receive_bytes_total{{{GPU}}}[$__rate_interval])",
-                    "rx " + g,
-                ),
-            ],
-            unit="Bps",
-        ),
+        link_panel(lay, "PCIe", "pcie", g),
+        link_panel(lay, "NVLink", "nvlink", g),
         row(lay, "Errors (over the dashboard's range)"),
         panel(
             lay,

@@ -157,22 +157,17 @@ def test_exporter_with_eight_fake_gpus_one_lost_mid_run(
 
     wait_for(lambda: sample(metrics(), "trainmon_gpu_devices") == 8, timeout=20)
     # Two ranks of one run: rank 0 on GPU 0 (H100 SXM), rank 1 on GPU 7 (unknown part).
-    r0 = init(
-        run="gpu-e2e",
-        rank=0,
-        world_size=2,
-        socket_path=ex.socket,
-        num_params=124_000_000,
-        gpu_uuid=gpus[0]["uuid"],
-    )  # type: ignore[arg-type]
-    r1 = init(
-        run="gpu-e2e",
-        rank=1,
-        world_size=2,
-        socket_path=ex.socket,
-        num_params=124_000_000,
-        gpu_uuid=gpus[7]["uuid"],
-    )  # type: ignore[arg-type]
+    r0, r1 = (
+        init(
+            run="gpu-e2e",
+            rank=rank,
+            world_size=2,
+            socket_path=ex.socket,
+            num_params=124_000_000,
+            gpu_uuid=str(gpus[gpu]["uuid"]),
+        )
+        for rank, gpu in ((0, 0), (1, 7))
+    )
     gpus[0]["procs"] = f"{os.getpid()}:{3 * 2**30}"
     write_config(cfg, gpus)
     t_end = time.time() + 1.5

@@ -42,6 +42,17 @@ def trainer(sock: str, *args: str, **env: str) -> subprocess.Popen[str]:
     )
 
 
+def torchrun(socket: str, launcher: list[str], *args: str) -> subprocess.Popen[str]:
+    """The example trainer under torchrun (``launcher`` flags), reporting to ``socket``."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", *launcher, str(EXAMPLE), *SMALL, *args],
+        env=child_env(TRAINMON_SOCKET=socket),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
 def ranks_of(ex: ExporterProcess, run: str) -> list[dict[str, Any]]:
     for r in ex.runs()["runs"]:
         if r["run"] == run:
@@ -72,22 +83,7 @@ def test_torchrun_two_ranks_are_separate_series(
     exporter_process: Callable[..., ExporterProcess],
 ) -> None:
     ex = exporter_process().start()
-    p = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node=2",
-            str(EXAMPLE),
-            *SMALL,
-            "--steps",
-            "30",
-        ],
-        env=child_env(TRAINMON_SOCKET=ex.socket),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    p = torchrun(ex.socket, ["--nproc-per-node=2"], "--steps", "30")
     out, _ = p.communicate(timeout=240)
     assert p.returncode == 0, out
     runs = ex.runs()["runs"]

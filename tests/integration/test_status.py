@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ExporterProcess, child_env, wait_for
+from tests.conftest import ExporterProcess, child_env, trainmon_status, wait_for
 from tests.fake_nvml import CONFIG_ENV, build, h100, write_config
 from trainmon_client import init
 from trainmon_exporter import status
@@ -73,14 +71,7 @@ def test_status_once_and_live_view(
         )
     )
 
-    out = subprocess.run(
-        [sys.executable, "-m", "trainmon_exporter", "status", "--url", ex.url, "--once"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=child_env(),
-        check=False,
-    )
+    out = trainmon_status("--url", ex.url, "--once")
     assert out.returncode == 0, out.stderr
     assert "\x1b[" not in out.stdout  # plain text, no colour codes
     ranks, gpu_table = parse(out.stdout)
@@ -110,22 +101,7 @@ def test_status_once_and_live_view(
 
 
 def test_status_says_when_the_exporter_is_unreachable() -> None:
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "trainmon_exporter",
-            "status",
-            "--url",
-            "http://127.0.0.1:9",
-            "--once",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=child_env(),
-        check=False,
-    )
+    out = trainmon_status("--url", "http://127.0.0.1:9", "--once")
     assert out.returncode == 2
     assert out.stderr.startswith("trainmon status: cannot read http://127.0.0.1:9/api/v1/runs")
     assert "Traceback" not in out.stderr

@@ -7,12 +7,10 @@ would. The run id comes from torchrun's ``TORCHELASTIC_RUN_ID`` on every rank of
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Callable
 
-from tests.conftest import ExporterProcess, child_env, free_port
-from tests.integration.test_pipeline import EXAMPLE, SMALL, ranks_of
+from tests.conftest import ExporterProcess, free_port, trainmon_status
+from tests.integration.test_pipeline import ranks_of, torchrun
 
 
 def test_two_nodes_two_exporters_one_run(
@@ -21,26 +19,18 @@ def test_two_nodes_two_exporters_one_run(
     nodes = [exporter_process().start(), exporter_process().start()]
     port = free_port()
     agents = [
-        subprocess.Popen(
+        torchrun(
+            ex.socket,
             [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
                 "--nnodes=2",
                 f"--node-rank={i}",
                 "--nproc-per-node=2",
                 "--master-addr=127.0.0.1",
                 f"--master-port={port}",
                 "--rdzv-id=two-node-job",
-                str(EXAMPLE),
-                *SMALL,
-                "--steps",
-                "20",
             ],
-            env=child_env(TRAINMON_SOCKET=ex.socket),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
+            "--steps",
+            "20",
         )
         for i, ex in enumerate(nodes)
     ]
@@ -57,13 +47,9 @@ def test_two_nodes_two_exporters_one_run(
             (2 * node + 1, 1, 4),
         ]
         assert all(r["status"] == "finished" and r["steps_total"] == 20 for r in ranks)
-        once = subprocess.run(
-            [sys.executable, "-m", "trainmon_exporter", "status", "--url", ex.url, "--once"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env=child_env(),
-            check=True,
-        ).stdout
-        rows = [line.split()[:2] for line in once.splitlines() if line.startswith("two-node-job")]
+        once = trainmon_status("--url", ex.url, "--once")
+        assert once.returncode == 0, once.stderr
+        rows = [
+            line.split()[:2] for line in once.stdout.splitlines() if line.startswith("two-node-job")
+        ]
         assert rows == [["two-node-job", f"{2 * node}/4"], ["two-node-job", f"{2 * node + 1}/4"]]

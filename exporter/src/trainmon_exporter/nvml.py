@@ -404,22 +404,20 @@ def _text(v: str | bytes) -> str:
     return v.decode(errors="replace") if isinstance(v, bytes) else v
 
 
+_VALUE_MEMBER = {
+    pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
+}
+"""``nvmlValueType_t`` → the member of the ``nvmlValue_t`` union that holds the value."""
+
+
 def _field_value(v: Any) -> float:
-    kind = int(v.valueType)
-    u = v.value
-    if kind == pynvml.NVML_VALUE_TYPE_DOUBLE:
-        return float(u.dVal)
-    if kind == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT:
-        return float(u.uiVal)
-    if kind == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG:
-        return float(u.ulVal)
-    if kind == pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG:
-        return float(u.sllVal)
-    if kind == pynvml.NVML_VALUE_TYPE_SIGNED_INT:
-        return float(u.siVal)
-    if kind == pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT:
-        return float(u.usVal)
-    return float(u.ullVal)
+    return float(getattr(v.value, _VALUE_MEMBER.get(int(v.valueType), "ullVal")))
 
 
 # --------------------------------------------------------------------------- samples
