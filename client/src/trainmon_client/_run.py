@@ -24,11 +24,13 @@ import sys
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any, NamedTuple
 
 from trainmon_client import _protocol as P
+from trainmon_client._device import Deferred, copy_async, is_device_tensor
 from trainmon_client._env import DEFAULT_SOCKET, detect_ranks, detect_run_id
 
 __version__ = "0.1.0"
@@ -54,6 +56,8 @@ MAX_PENDING = 256
 """Records queued by ``log()`` before a flush is forced, whatever the interval."""
 FINISH_TIMEOUT_S = 1.0
 """How long ``finish()`` may wait for socket buffer space to deliver its last packet."""
+MAX_WAITING = 1024
+"""Device-to-host copies in flight at most; beyond it a CUDA tensor is read with ``float()``."""
 
 
 def _as_step(step: Any) -> int | None:
@@ -170,6 +174,9 @@ class Run:
         self._buf_steps = 0  # data records (not NAME/HELLO/FINISH) in _buf: what a drop loses
         self._full: list[tuple[bytes, int]] = []  # (packet, its STEP records) waiting to be sent
         self._pending: list[tuple[Any, float, float, dict[str, Any]]] = []
+        # Device-to-host copies in flight, oldest first (see trainmon_client._device).
+        self._waiting: deque[Deferred] = deque()
+        self._waiting_owners: dict[int, int] = {}  # id(pending metrics dict) -> its copies
         self._resend_names = False
         self._ops: dict[int, list[float]] = {}  # TRACK name id -> [seconds_total, count]
         self._plans: dict[tuple[str, ...], _Plan] = {}
@@ -212,6 +219,9 @@ class Run:
                 with ``batch_size`` counts as ``tokens`` when ``tokens`` is not given). Any other
                 name is a custom metric: 1 to 128 of letters, digits and ``_ . : / -``, starting
                 with a letter or ``_``. NaN and infinities are data and are sent as such.
+                CUDA tensors are never read in this call: they are copied to pinned host
+                memory asynchronously and the step is sent once the copy has landed (see
+                :mod:`trainmon_client._device`), so ``log()`` adds no device synchronisation.
 
         Invalid names or values are dropped and counted in :attr:`refused`.
 
@@ -232,6 +242,8 @@ class Run:
                     break
             self._pending.append((step, t0, _wall(), metrics))
             total = sum(metrics.values())
+            if self._waiting and self._resolve(block=False):
+                total = _NAN  # a device value that just arrived is not finite
             if (
                 t0 - self._last_flush >= self.flush_interval
                 or len(self._pending) >= MAX_PENDING
@@ -283,7 +295,7 @@ class Run:
             return
         now = _perf()
         try:
-            values = self._snapshot(metrics)
+            values = self._snapshot(metrics, defer=False)
             ids: list[int] = []
             vals: list[float] = []
             for key, value in values.items():
@@ -406,6 +418,31 @@ class Run:
             max_layers=max_layers,
         )
 
+    def _send_layer_table(
+        self,
+        step: int,
+        names: list[str],
+        codes: list[int],
+        table: Any,
+        checks_total: int,
+        seconds_total: float,
+    ) -> None:
+        """Queue the watcher's ``[layers, codes]`` table; a CUDA table is copied without a sync."""
+        if self._closed:
+            return
+        if is_device_tensor(table) and len(self._waiting) < MAX_WAITING:
+
+            def apply(values: list[float] | None) -> None:
+                if values is None:
+                    self._refused += len(names)
+                else:
+                    self._send_layers(step, names, codes, values, checks_total, seconds_total)
+
+            self._defer([table], apply, flatten=True)
+        else:
+            values = table.flatten().tolist()
+            self._send_layers(step, names, codes, values, checks_total, seconds_total)
+
     def _send_layers(
         self,
         step: int,
@@ -514,17 +551,101 @@ class Run:
         self._add_record(record, data=True)
         self._flush(now)
 
-    def _snapshot(self, metrics: dict[str, Any]) -> dict[str, Any]:
-        """Convert every value that is not a plain float/int now (tensors may change later)."""
-        out = {}
+    def _snapshot(self, metrics: dict[str, Any], defer: bool = True) -> dict[str, Any]:
+        """Convert every value that is not a plain float/int now (tensors may change later).
+
+        With ``defer``, CUDA tensors are not read: they hold a 0.0 placeholder and an
+        asynchronous copy fills them in (:meth:`_resolve`) before the step is encoded.
+        """
+        out: dict[str, Any] = {}
+        keys: list[str] = []
+        tensors: list[Any] = []
         for k, v in metrics.items():
             if v.__class__ in _PLAIN:
                 out[k] = v
+            elif defer and is_device_tensor(v) and len(self._waiting) < MAX_WAITING:
+                out[k] = 0.0
+                keys.append(k)
+                tensors.append(v)
             else:
                 f = self._coerce(v)
                 if f is not _REFUSED:
                     out[k] = f
+        if keys:
+            try:
+                self._defer(tensors, self._filler(out, keys), owner=out)
+            except Exception:  # e.g. a tensor of several elements
+                log.debug("trainmon_client: device copy failed", exc_info=True)
+                for k in keys:
+                    del out[k]
+                self._refused += len(keys)
         return out
+
+    def _filler(self, out: dict[str, Any], keys: list[str]) -> Callable[[list[float] | None], None]:
+        def apply(values: list[float] | None) -> None:
+            if values is None:
+                for k in keys:
+                    out.pop(k, None)
+                self._refused += len(keys)
+                return
+            out.update(dict(zip(keys, values)))  # noqa: B905 (Python 3.9: no strict=)
+
+        return apply
+
+    def _defer(
+        self,
+        tensors: list[Any],
+        apply: Callable[[list[float] | None], None],
+        owner: dict[str, Any] | None = None,
+        flatten: bool = False,
+    ) -> None:
+        """Start an asynchronous device-to-host copy; ``apply`` gets the values when it lands.
+
+        ``owner``: the pending step's metrics dict the copy fills; the step (and every later
+        one) is held back from encoding until then.
+        """
+        deferred = copy_async(tensors, apply, flatten=flatten)
+        deferred.owner = owner
+        self._waiting.append(deferred)
+        if owner is not None:
+            key = id(owner)
+            self._waiting_owners[key] = self._waiting_owners.get(key, 0) + 1
+
+    def _resolve(self, block: bool) -> bool:
+        """Apply the device copies that have landed, oldest first; True if one is not finite.
+
+        Polls with ``cudaEventQuery`` and stops at the first copy still in flight, unless
+        ``block`` (``finish()`` only), which waits for each. A failed copy drops its values
+        and counts them in :attr:`refused`.
+        """
+        urgent = False
+        waiting = self._waiting
+        while waiting:
+            deferred = waiting[0]
+            values: list[float] | None
+            try:
+                if not deferred.ready():
+                    if not block:
+                        break
+                    deferred.wait()
+                values = deferred.values()
+            except Exception:
+                self._internal_errors += 1
+                log.debug("trainmon_client: reading a device copy failed", exc_info=True)
+                values = None
+            waiting.popleft()
+            owner = deferred.owner
+            if owner is not None:
+                key = id(owner)
+                left = self._waiting_owners[key] - 1
+                if left:
+                    self._waiting_owners[key] = left
+                else:
+                    del self._waiting_owners[key]
+            if values is not None and any(v - v != 0.0 for v in values):
+                urgent = True
+            deferred.apply(values)
+        return urgent
 
     def _coerce(self, v: Any) -> Any:
         """Convert a scalar that is not a float or int; count and return ``_REFUSED`` if bad."""
@@ -540,9 +661,20 @@ class Run:
             return _REFUSED
 
     def _encode_pending(self) -> None:
-        """Encode the records ``log()`` queued since the last flush into ``self._buf``."""
+        """Encode the records ``log()`` queued since the last flush into ``self._buf``.
+
+        Stops before the first step whose device values are still being copied (steps are
+        sent in order); that step and the later ones stay pending.
+        """
         pending = self._pending
         self._pending = []
+        if self._waiting_owners:
+            owners = self._waiting_owners
+            for cut, entry in enumerate(pending):
+                if id(entry[3]) in owners:
+                    self._pending = pending[cut:]
+                    pending = pending[:cut]
+                    break
         for step, t0, wall, metrics in pending:
             if type(step) is not int or not 0 <= step <= _MAX_STEP:
                 step = _as_step(step)  # NumPy / tensor integers, integral floats, or None
@@ -716,6 +848,8 @@ class Run:
             return
         if self.cuda_memory and self._pending:
             _add_allocator_stats(self._pending[-1][3])
+        if self._waiting:
+            self._resolve(block=finish is not None)
         if self._resend_names and self._sock is not None:
             self._resend_names = False
             for name, field_id in self._names.items():

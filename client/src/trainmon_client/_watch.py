@@ -16,10 +16,13 @@ median, p75, p95, p99, max; ``torch.quantile`` on at most 65,536 evenly strided 
 With ``activations=True``, forward hooks record each layer's output mean, standard deviation
 and dead-unit share (units never above 0 in the batch) on watched steps.
 
-All statistics are computed on the device with batched kernels, stacked into one tensor and
-copied to the host once (one synchronisation per watched step, none otherwise). The watcher
-times itself. When its cost exceeds ``budget`` of the wall time since the previous watched
-step, it doubles ``every``.
+All statistics are computed on the device with batched kernels and stacked into one tensor.
+On a CUDA device that tensor is copied to pinned host memory asynchronously and sent once the
+copy has landed (:mod:`trainmon_client._device`): no host-device synchronisation at all. The
+index tensors the reductions need are built once per device, and the quantiles come from a
+sort and a gather at positions computed on the host (``torch.quantile`` checks its ``q`` on
+the device, which synchronises). The watcher times itself. When its cost exceeds ``budget``
+of the wall time since the previous watched step, it doubles ``every``.
 """
 
 from __future__ import annotations
@@ -87,6 +90,8 @@ class Watcher:
         self._t_last = time.perf_counter()
         self._cost = 0.0
         self._acts: dict[int, torch.Tensor] = {}
+        self._consts: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._positions: dict[tuple[int, torch.device], tuple[torch.Tensor, ...]] = {}
         self._handles = [
             optimizer.register_step_pre_hook(self._pre),
             optimizer.register_step_post_hook(self._post),
@@ -171,15 +176,26 @@ class Watcher:
 
     # ---------------------------------------------------------------------------- statistics
 
+    def _constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(layer index per parameter, element count per parameter) on ``device``, cached.
+
+        Built once per device, through pinned memory (see :func:`to_device`).
+        """
+        consts = self._consts.get(device)
+        if consts is None:
+            idx = to_device(self.layer_of, torch.int64, device)
+            counts = to_device([float(p.numel()) for p in self.params], torch.float32, device)
+            consts = self._consts[device] = (idx, counts)
+        return consts
+
     def _gradient_stats(self) -> torch.Tensor:
         """[layers, 3]: squared grad norm, grad sum, element count (on the device)."""
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         device = grads[0].device
+        idx, counts = self._constants(device)
         sq = torch.stack(torch._foreach_norm(grads)).float() ** 2
         sums = torch.stack([g.sum() for g in grads]).float()
-        counts = torch.tensor([float(g.numel()) for g in grads], device=device)
         per_param = torch.stack([sq, sums, counts], dim=1)
-        idx = torch.tensor(self.layer_of, device=device)
         out = torch.zeros(len(self.layers), 3, device=device)
         return out.index_add_(0, idx, per_param)
 
@@ -187,7 +203,7 @@ class Watcher:
         g = self._grad_stats
         assert g is not None
         device = g.device
-        idx = torch.tensor(self.layer_of, device=device)
+        idx, _ = self._constants(device)
         nl = len(self.layers)
         w_sq = torch.stack(torch._foreach_norm(self.params)).float() ** 2
         w_sq = torch.zeros(nl, device=device).index_add_(0, idx, w_sq)
@@ -204,8 +220,8 @@ class Watcher:
             before_sq = torch.zeros(nl, device=device).index_add_(0, idx, before_sq)
             update = d_sq.sqrt() / before_sq.sqrt().clamp(min=1e-30)
         else:
-            lr = torch.tensor([float(self.optimizer.param_groups[0]["lr"])], device=device)
-            update = lr * grad_norm / weight_norm.clamp(min=1e-30)
+            lr = self.optimizer.param_groups[0]["lr"]  # a float (a tensor under capturable)
+            update = grad_norm * lr / weight_norm.clamp(min=1e-30)
         columns = [grad_norm, mean, std, weight_norm, update]
         codes = [
             STATS[k] for k in ("grad_norm", "grad_mean", "grad_std", "weight_norm", "update_ratio")
@@ -217,26 +233,70 @@ class Watcher:
             columns += [acts[:, 0], acts[:, 1], acts[:, 2]]
             codes += [STATS["activation_mean"], STATS["activation_std"], STATS["dead_ratio"]]
         if self.quantiles_every and self.checks % max(1, self.quantiles_every // self.every) == 0:
-            q = torch.tensor(QUANTILES, device=device)
             rows = []
             for _, params in self.layers:
-                flat = torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None])
+                grads = [p.grad.reshape(-1) for p in params if p.grad is not None]
+                flat = torch.cat(grads) if grads else torch.empty(0, device=device)
                 if flat.numel() > MAX_SAMPLE:
                     flat = flat[:: flat.numel() // MAX_SAMPLE + 1]
                 rows.append(
-                    torch.quantile(flat.float(), q)
+                    self._quantiles(flat)
                     if flat.numel()
                     else torch.full((len(QUANTILES),), math.nan, device=device)
                 )
             qs = torch.stack(rows)
             columns += [qs[:, i] for i in range(len(QUANTILES))]
             codes += [QUANTILE_CODE0 + i for i in range(len(QUANTILES))]
-        table = torch.stack(columns, dim=1).cpu()  # the one host copy of this check
-        self.run._send_layers(
+        table = torch.stack(columns, dim=1)  # [layers, codes], still on the device
+        self.run._send_layer_table(
             self.steps,
             [name for name, _ in self.layers],
             codes,
-            table.flatten().tolist(),
+            table,
             self.checks + 1,
             self.seconds_total,
         )
+
+    def _quantiles(self, values: torch.Tensor) -> torch.Tensor:
+        """:data:`QUANTILES` of ``values`` (shape ``[n]``), as ``torch.quantile`` computes them.
+
+        Sorts on the device and interpolates linearly between the sorted elements at
+        ``floor(q * (n - 1))`` and the next one; the positions are computed on the host and
+        cached per ``(n, device)``. ``torch.quantile`` itself validates ``q`` on the device,
+        which synchronises. NaN sorts last, so a NaN gradient shows in the top quantiles.
+
+        Returns:
+            float32 tensor of shape ``[len(QUANTILES)]`` on ``values``' device.
+        """
+        s = values.float().sort().values
+        n = s.numel()
+        key = (n, s.device)
+        positions = self._positions.get(key)
+        if positions is None:
+            lo = [math.floor(q * (n - 1)) for q in QUANTILES]
+            hi = [min(i + 1, n - 1) for i in lo]
+            frac = [q * (n - 1) - i for q, i in zip(QUANTILES, lo)]  # noqa: B905 (3.9)
+            positions = (
+                to_device(lo, torch.int64, s.device),
+                to_device(hi, torch.int64, s.device),
+                to_device(frac, torch.float32, s.device),
+            )
+            if len(self._positions) < 4 * len(self.layers) + 16:
+                self._positions[key] = positions
+        lo_t, hi_t, frac_t = positions
+        a = s[lo_t]
+        return a + (s[hi_t] - a) * frac_t
+
+
+def to_device(values: list[Any], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A tensor of host ``values`` on ``device``, without a host-device synchronisation.
+
+    A copy from pageable host memory waits for the device's queued work (CUDA runtime API,
+    "API synchronization behavior"); the values go through a pinned buffer and a
+    ``non_blocking`` copy instead (the caching host allocator keeps the buffer alive until
+    the copy has run).
+    """
+    t = torch.tensor(values, dtype=dtype)
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
