@@ -1,0 +1,233 @@
+"""Lightning integration: ``lightning.Trainer(callbacks=[TrainmonCallback()])``.
+
+Importing this module imports ``lightning``; ``import trainmon_client`` never does, so
+Lightning stays an optional dependency.
+
+What it sends, per optimizer step (``trainer.global_step`` after the step), from every rank:
+
+- ``loss``: the sum of the micro-batches' ``training_step`` losses as ``on_train_batch_end``
+  receives them. Lightning has already divided each by ``accumulate_grad_batches``, so the sum
+  is the step's mean loss. It is the raw value: nothing filters a NaN.
+- ``grad_norm``: the global L2 norm of the gradients in ``on_before_optimizer_step``, which
+  Lightning calls after unscaling (AMP) and **before** gradient clipping:
+  ``‖(‖g_1‖, …, ‖g_n‖)‖`` from ``torch._foreach_norm``, one batched pass over the gradients.
+  Under FSDP or other sharding it is this rank's shard. ``grad_norm=False`` skips the pass.
+- ``lr``: ``optimizer.param_groups[0]["lr"]`` at the same point (the rate this step uses).
+- ``samples``: the first dimension of the batch's first tensor. ``tokens``: what
+  ``count_tokens(batch)`` returns, when given (for MFU).
+
+Every value stays on the device: the loss and the norm are CUDA tensors that the client
+copies to the host asynchronously (:mod:`trainmon_client._device`). The callback adds no
+synchronisation.
+
+Validation, outside the sanity check, is timed as the operation ``validation``. At its end,
+``trainer.callback_metrics`` whose names start with ``val`` are sent through
+:meth:`Run.eval`: ``val_loss`` or ``val/loss`` as ``val_loss``, and the others without the
+prefix. A checkpoint is reported at the first hook after ``on_save_checkpoint``. That hook
+runs before the file is written, so the seconds in between are the write. Ranks come from
+``trainer.global_rank``, ``local_rank`` and ``world_size``. Rank 0's run id is broadcast in
+``setup``, so every rank agrees on it whatever the launcher. An exception in ``fit`` finishes
+the run as failed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback
+
+from trainmon_client._env import detect_run_id
+from trainmon_client._run import Run, init
+
+__all__ = ["TrainmonCallback"]
+
+
+class TrainmonCallback(Callback):  # type: ignore[misc]
+    """Report a Lightning ``fit`` to the node's trainmon exporter.
+
+    Example:
+        >>> from trainmon_client.lightning import TrainmonCallback  # doctest: +SKIP
+        >>> trainer = lightning.Trainer(callbacks=[TrainmonCallback(num_params=n)])
+
+    Args:
+        run: run id shared by every rank; default: rank 0's detected id, broadcast.
+        count_tokens: ``batch -> tokens in it`` (e.g. ``lambda b: b[0].numel()``); without it
+            no tokens are reported, and so no tokens/s or MFU.
+        grad_norm: compute the global gradient norm before clipping (one pass over the
+            gradients each optimizer step).
+        **init_kwargs: passed to :func:`trainmon_client.init` (``num_params``,
+            ``flops_per_token``, ``dtype``, ``socket_path``, ``cuda_memory``...).
+
+    Attributes:
+        run: the :class:`~trainmon_client.Run`, from ``setup("fit")`` on (None before).
+    """
+
+    def __init__(
+        self,
+        run: str | None = None,
+        *,
+        count_tokens: Callable[[Any], int] | None = None,
+        grad_norm: bool = True,
+        **init_kwargs: Any,
+    ) -> None:
+        self.run: Run | None = None
+        self._run_id = run
+        self._count_tokens = count_tokens
+        self._grad_norm = grad_norm
+        self._init_kwargs = init_kwargs
+        self._loss: Any = None
+        self._tokens = 0
+        self._samples = 0
+        self._norm: Any = None
+        self._lr: Any = None
+        self._global_step = 0
+        self._validating = 0
+        self._t_validation = 0.0
+        self._checkpoint: tuple[int, float] | None = None
+
+    # ----------------------------------------------------------------------------- lifecycle
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """Start the run for ``fit`` on every rank, with rank 0's run id."""
+        if stage != "fit" or (self.run is not None and not self.run._closed):
+            return
+        run_id = self._run_id
+        if run_id is None:
+            run_id = trainer.strategy.broadcast(detect_run_id(trainer.world_size), src=0)
+        self.run = init(
+            run_id,
+            rank=trainer.global_rank,
+            local_rank=trainer.local_rank,
+            world_size=trainer.world_size,
+            **self._init_kwargs,
+        )
+        self._global_step = trainer.global_step
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        """Send what is left and finish the run (reported as finished)."""
+        self._checkpoint_written()
+        if self.run is not None:
+            self.run.finish()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        """Finish the run as failed (a KeyboardInterrupt counts as a normal stop)."""
+        if self.run is not None:
+            self.run.finish(failed=not isinstance(exception, KeyboardInterrupt))
+
+    # ----------------------------------------------------------------------------- steps
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, idx: int) -> None:
+        """A checkpoint written since the last hook is reported now."""
+        self._checkpoint_written()
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        """Read the learning rate, and the gradient norm before clipping (on the device)."""
+        try:
+            if optimizer.param_groups:
+                self._lr = optimizer.param_groups[0].get("lr")
+            if self._grad_norm:
+                grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
+                if grads:
+                    device = grads[0].device
+                    norms = [n.to(device) for n in torch._foreach_norm(grads)]
+                    self._norm = torch.linalg.vector_norm(torch.stack(norms).float())
+        except Exception:  # never break the optimizer step
+            if self.run is not None:
+                self.run._internal_errors += 1
+
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        """Add the micro-batch; after an optimizer step, send the step."""
+        run = self.run
+        if run is None:
+            return
+        try:
+            loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+            if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+                value = loss.detach().float().reshape(())
+                self._loss = value if self._loss is None else self._loss + value
+            first = _first_tensor(batch)
+            if first is not None and first.dim() >= 1:
+                self._samples += first.shape[0]
+            if self._count_tokens is not None:
+                self._tokens += int(self._count_tokens(batch))
+        except Exception:
+            run._internal_errors += 1
+        step = trainer.global_step
+        if step == self._global_step:
+            return  # accumulating: no optimizer step yet
+        self._global_step = step
+        metrics: dict[str, Any] = {}
+        if self._loss is not None:
+            metrics["loss"] = self._loss
+        if self._norm is not None:
+            metrics["grad_norm"] = self._norm
+        if self._lr is not None:
+            metrics["lr"] = self._lr
+        if self._samples:
+            metrics["samples"] = self._samples
+        if self._tokens:
+            metrics["tokens"] = self._tokens
+        run.log(step, **metrics)
+        self._loss = self._norm = None
+        self._samples = self._tokens = 0
+
+    # ----------------------------------------------------------------------------- validation
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        """Time the validation loop (not the sanity check)."""
+        self._checkpoint_written()
+        if self.run is not None and not trainer.sanity_checking:
+            self._validating = self.run._track_begin("validation")
+            self._t_validation = time.perf_counter()
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        """Stop the timing and send the ``val*`` callback metrics."""
+        run = self.run
+        if run is None or trainer.sanity_checking:
+            return
+        if self._validating:
+            run._track_end(self._validating, time.perf_counter() - self._t_validation)
+            self._validating = 0
+        values: dict[str, Any] = {}
+        for key, value in trainer.callback_metrics.items():
+            if not key.startswith("val"):
+                continue
+            name = key[4:] if key[3:4] in ("_", "/") else key
+            values["val_loss" if name == "loss" else name.replace("/", "_")] = value
+        if values:
+            run.eval(trainer.global_step, **values)
+
+    # ----------------------------------------------------------------------------- checkpoints
+
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Any) -> None:
+        """Note the step; the file is written after this hook returns."""
+        self._checkpoint = (trainer.global_step, time.perf_counter())
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        """A checkpoint written since the last hook is reported now."""
+        self._checkpoint_written()
+
+    def _checkpoint_written(self) -> None:
+        if self._checkpoint is not None and self.run is not None:
+            step, t0 = self._checkpoint
+            self._checkpoint = None
+            self.run.checkpoint(step, seconds=time.perf_counter() - t0)
+
+
+def _first_tensor(batch: Any) -> torch.Tensor | None:
+    """The first tensor of a batch: the batch itself, or the first of a sequence or mapping."""
+    for _ in range(4):
+        if isinstance(batch, torch.Tensor):
+            return batch
+        if isinstance(batch, Mapping):
+            batch = next(iter(batch.values()), None)
+        elif isinstance(batch, (list, tuple)):
+            batch = batch[0] if batch else None
+        else:
+            return None
+    return None

@@ -1,0 +1,119 @@
+"""The Hugging Face callback with a real ``transformers.Trainer`` and the real exporter.
+
+A tiny Llama from a config learns the standard library's bytes (examples/train_hf_trainer.py).
+The NaN-filter case: the model returns a NaN loss at one step with finite gradients. The
+Trainer's ``logging_nan_inf_filter`` keeps its own logs finite; trainmon must count the NaN.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+from ..conftest import ROOT, InProcessExporter, sample, wait_for
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+]
+
+
+def example() -> Any:
+    spec = importlib.util.spec_from_file_location(
+        "train_hf_trainer", ROOT / "examples" / "train_hf_trainer.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def train(
+    make_exporter: Callable[..., InProcessExporter],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    *args: str,
+) -> tuple[InProcessExporter, Any]:
+    ex = make_exporter(**{"collectors": {"gpu": False, "rank_gpu": False}})
+    monkeypatch.setenv("TRAINMON_SOCKET", ex.socket)
+    small = ["--dim", "32", "--layers", "1", "--heads", "2", "--seq-len", "32"]
+    small += ["--corpus-bytes", "60000", "--output-dir", str(tmp_path)]
+    trainer = example().main([*small, *args])
+    return ex, trainer
+
+
+def test_trainer_reports_steps_eval_checkpoints_and_the_nan_the_filter_hides(
+    make_exporter: Callable[..., InProcessExporter],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    ex, trainer = train(
+        make_exporter,
+        monkeypatch,
+        tmp_path,
+        *("--steps", "12", "--run", "hf-test", "--logging-steps", "1"),
+        *("--eval-steps", "6", "--save-steps", "6", "--inject-nan-at", "5"),
+    )
+    logged = [h for h in trainer.state.log_history if "loss" in h]
+    assert [h["step"] for h in logged] == list(range(1, 13))
+    # The Trainer's own view: the NaN at step 5 was replaced by a running average.
+    assert all(math.isfinite(h["loss"]) for h in logged)
+    lbl = {"run": "hf-test", "rank": "0"}
+    wait_for(lambda: ex.rank("hf-test", 0) and ex.rank("hf-test", 0)["status"] == "finished")
+    m = ex.metrics()
+    # trainmon's view: the raw loss of step 5 was NaN, and it was counted.
+    assert sample(m, "trainmon_train_nonfinite_values_total", field="loss", **lbl) == 1
+    assert sample(m, "trainmon_train_steps_total", **lbl) == 12
+    assert sample(m, "trainmon_train_tokens_total", **lbl) == 12 * 8 * 32
+    assert sample(m, "trainmon_train_samples_total", **lbl) == 12 * 8
+    last = logged[-1]
+    assert sample(m, "trainmon_train_loss", **lbl) == pytest.approx(last["loss"], rel=1e-5)
+    assert sample(m, "trainmon_train_grad_norm", **lbl) == pytest.approx(last["grad_norm"])
+    assert sample(m, "trainmon_train_learning_rate", **lbl) == pytest.approx(last["learning_rate"])
+    evals = [h for h in trainer.state.log_history if "eval_loss" in h]
+    assert len(evals) == 2
+    assert sample(m, "trainmon_eval_evaluations_total", **lbl) == 2
+    assert sample(m, "trainmon_eval_loss", **lbl) == pytest.approx(evals[-1]["eval_loss"])
+    assert sample(m, "trainmon_eval_step", **lbl) == 12
+    assert sample(m, "trainmon_monitoring_operations_total", operation="evaluation", **lbl) == 2
+    assert sample(m, "trainmon_checkpoints_total", **lbl) == 2
+    assert sample(m, "trainmon_checkpoint_last_step", **lbl) == 12
+    duration = sample(m, "trainmon_checkpoint_last_duration_seconds", **lbl)
+    assert duration is not None and 0 < duration < 60
+    rank = ex.rank("hf-test", 0)
+    assert rank is not None and rank["world_size"] == 1
+    assert rank["dtype"] == "fp32"  # use_cpu, no bf16: judged against the fp32 peak
+    assert sample(m, "trainmon_client_dropped_messages_total", reason="disconnected", **lbl) == 0
+
+
+def test_gradient_accumulation_loss_matches_the_trainers(
+    make_exporter: Callable[..., InProcessExporter],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    ex, trainer = train(
+        make_exporter,
+        monkeypatch,
+        tmp_path,
+        *("--steps", "4", "--run", "hf-ga", "--logging-steps", "1", "--grad-accum", "3"),
+        *(
+            "--eval-steps",
+            "0",
+        ),
+    )
+    logged = [h for h in trainer.state.log_history if "loss" in h]
+    wait_for(lambda: ex.rank("hf-ga", 0) and ex.rank("hf-ga", 0)["status"] == "finished")
+    m = ex.metrics()
+    lbl = {"run": "hf-ga", "rank": "0"}
+    assert sample(m, "trainmon_train_steps_total", **lbl) == 4
+    assert sample(m, "trainmon_train_samples_total", **lbl) == 4 * 3 * 8
+    assert sample(m, "trainmon_train_loss", **lbl) == pytest.approx(logged[-1]["loss"], rel=1e-5)
