@@ -36,6 +36,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/ingest.py
 	$(BIN)/python benchmarks/rules_eval.py
 	$(BIN)/python benchmarks/gpu.py
+	$(BIN)/python benchmarks/callbacks.py
 	$(BIN)/python benchmarks/detection/run.py
 
 clean:

@@ -58,7 +58,7 @@ class ByteLM(lightning.LightningModule):
         return loss
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
-        self.log("val_loss", self._loss(batch), prog_bar=True)
+        self.log("val_loss", self._loss(batch), sync_dist=True)
 
     def configure_optimizers(self) -> Any:
         opt = torch.optim.AdamW(self.parameters(), lr=3e-3)

@@ -87,6 +87,7 @@ class TrainmonCallback(Callback):  # type: ignore[misc]
         self._validating = 0
         self._t_validation = 0.0
         self._checkpoint: tuple[int, float] | None = None
+        self._params: list[Any] | None = None
 
     # ----------------------------------------------------------------------------- lifecycle
 
@@ -105,6 +106,7 @@ class TrainmonCallback(Callback):  # type: ignore[misc]
             **self._init_kwargs,
         )
         self._global_step = trainer.global_step
+        self._params = None
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         """Send what is left and finish the run (reported as finished)."""
@@ -129,10 +131,14 @@ class TrainmonCallback(Callback):  # type: ignore[misc]
             if optimizer.param_groups:
                 self._lr = optimizer.param_groups[0].get("lr")
             if self._grad_norm:
-                grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
+                if self._params is None:  # walking the module tree costs ~60 us per step
+                    self._params = [p for p in pl_module.parameters() if p.requires_grad]
+                grads = [p.grad for p in self._params if p.grad is not None]
                 if grads:
-                    device = grads[0].device
-                    norms = [n.to(device) for n in torch._foreach_norm(grads)]
+                    norms = torch._foreach_norm(grads)
+                    device = norms[0].device
+                    if any(n.device != device for n in norms):  # parameters on several devices
+                        norms = [n.to(device) for n in norms]
                     self._norm = torch.linalg.vector_norm(torch.stack(norms).float())
         except Exception:  # never break the optimizer step
             if self.run is not None:
