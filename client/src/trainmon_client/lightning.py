@@ -135,7 +135,7 @@ class TrainmonCallback(Callback):  # type: ignore[misc]
                     self._params = [p for p in pl_module.parameters() if p.requires_grad]
                 grads = [p.grad for p in self._params if p.grad is not None]
                 if grads:
-                    norms = torch._foreach_norm(grads)
+                    norms: list[Any] = list(torch._foreach_norm(grads))
                     device = norms[0].device
                     if any(n.device != device for n in norms):  # parameters on several devices
                         norms = [n.to(device) for n in norms]
