@@ -121,6 +121,24 @@ def evaluate(model: nn.Module, data: torch.Tensor, batch_size: int, seq_len: int
     return sum(losses) / len(losses)
 
 
+def framework_parser(doc: str) -> argparse.ArgumentParser:
+    """The flags the Hugging Face and Lightning examples share (model, data, trainmon)."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--run", default=None, help="trainmon run id (default: detected)")
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--grad-accum", type=int, default=1)
+    p.add_argument("--corpus-bytes", type=int, default=400_000)
+    p.add_argument("--output-dir", default=None)
+    p.add_argument("--inject-nan-at", type=int, default=0, help="a NaN loss at this step")
+    p.add_argument("--no-trainmon", action="store_true", help="the same run without trainmon")
+    return p
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

@@ -24,7 +24,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback
 from trainmon_client.hf import TrainmonCallback  # trainmon (1/2)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_char_transformer import load_corpus
+from train_char_transformer import framework_parser, load_corpus
 
 
 class ByteBlocks(torch.utils.data.Dataset):  # type: ignore[type-arg]
@@ -105,22 +105,10 @@ def build(args: argparse.Namespace, callbacks: list[Any]) -> Trainer:
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--run", default=None, help="trainmon run id (default: detected)")
-    p.add_argument("--dim", type=int, default=64)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--grad-accum", type=int, default=1)
-    p.add_argument("--corpus-bytes", type=int, default=400_000)
+    p = framework_parser(__doc__)
     p.add_argument("--logging-steps", type=int, default=10)
     p.add_argument("--eval-steps", type=int, default=20, help="0: no evaluation")
     p.add_argument("--save-steps", type=int, default=0, help="0: no checkpoints")
-    p.add_argument("--output-dir", default=None)
-    p.add_argument("--inject-nan-at", type=int, default=0)
-    p.add_argument("--no-trainmon", action="store_true", help="the same run without trainmon")
     return p.parse_args(argv)
 
 

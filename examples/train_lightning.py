@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from trainmon_client.lightning import TrainmonCallback  # trainmon (1/2)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_char_transformer import ByteTransformer, load_corpus
+from train_char_transformer import ByteTransformer, framework_parser, load_corpus
 
 
 class Windows(torch.utils.data.Dataset):  # type: ignore[type-arg]
@@ -106,22 +106,10 @@ def build(args: argparse.Namespace, callbacks: list[Any]) -> tuple[lightning.Tra
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--run", default=None, help="trainmon run id (default: detected)")
-    p.add_argument("--dim", type=int, default=64)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--grad-accum", type=int, default=1)
+    p = framework_parser(__doc__)
     p.add_argument("--devices", type=int, default=1, help="CPU processes (DDP over gloo)")
-    p.add_argument("--corpus-bytes", type=int, default=400_000)
     p.add_argument("--eval-every", type=int, default=20, help="0: no validation")
     p.add_argument("--checkpoint-every", type=int, default=0, help="0: no checkpoints")
-    p.add_argument("--output-dir", default=None)
-    p.add_argument("--inject-nan-at", type=int, default=0)
-    p.add_argument("--no-trainmon", action="store_true", help="the same run without trainmon")
     args = p.parse_args(argv)
     args.output_dir = args.output_dir or tempfile.mkdtemp(prefix="trainmon-lightning-")
     return args
