@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import trainmon_client
-
-from .conftest import InProcessExporter, wait_for
+from .conftest import InProcessExporter, connect, wait_for
 from .exporter.fake_nvml import FakeGpu, FakeNvmlBackend
 from .exporter.test_layers import train
 from .exporter.test_metrics import scripted_session
@@ -25,14 +23,7 @@ def exposed_names(make_exporter: Callable[..., InProcessExporter]) -> set[str]:
     )
     wait_for(lambda: exporter.app.state.exporter.gpus.snapshot.ok)
     scripted_session(exporter)
-    watched = trainmon_client.init(
-        run="catalog",
-        socket_path=exporter.socket,
-        flush_interval=0.0,
-        rank=0,
-        world_size=1,
-        local_rank=0,
-    )
+    watched = connect(exporter, "catalog")
     train(watched, 3, every=1)
     wait_for(lambda: (k := exporter.rank("catalog", 0)) and k["status"] == "finished")
     names: set[str] = set()

@@ -19,6 +19,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+import trainmon_client
 from trainmon_exporter import Settings, create_app
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -196,6 +197,20 @@ def exporter_process() -> Iterator[Callable[..., ExporterProcess]]:
         if ex.proc is not None and ex.proc.poll() is None:
             ex.stop(signal.SIGKILL)
         shutil.rmtree(d, ignore_errors=True)
+
+
+def connect(
+    exporter: Any, run: str, rank: int = 0, world_size: int = 1, **kwargs: Any
+) -> trainmon_client.Run:
+    """A client of ``exporter`` (anything with ``.socket``) that sends every step at once.
+
+    ``local_rank`` defaults to ``rank``; other keywords go to :func:`trainmon_client.init`.
+    """
+    kwargs.setdefault("local_rank", rank)
+    kwargs.setdefault("flush_interval", 0.0)
+    return trainmon_client.init(
+        run=run, rank=rank, world_size=world_size, socket_path=exporter.socket, **kwargs
+    )
 
 
 def raw_connect(path: str) -> socket.socket:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.conftest import InProcessExporter, promtool_check_metrics, sample, wait_for
+from tests.conftest import InProcessExporter, connect, promtool_check_metrics, sample, wait_for
 from tests.exporter.fake_nvml import FakeGpu, FakeNvmlBackend
 from trainmon_client import init
 from trainmon_exporter import nvml, peaks
@@ -295,7 +295,7 @@ def test_peak_override_gives_mfu_without_nvml(
 ) -> None:
     err = nvml.NvmlUnavailable("nvmlInit: x", 12, nvml.HINTS[12])
     ex = make_exporter(nvml=FakeNvmlBackend(init_error=err), peak_flops=1e12)
-    run = init(run="cpu", socket_path=ex.socket, flops_per_token=1e6, flush_interval=0.0)
+    run = connect(ex, "cpu", flops_per_token=1e6)
     for step in range(3):
         run.log(step, loss=1.0, tokens=1000)
         time.sleep(0.3)  # rates need the window to span 0.5 s

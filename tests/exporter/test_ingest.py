@@ -18,7 +18,7 @@ import trainmon_client
 from trainmon_client import _protocol as P
 from trainmon_exporter.ingest import MAX_NAMES_PER_CONNECTION
 
-from ..conftest import InProcessExporter, raw_connect, sample, wait_for
+from ..conftest import InProcessExporter, connect, raw_connect, sample, wait_for
 
 HELLO: dict[str, Any] = {
     "run": "raw",
@@ -60,14 +60,7 @@ def dropped(ex: InProcessExporter, reason: str) -> float:
 @pytest.fixture
 def healthy(exporter: InProcessExporter) -> trainmon_client.Run:
     """A well-behaved rank whose data must survive everyone else's garbage."""
-    run = trainmon_client.init(
-        run="good",
-        rank=0,
-        world_size=1,
-        local_rank=0,
-        socket_path=exporter.socket,
-        flush_interval=0.0,
-    )
+    run = connect(exporter, "good")
     run.log(1, loss=2.0, tokens=10)
     wait_for(lambda: exporter.rank("good", 0))
     return run
@@ -159,9 +152,7 @@ def test_a_hundred_thousand_custom_names_are_capped(
     make_exporter: Callable[..., InProcessExporter],
 ) -> None:
     ex = make_exporter(max_custom_metrics=50)
-    good = trainmon_client.init(
-        run="good", rank=0, world_size=1, local_rank=0, socket_path=ex.socket, flush_interval=0.0
-    )
+    good = connect(ex, "good")
     good.log(0, loss=1.0, mine=1.0)
     s = raw_connect(ex.socket)
     try:
@@ -277,14 +268,7 @@ def test_event_counters_exist_at_zero_from_the_first_message(exporter: InProcess
 
 
 def test_nonfinite_values_are_counted_per_field(exporter: InProcessExporter) -> None:
-    run = trainmon_client.init(
-        run="nan",
-        rank=0,
-        world_size=1,
-        local_rank=0,
-        socket_path=exporter.socket,
-        flush_interval=0.0,
-    )
+    run = connect(exporter, "nan")
     run.log(0, loss=1.0, grad_norm=1.0, lr=0.1, q=1.0)
     run.log(1, loss=math.nan, grad_norm=math.inf, lr=0.1, q=-math.inf)
     run.log(2, loss=math.nan, grad_norm=1.0, lr=math.nan, q=1.0)

@@ -9,7 +9,14 @@ import pytest
 import trainmon_client
 from trainmon_exporter.analytics import AnalyticsSettings, RankAnalytics
 
-from ..conftest import InProcessExporter, promtool_check_metrics, sample, tiny_model, wait_for
+from ..conftest import (
+    InProcessExporter,
+    connect,
+    promtool_check_metrics,
+    sample,
+    tiny_model,
+    wait_for,
+)
 
 torch = pytest.importorskip("torch")
 
@@ -27,14 +34,7 @@ def train(run: trainmon_client.Run, steps: int, every: int = 2) -> None:
 
 
 def test_layer_series_reach_metrics(exporter: InProcessExporter) -> None:
-    run = trainmon_client.init(
-        run="lay",
-        socket_path=exporter.socket,
-        flush_interval=0.0,
-        rank=0,
-        world_size=1,
-        local_rank=0,
-    )
+    run = connect(exporter, "lay")
     train(run, 6)
     wait_for(lambda: (k := exporter.rank("lay", 0)) and k["status"] == "finished")
     m = exporter.metrics()
@@ -62,9 +62,7 @@ def test_layer_series_reach_metrics(exporter: InProcessExporter) -> None:
 
 def test_layer_cap(make_exporter: Callable[..., InProcessExporter]) -> None:
     ex = make_exporter(max_layers=2)
-    run = trainmon_client.init(
-        run="cap", socket_path=ex.socket, flush_interval=0.0, rank=0, world_size=1, local_rank=0
-    )
+    run = connect(ex, "cap")
     train(run, 2)
     wait_for(lambda: (k := ex.rank("cap", 0)) and k["status"] == "finished")
     m = ex.metrics()
@@ -106,14 +104,7 @@ def test_layer_exposition_passes_promtool_and_is_documented(exporter: InProcessE
 
     from ..conftest import ROOT
 
-    run = trainmon_client.init(
-        run="lint",
-        socket_path=exporter.socket,
-        flush_interval=0.0,
-        rank=0,
-        world_size=1,
-        local_rank=0,
-    )
+    run = connect(exporter, "lint")
     train(run, 4)
     wait_for(lambda: (k := exporter.rank("lint", 0)) and k["status"] == "finished")
     text = exporter.metrics_text()

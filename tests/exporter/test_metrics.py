@@ -7,12 +7,12 @@ from collections.abc import Callable
 
 import pytest
 
-import trainmon_client
 from trainmon_exporter.analytics import AnalyticsSettings, RankAnalytics
 from trainmon_exporter.state import RankState
 
 from ..conftest import (
     InProcessExporter,
+    connect,
     parse_metrics,
     promtool_check_metrics,
     sample,
@@ -22,15 +22,7 @@ from ..conftest import (
 
 def scripted_session(ex: InProcessExporter, run: str = "scripted", ranks: int = 2) -> None:
     for rank in range(ranks):
-        r = trainmon_client.init(
-            run=run,
-            rank=rank,
-            world_size=ranks,
-            local_rank=rank,
-            socket_path=ex.socket,
-            flush_interval=0.0,
-            num_params=10_000,
-        )
+        r = connect(ex, run, rank=rank, world_size=ranks, num_params=10_000)
         for i in range(20):
             r.log(
                 i,
@@ -60,14 +52,7 @@ def test_promtool_accepts_the_exposition(exporter: InProcessExporter) -> None:
 
 
 def test_event_counters_of_health_start_at_zero(exporter: InProcessExporter) -> None:
-    r = trainmon_client.init(
-        run="zero",
-        socket_path=exporter.socket,
-        flush_interval=0.0,
-        rank=0,
-        world_size=1,
-        local_rank=0,
-    )
+    r = connect(exporter, "zero")
     r.log(0, loss=1.0)
     wait_for(lambda: exporter.rank("zero", 0))
     m = exporter.metrics()
@@ -83,17 +68,7 @@ def test_event_counters_of_health_start_at_zero(exporter: InProcessExporter) -> 
 
 
 def test_straggler_ratio_across_ranks(exporter: InProcessExporter) -> None:
-    runs = [
-        trainmon_client.init(
-            run="strag",
-            rank=i,
-            world_size=3,
-            local_rank=i,
-            socket_path=exporter.socket,
-            flush_interval=0.0,
-        )
-        for i in range(3)
-    ]
+    runs = [connect(exporter, "strag", rank=i, world_size=3) for i in range(3)]
     state_of = exporter.client.app.state.exporter.store  # type: ignore[attr-defined]
     for r in runs:
         r.log(0, loss=1.0)
@@ -190,9 +165,7 @@ def _py(m: dict) -> str:  # type: ignore[type-arg]
 
 def test_series_expire_after_the_ttl(make_exporter: Callable[..., InProcessExporter]) -> None:
     ex = make_exporter(series_ttl_seconds=0.3)
-    r = trainmon_client.init(
-        run="short", socket_path=ex.socket, flush_interval=0.0, rank=0, world_size=1, local_rank=0
-    )
+    r = connect(ex, "short")
     r.log(0, loss=1.0)
     r.log(1, loss=1.0)
     wait_for(lambda: ex.rank("short", 0))
@@ -207,14 +180,7 @@ def test_series_expire_after_the_ttl(make_exporter: Callable[..., InProcessExpor
 
 def test_a_rank_that_reconnects_resumes_its_state(exporter: InProcessExporter) -> None:
     for attempt in range(2):
-        r = trainmon_client.init(
-            run="resume",
-            socket_path=exporter.socket,
-            flush_interval=0.0,
-            rank=0,
-            world_size=1,
-            local_rank=0,
-        )
+        r = connect(exporter, "resume")
         r.log(attempt * 10, loss=float("nan"))
         r._closed = True  # the process dies without finish(): its socket closes, no FINISH
         r._close_socket()
