@@ -309,6 +309,32 @@ def test_peak_override_gives_mfu_without_nvml(
     )
 
 
+def test_mfu_above_peak_is_exported_and_flagged(
+    make_exporter: Callable[..., InProcessExporter],
+) -> None:
+    """An MFU over 1 is kept as computed (an alert says why) and named on the status page."""
+    err = nvml.NvmlUnavailable("nvmlInit: x", 12, nvml.HINTS[12])
+    ex = make_exporter(nvml=FakeNvmlBackend(init_error=err), peak_flops=1e6)  # far too low
+    runs = {
+        name: connect(ex, name, flops_per_token=fpt) for name, fpt in (("hi", 1e6), ("ok", 1.0))
+    }
+    for step in range(3):
+        for run in runs.values():
+            run.log(step, loss=1.0, tokens=1000)
+        time.sleep(0.3)  # rates need the window to span 0.5 s
+    wait_for(lambda: all((ex.rank(n, 0) or {}).get("steps_total") == 3 for n in runs))
+    m = ex.metrics()
+    views = {n: ex.rank(n, 0) or {} for n in runs}
+    for run in runs.values():
+        run.finish()
+    hi = sample(m, "trainmon_train_mfu_ratio", run="hi", rank="0")
+    assert hi is not None and hi > 1000  # ~3,000 tokens/s x 1e6 FLOPs / 1e6 FLOP/s
+    assert [h for h in views["hi"]["health"] if h.startswith("MFU above 100 %")]
+    ok = sample(m, "trainmon_train_mfu_ratio", run="ok", rank="0")
+    assert ok is not None and ok < 1
+    assert not [h for h in views["ok"]["health"] if h.startswith("MFU")]
+
+
 # --------------------------------------------------------------------------- peak table
 
 

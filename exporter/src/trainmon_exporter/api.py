@@ -117,6 +117,8 @@ def _rank_view(
         health.append("throughput dropped")
     if a.straggling:
         health.append("straggler")
+    if m.mfu is not None and m.mfu > 1.0:  # no GPU beats its dense peak: an input is wrong
+        health.append("MFU above 100 %: check flops per token, tokens per step and the peak")
     if s.dropped_disconnected or s.dropped_backpressure:
         health.append(f"client dropped {s.dropped_disconnected + s.dropped_backpressure} messages")
     return RankView(
