@@ -25,6 +25,19 @@ from trainmon_exporter import Settings, create_app
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Let the suite's subprocesses be stopped with Ctrl-C even if the suite itself was not.
+
+    A non-interactive shell starts a background command (``bash .ci/run &``, ``(make test &)``)
+    with SIGINT and SIGQUIT ignored, and an ignored signal stays ignored across ``exec``:
+    Python then installs no KeyboardInterrupt handler, and the example trainer the pipeline
+    tests stop with SIGINT trains on forever. Seen as ``SigIgn: ...06`` in the hung trainer's
+    ``/proc/PID/status``. Restoring Python's handler here gives children the default again.
+    """
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def wait_for(cond: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
     """Poll ``cond`` until it returns something truthy; fail the test after ``timeout`` s."""
     deadline = time.monotonic() + timeout

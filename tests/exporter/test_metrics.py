@@ -75,8 +75,10 @@ def test_straggler_ratio_across_ranks(exporter: InProcessExporter) -> None:
     # A rank exists from its hello on; only its first step makes it count in the straggler
     # check, so wait for the steps (a CI run once judged before rank 0's step had landed).
     wait_for(
-        lambda: len(state_of.ranks) == 3
-        and all(s.last_step_time is not None for s in list(state_of.ranks.values()))
+        lambda: (
+            len(state_of.ranks) == 3
+            and all(s.last_step_time is not None for s in list(state_of.ranks.values()))
+        )
     )
     with state_of.lock:  # step times as three ranks that do not wait for each other
         for (_, rank), s in state_of.ranks.items():

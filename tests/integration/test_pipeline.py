@@ -70,7 +70,7 @@ def finished_output(p: subprocess.Popen[str], timeout: float) -> str:
         stack = "(py-spy not installed)"
         spy = shutil.which("py-spy", path=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
         if spy:
-            dump = [spy, "dump", "--locals", "--pid", str(p.pid)]
+            dump = [spy, "dump", "--pid", str(p.pid)]
             stack = subprocess.run(dump, capture_output=True, text=True, check=False).stdout
         p.kill()
         out = p.communicate()[0]
