@@ -5,8 +5,8 @@
 One process drives ``--ranks`` real clients (one Run per rank, world size = ranks) at 10 steps/s
 each, against a real exporter. Debian's Prometheus scrapes it every second and evaluates
 ``deploy/prometheus/*.rules.yml`` and ``*.alerts.yml`` every second. Prints Prometheus's own
-``prometheus_rule_group_last_duration_seconds`` per group, plus the exporter's scrape
-duration and series count.
+``prometheus_rule_group_last_duration_seconds`` per group, the slowest rules (``evaluationTime``
+of ``/api/v1/rules``), and the exporter's scrape duration and series count.
 """
 
 from __future__ import annotations
@@ -108,6 +108,12 @@ def main() -> int:
                     f"  exporter scrape: {float(scrape[0]['value'][1]) * 1e3:.1f} ms for "  # type: ignore[index]
                     f"{int(float(series[0]['value'][1]))} samples"
                 )  # type: ignore[index]
+            with urllib.request.urlopen(f"{base}/api/v1/rules", timeout=5) as r:
+                groups = json.load(r)["data"]["groups"]
+            rules = [(x["evaluationTime"], x["name"]) for g in groups for x in g["rules"]]
+            print("  slowest rules, last evaluation (ms), from /api/v1/rules:")
+            for seconds, name in sorted(rules, reverse=True)[:6]:
+                print(f"    {name:38s} {seconds * 1e3:8.2f}")
             for r in runs:
                 r.finish()
         finally:
