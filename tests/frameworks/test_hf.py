@@ -37,38 +37,42 @@ def example() -> Any:
     return module
 
 
+@pytest.fixture
 def train(
     make_exporter: Callable[..., InProcessExporter],
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
-    *args: str,
-) -> tuple[InProcessExporter, Any]:
-    ex = make_exporter(**{"collectors": {"gpu": False, "rank_gpu": False}})
-    monkeypatch.setenv("TRAINMON_SOCKET", ex.socket)
-    small = ["--dim", "32", "--layers", "1", "--heads", "2", "--seq-len", "32"]
-    small += ["--corpus-bytes", "60000", "--output-dir", str(tmp_path)]
-    trainer = example().main([*small, *args])
-    return ex, trainer
+) -> Callable[..., tuple[InProcessExporter, Any]]:
+    """``train(run, *flags)``: the example on a small model against a fresh exporter.
+
+    Returns the exporter and the finished ``Trainer`` once the exporter shows the rank finished.
+    """
+
+    def run(run_id: str, *args: str) -> tuple[InProcessExporter, Any]:
+        ex = make_exporter(**{"collectors": {"gpu": False, "rank_gpu": False}})
+        monkeypatch.setenv("TRAINMON_SOCKET", ex.socket)
+        small = ["--dim", "32", "--layers", "1", "--heads", "2", "--seq-len", "32"]
+        small += ["--corpus-bytes", "60000", "--output-dir", str(tmp_path)]
+        trainer = example().main([*small, "--run", run_id, *args])
+        wait_for(lambda: (r := ex.rank(run_id, 0)) is not None and r["status"] == "finished")
+        return ex, trainer
+
+    return run
 
 
 def test_trainer_reports_steps_eval_checkpoints_and_the_nan_the_filter_hides(
-    make_exporter: Callable[..., InProcessExporter],
-    monkeypatch: pytest.MonkeyPatch,
-    tmp_path: Path,
+    train: Callable[..., tuple[InProcessExporter, Any]],
 ) -> None:
     ex, trainer = train(
-        make_exporter,
-        monkeypatch,
-        tmp_path,
-        *("--steps", "12", "--run", "hf-test", "--logging-steps", "1"),
-        *("--eval-steps", "6", "--save-steps", "6", "--inject-nan-at", "5"),
+        "hf-test",
+        *("--steps", "12", "--logging-steps", "1", "--eval-steps", "6", "--save-steps", "6"),
+        *("--inject-nan-at", "5"),
     )
     logged = [h for h in trainer.state.log_history if "loss" in h]
     assert [h["step"] for h in logged] == list(range(1, 13))
     # The Trainer's own view: the NaN at step 5 was replaced by a running average.
     assert all(math.isfinite(h["loss"]) for h in logged)
     lbl = {"run": "hf-test", "rank": "0"}
-    wait_for(lambda: ex.rank("hf-test", 0) and ex.rank("hf-test", 0)["status"] == "finished")
     m = ex.metrics()
     # trainmon's view: the raw loss of step 5 was NaN, and it was counted.
     assert sample(m, "trainmon_train_nonfinite_values_total", field="loss", **lbl) == 1
@@ -96,22 +100,12 @@ def test_trainer_reports_steps_eval_checkpoints_and_the_nan_the_filter_hides(
 
 
 def test_gradient_accumulation_loss_matches_the_trainers(
-    make_exporter: Callable[..., InProcessExporter],
-    monkeypatch: pytest.MonkeyPatch,
-    tmp_path: Path,
+    train: Callable[..., tuple[InProcessExporter, Any]],
 ) -> None:
     ex, trainer = train(
-        make_exporter,
-        monkeypatch,
-        tmp_path,
-        *("--steps", "4", "--run", "hf-ga", "--logging-steps", "1", "--grad-accum", "3"),
-        *(
-            "--eval-steps",
-            "0",
-        ),
+        "hf-ga", *("--steps", "4", "--logging-steps", "1", "--grad-accum", "3", "--eval-steps", "0")
     )
     logged = [h for h in trainer.state.log_history if "loss" in h]
-    wait_for(lambda: ex.rank("hf-ga", 0) and ex.rank("hf-ga", 0)["status"] == "finished")
     m = ex.metrics()
     lbl = {"run": "hf-ga", "rank": "0"}
     assert sample(m, "trainmon_train_steps_total", **lbl) == 4
