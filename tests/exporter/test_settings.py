@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
 from trainmon_exporter.cli import load_settings
+from trainmon_exporter.settings import environment_names, unknown_environment
+
+from ..conftest import ROOT, ExporterProcess
 
 
 def test_defaults() -> None:
@@ -42,3 +50,101 @@ def test_environment_then_flags_win(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_invalid_values_are_rejected(argv: list[str]) -> None:
     with pytest.raises(ValidationError):
         load_settings(argv)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--step-duration-buckets", "[0.1, NaN]"], "finite"),
+        (["--step-duration-buckets", "[0.1, Infinity]"], "finite"),
+        (["--socket-mode", "0"], "read or write"),
+        (["--socket-mode", "0066"], "read or write"),
+        (["--socket-mode", "0460"], "read or write"),
+        (["--socket-group", "no-such-group-here"], "unknown group"),
+        (["--allowed-uids", "no-such-user-here"], "unknown user"),
+        (["--allowed-gids", "[1, 2"], "JSON list"),
+        (["--log-max-repeats", "0"], "greater than or equal to 1"),
+    ],
+)
+def test_unsafe_or_meaningless_values_are_refused(argv: list[str], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        load_settings(argv)
+
+
+def test_the_socket_is_not_world_writable_by_default() -> None:
+    s = load_settings([])
+    assert s.socket_permissions == 0o660 and s.socket_gid is None
+    assert (s.allowed_uids, s.allowed_gids) == ((), ())
+
+
+def test_ids_and_groups_by_name_or_number(monkeypatch: pytest.MonkeyPatch) -> None:
+    s = load_settings(["--allowed-uids", "root,7", "--allowed-gids", '["root", 9]'])
+    assert (s.allowed_uids, s.allowed_gids) == ((0, 7), (0, 9))
+    monkeypatch.setenv("TRAINMON_ALLOWED_UIDS", "1000,1001")  # plain, not JSON, in env too
+    monkeypatch.setenv("TRAINMON_SOCKET_GROUP", "root")
+    s = load_settings([])
+    assert s.allowed_uids == (1000, 1001) and s.socket_gid == 0
+    assert load_settings(["--socket-group", "4321"]).socket_gid == 4321  # no name needed
+
+
+def test_misspelt_environment_variables_name_the_closest_setting() -> None:
+    lines = unknown_environment(
+        {
+            "TRAINMON_SERIES_TTL": "30",
+            "TRAINMON_COLLECTORS__TRAINNG": "false",
+            "TRAINMON_ANALYTICS__SPIKE_ZZ": "3",
+            "trainmon_socket_grup": "x",
+            "TRAINMON_QWERTY": "1",
+            "TRAINMON_RUN": "r",  # the client's
+            "TRAINMON_FLUSH_INTERVAL": "1",  # the client's
+            "TRAINMON_LISTEN": "127.0.0.1:1",
+            "TRAINMON_COLLECTORS__GPU": "false",
+            "PATH": "/bin",
+        }
+    )
+    assert lines == [
+        "unknown environment variable TRAINMON_ANALYTICS__SPIKE_ZZ is ignored; did you mean "
+        "TRAINMON_ANALYTICS__SPIKE_Z?",
+        "unknown environment variable TRAINMON_COLLECTORS__TRAINNG is ignored; did you mean "
+        "TRAINMON_COLLECTORS__TRAINING?",
+        "unknown environment variable TRAINMON_QWERTY is ignored; see trainmon-exporter --help",
+        "unknown environment variable TRAINMON_SERIES_TTL is ignored; did you mean "
+        "TRAINMON_SERIES_TTL_SECONDS?",
+        "unknown environment variable trainmon_socket_grup is ignored; did you mean "
+        "TRAINMON_SOCKET_GROUP?",
+    ]
+
+
+def test_every_variable_the_client_reads_is_known() -> None:
+    """A variable the client reads must never be reported as a misspelt setting."""
+    src = "\n".join(p.read_text() for p in (ROOT / "client" / "src").rglob("*.py"))
+    used = set(re.findall(r"\bTRAINMON_[A-Z_]*[A-Z]\b", src))
+    assert used and used <= environment_names()
+
+
+def test_a_misspelt_variable_warns_once_as_the_exporter_starts(
+    exporter_process: Callable[..., ExporterProcess],
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("TRAINMON_")}
+    env |= {"TRAINMON_SERIES_TTL": "30", "TRAINMON_MAX_RANK": "4"}
+    ex = exporter_process(env=env).start()
+    out = ex.stop()
+    warnings = [line for line in out.splitlines() if "warning: unknown environment" in line]
+    assert len(warnings) == 2, out
+    assert "did you mean TRAINMON_MAX_RANKS?" in warnings[0]
+    assert "did you mean TRAINMON_SERIES_TTL_SECONDS?" in warnings[1]
+
+
+def test_a_list_variable_that_is_not_json_is_one_line() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("TRAINMON_")}
+    env["TRAINMON_STEP_DURATION_BUCKETS"] = "0.1 0.2"
+    out = subprocess.run(
+        [sys.executable, "-m", "trainmon_exporter"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+        check=False,
+    )
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "step_duration_buckets" in out.stderr and "Traceback" not in out.stderr

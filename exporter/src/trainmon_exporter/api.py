@@ -76,6 +76,10 @@ class RunView(BaseModel):
 
     run: str
     world_size: int
+    owner_uid: int | None = Field(
+        description="uid of the process that opened the run (SO_PEERCRED, in the exporter's "
+        "user namespace); only that uid may add or resume its ranks"
+    )
     ranks: list[RankView]
 
 
@@ -179,15 +183,22 @@ def snapshot(
     by_uuid = gpus.by_uuid()
     pids = gpus.process_memory()
     runs: dict[str, list[RankView]] = {}
+    owners: dict[str, int | None] = {}
     with store.lock:
         for (run, _rank), s in sorted(store.ranks.items()):
             runs.setdefault(run, []).append(
                 _rank_view(s, now, store.window_s, by_uuid, pids, peak_flops)
             )
+            owners.setdefault(run, s.owner_uid)
     return RunsResponse(
         time=now,
         runs=[
-            RunView(run=r, world_size=max(v.world_size for v in ranks), ranks=ranks)
+            RunView(
+                run=r,
+                world_size=max(v.world_size for v in ranks),
+                owner_uid=owners[r],
+                ranks=ranks,
+            )
             for r, ranks in runs.items()
         ],
     )

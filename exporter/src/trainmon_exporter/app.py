@@ -24,8 +24,10 @@ from trainmon_exporter import __version__
 from trainmon_exporter.api import GpusResponse, RankView, RunsResponse, gpu_snapshot, snapshot
 from trainmon_exporter.collectors import CollectorContext, ScrapeCollector, build_collectors
 from trainmon_exporter.ingest import IngestMetrics, IngestServer
+from trainmon_exporter.logsetup import LogMetrics, report_pending
 from trainmon_exporter.nvml import NOT_STARTED, GpuSampler, GpuSnapshot, NvmlBackend, PynvmlBackend
 from trainmon_exporter.settings import Settings
+from trainmon_exporter.sockfile import IngestSocket
 from trainmon_exporter.state import Store
 
 log = logging.getLogger("trainmon_exporter")
@@ -48,10 +50,13 @@ class GpusRequiredError(RuntimeError):
     """``require_gpus`` is set and NVML cannot be used."""
 
 
-def build_exporter(settings: Settings, nvml: NvmlBackend | None = None) -> Exporter:
+def build_exporter(
+    settings: Settings, nvml: NvmlBackend | None = None, listener: IngestSocket | None = None
+) -> Exporter:
     """Wire the store, registry, collectors, GPU sampler and ingest server (nothing starts).
 
-    ``nvml`` replaces the real NVML backend (tests pass a fake).
+    ``nvml`` replaces the real NVML backend (tests pass a fake); ``listener`` is an ingest
+    socket already created (the CLI's), else the ingest server creates it when it starts.
     """
     disable_created_metrics()  # type: ignore[no-untyped-call] # no *_created series: they double the exposition for nothing
     store = Store(
@@ -65,6 +70,7 @@ def build_exporter(settings: Settings, nvml: NvmlBackend | None = None) -> Expor
     )
     registry = CollectorRegistry(auto_describe=False)
     metrics = IngestMetrics(registry)
+    registry.register(LogMetrics())  # type: ignore[arg-type]
     gpus = None
     if settings.collectors.gpu or settings.collectors.rank_gpu:
         gpus = GpuSampler(
@@ -80,6 +86,10 @@ def build_exporter(settings: Settings, nvml: NvmlBackend | None = None) -> Expor
         metrics,
         settings.socket_permissions,
         settings.ingest_poll_interval_seconds,
+        group=settings.socket_gid,
+        allowed_uids=settings.allowed_uids,
+        allowed_gids=settings.allowed_gids,
+        listener=listener,
     )
     return Exporter(settings, store, registry, ingest, scrape, time.time(), gpus)
 
@@ -103,14 +113,18 @@ async def _watch_conditions(store: Store, period: float = 0.1, rates_every: int 
             log.warning("run %s rank %d: %s detected at step %s", s.run, s.rank, kind, s.step)
 
 
-def create_app(settings: Settings, nvml: NvmlBackend | None = None) -> FastAPI:
-    """Build the exporter's ASGI app from ``settings`` (``nvml``: see :func:`build_exporter`).
+def create_app(
+    settings: Settings, nvml: NvmlBackend | None = None, *, listener: IngestSocket | None = None
+) -> FastAPI:
+    """Build the exporter's ASGI app from ``settings``.
 
-    Raises (at startup, from the lifespan): :class:`~trainmon_exporter.ingest.SocketInUseError`
-    or ``OSError`` when the ingest socket cannot be created; :class:`GpusRequiredError` when
-    ``require_gpus`` is set and NVML is unusable.
+    ``nvml`` and ``listener``: see :func:`build_exporter`.
+
+    Raises (at startup, from the lifespan, when no ``listener`` is given):
+    :class:`~trainmon_exporter.sockfile.SocketSetupError` when the ingest socket cannot be
+    created; :class:`GpusRequiredError` when ``require_gpus`` is set and NVML is unusable.
     """
-    ex = build_exporter(settings, nvml)
+    ex = build_exporter(settings, nvml, listener)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -138,6 +152,7 @@ def create_app(settings: Settings, nvml: NvmlBackend | None = None) -> FastAPI:
                     await task
             ex.ingest.close()
             log.info("ingest socket closed and removed")
+            report_pending(log)
             if ex.gpus is not None:
                 ex.gpus.stop()
 
@@ -163,10 +178,17 @@ def create_app(settings: Settings, nvml: NvmlBackend | None = None) -> FastAPI:
 
     @app.get("/readyz")
     def readyz() -> JSONResponse:
-        """Readiness: 200 once the ingest socket listens; lists collector health."""
-        ready = ex.ingest.listening
+        """Readiness: 200 while the ingest socket listens *and* its path still leads to it.
+
+        503 with ``reason`` when the socket is not listening, or its file was deleted or
+        replaced (trainers connecting to the path would not reach this exporter). Lists
+        collector health either way.
+        """
+        problem = ex.ingest.socket_problem()
+        ready = problem is None
         body = {
             "status": "ready" if ready else "not ready",
+            "reason": problem,
             "socket": str(settings.socket),
             "collectors": ex.scrape.last_success,
             "collector_errors": ex.scrape.last_error,
@@ -306,7 +328,7 @@ td:first-child,th:first-child,td:nth-child(3),td:nth-child(4),td:last-child{{tex
 </style></head><body>
 <h1>trainmon exporter {e(__version__)}</h1>
 <p>Ingest socket <code>{e(str(ex.settings.socket))}</code>:
-{"listening" if ex.ingest.listening else "NOT listening"} ·
+{e(ex.ingest.socket_problem() or "listening")} ·
 collectors: {collectors} ·
 <a href="/metrics">/metrics</a> · <a href="/api/v1/runs">/api/v1/runs</a> ·
 <a href="/docs">API docs</a></p>

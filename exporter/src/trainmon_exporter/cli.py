@@ -8,13 +8,14 @@ import os
 import socket
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 import uvicorn
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 
-from trainmon_exporter import __version__
-from trainmon_exporter.settings import Settings
+from trainmon_exporter import __version__, logsetup
+from trainmon_exporter.settings import Settings, unknown_environment
+from trainmon_exporter.sockfile import IngestSocket, SocketSetupError
 
 PROG = "trainmon-exporter"
 
@@ -39,24 +40,14 @@ def _bind_http(settings: Settings) -> socket.socket:
     return socket.create_server((settings.host, settings.port), family=family, backlog=128)
 
 
-def _check_socket_dir(path: Path) -> str | None:
-    """Why the ingest socket cannot be created at ``path``, or None when it can."""
-    parent = path.parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        return (
-            f"cannot create the socket directory {parent} ({exc.strerror}); pass --socket PATH "
-            "(or TRAINMON_SOCKET) in a writable directory, e.g. /tmp/trainmon/trainmon.sock"
-        )
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return (
-            f"socket directory {parent} is not writable by this user; pass --socket PATH (or "
-            "TRAINMON_SOCKET) in a writable directory, e.g. /tmp/trainmon/trainmon.sock"
-        )
-    if len(os.fsencode(path)) >= 108:
-        return f"socket path {path} is longer than the 107 bytes Unix sockets allow"
-    return None
+def create_ingest_socket(settings: Settings) -> IngestSocket:
+    """The ingest socket of ``settings``, created safely (see :mod:`trainmon_exporter.sockfile`).
+
+    Raises:
+        SocketSetupError: with a one-line reason: another exporter listens there or holds its
+            lock, the directory is unsafe or cannot be created, the disk is full...
+    """
+    return IngestSocket.create(settings.socket, settings.socket_permissions, settings.socket_gid)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -76,21 +67,35 @@ def main(argv: Sequence[str] | None = None) -> int:
             where = ".".join(str(p) for p in err["loc"]) or "settings"
             print(f"{PROG}: error: {where}: {err['msg']}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    except SettingsError as exc:  # e.g. a list-valued variable that is not JSON
+        cause = f" ({exc.__cause__})" if exc.__cause__ else ""
+        return _fail(f"{exc}{cause}")
+    for line in unknown_environment(os.environ):
+        print(f"{PROG}: warning: {line}", file=sys.stderr)
+    logsetup.setup(
+        settings.log_level, settings.log_max_repeats, settings.log_repeat_interval_seconds
     )
-    problem = _check_socket_dir(settings.socket)
-    if problem:
-        return _fail(problem)
-    from trainmon_exporter.ingest import IngestServer, SocketInUseError
-
+    # Everything that can fail for a reason outside the program fails here, before uvicorn
+    # starts, as one line and exit code 2 (never a traceback from the lifespan).
     try:
-        IngestServer(settings.socket, None, None)._remove_stale()  # type: ignore[arg-type]
-    except SocketInUseError as exc:
-        return _fail(f"{exc}; stop it or pass another --socket PATH")
-    except OSError as exc:
-        return _fail(f"cannot use {settings.socket}: {exc.strerror}")
+        listener = create_ingest_socket(settings)
+    except SocketSetupError as exc:
+        return _fail(str(exc))
+    try:
+        return _serve(settings, listener)
+    finally:
+        listener.close()  # removes the socket file only if the path still is ours
+
+
+def _serve(settings: Settings, listener: IngestSocket) -> int:
+    """Bind HTTP, check GPUs if required, and serve until stopped."""
+    if settings.socket_permissions & 0o002:
+        logging.getLogger("trainmon_exporter").warning(
+            "socket %s is writable by every local user (socket_mode %s): any of them can "
+            "claim a run id before its trainer does",
+            settings.socket,
+            settings.socket_mode,
+        )
     try:
         http_sock = _bind_http(settings)
     except OSError as exc:
@@ -111,10 +116,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         probe.stop()
     from trainmon_exporter.app import create_app
 
-    app = create_app(settings)
+    app = create_app(settings, listener=listener)
     config = uvicorn.Config(
         app,
         log_level=settings.log_level,
+        log_config=None,  # uvicorn's loggers propagate to the rate-limited root handler
         lifespan="on",
         access_log=False,
         timeout_graceful_shutdown=5,

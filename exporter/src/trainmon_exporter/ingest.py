@@ -14,17 +14,19 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
-import os
 import socket
-import stat
 import struct
+from collections.abc import Iterable
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from trainmon_client import _protocol as P
+from trainmon_exporter.sockfile import IngestSocket, SocketInUseError
 from trainmon_exporter.state import RankState, Store
+
+__all__ = ["IngestMetrics", "IngestServer", "SocketInUseError"]
 
 log = logging.getLogger("trainmon_exporter.ingest")
 
@@ -46,9 +48,13 @@ INVALID_REASONS = (
     "duplicate_rank",
     "too_many_ranks",
     "name_cap",
+    "not_owner",
+    "peer_not_allowed",
 )
 """``reason`` values of ``trainmon_ingest_messages_invalid_total`` (all exported from 0);
-``name_cap`` counts NAME records past MAX_NAMES_PER_CONNECTION."""
+``name_cap`` counts NAME records past MAX_NAMES_PER_CONNECTION; ``not_owner`` a HELLO from a
+uid other than the one that opened the run; ``peer_not_allowed`` a HELLO from a process outside
+``allowed_uids``/``allowed_gids``."""
 MAX_NAMES_PER_CONNECTION = 4096
 """Names one connection may bind (custom metrics, operations, layers): a memory bound. The
 client binds at most 1,024 custom names plus its layers and operations."""
@@ -172,34 +178,56 @@ class IngestMetrics:
 class Connection:
     """One trainer connection and the names it bound."""
 
-    __slots__ = ("capped", "closed", "fd", "finished", "names", "peer_pid", "sock", "state")
+    __slots__ = (
+        "capped",
+        "closed",
+        "fd",
+        "finished",
+        "names",
+        "peer_gid",
+        "peer_pid",
+        "peer_uid",
+        "sock",
+        "state",
+    )
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.fd = sock.fileno()
-        self.peer_pid = _peer_pid(sock)
+        self.peer_pid, self.peer_uid, self.peer_gid = peer_credentials(sock)
         self.state: RankState | None = None
         self.names: dict[int, str] = {}
         self.finished = False
         self.closed = False
 
 
-def _peer_pid(sock: socket.socket) -> int | None:
-    """The connected process's PID in *this* process's PID namespace (``SO_PEERCRED``).
+def peer_credentials(sock: socket.socket) -> tuple[int | None, int | None, int | None]:
+    """``(pid, uid, gid)`` of the connected process when it connected (``SO_PEERCRED``).
 
-    NVML reports host PIDs; an exporter sharing the host's PID namespace sees the same number
-    even when the trainer runs in another container (whose own ``os.getpid()`` differs).
+    The kernel fills these in at ``connect()``; the peer cannot choose them. They are in *this*
+    process's namespaces: NVML reports host PIDs, so an exporter sharing the host's PID
+    namespace sees the same PID even when the trainer runs in another container (whose own
+    ``os.getpid()`` differs). Each is None where the kernel does not say (not Linux).
     """
     try:
         raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        pid = int(struct.unpack("3i", raw)[0])
+        pid, uid, gid = struct.unpack("3i", raw)
     except (OSError, AttributeError, struct.error):
-        return None
-    return pid or None
+        return None, None, None
+    return (pid or None), uid, gid
 
 
-class SocketInUseError(RuntimeError):
-    """Another process is already listening on the socket path."""
+_SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux >= 4.13
+_MAX_PEER_GROUPS = 256  # Python caps getsockopt buffers at 1,024 bytes
+
+
+def peer_groups(sock: socket.socket) -> tuple[int, ...]:
+    """Supplementary group ids of the connected process (``SO_PEERGROUPS``); () if unknown."""
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, _SO_PEERGROUPS, 4 * _MAX_PEER_GROUPS)
+    except OSError:  # ERANGE (more groups than asked for) or an old kernel
+        return ()
+    return struct.unpack(f"{len(raw) // 4}I", raw[: len(raw) // 4 * 4])
 
 
 class IngestServer:
@@ -210,6 +238,14 @@ class IngestServer:
         store: where rank state lives.
         metrics: ingest counters.
         mode: permissions of the socket file.
+        poll_interval: seconds between drains of every connection (0: read on arrival).
+        group: group id of the socket file (None: the default, see :mod:`.sockfile`).
+        allowed_uids, allowed_gids: when either is non-empty, only processes whose uid is in
+            ``allowed_uids`` or whose primary or supplementary group is in ``allowed_gids``
+            may send a HELLO; others are refused (``peer_not_allowed``).
+        listener: a socket already created by :meth:`IngestSocket.create` (the CLI creates
+            it before serving HTTP, so start-up errors are one line); None creates it in
+            :meth:`start`.
     """
 
     def __init__(
@@ -217,10 +253,19 @@ class IngestServer:
         path: Path,
         store: Store,
         metrics: IngestMetrics,
-        mode: int = 0o666,
+        mode: int = 0o660,
         poll_interval: float = 0.1,
+        *,
+        group: int | None = None,
+        allowed_uids: Iterable[int] = (),
+        allowed_gids: Iterable[int] = (),
+        listener: IngestSocket | None = None,
     ) -> None:
         self.path = path
+        self.group = group
+        self.allowed_uids = frozenset(allowed_uids)
+        self.allowed_gids = frozenset(allowed_gids)
+        self._listener = listener
         self.poll_interval = poll_interval
         self._poller: asyncio.Task[None] | None = None
         self.store = store
@@ -234,24 +279,16 @@ class IngestServer:
     # --------------------------------------------------------------------------- lifecycle
 
     def start(self) -> None:
-        """Bind, chmod and listen; must be called from the running event loop's thread.
+        """Create the socket (unless given one) and serve it; call from the event loop's thread.
 
         Raises:
             SocketInUseError: a live exporter already listens on :attr:`path`.
-            OSError: the directory cannot be created or written.
+            SocketSetupError: the socket cannot be created safely (one-line message).
         """
         self._loop = asyncio.get_running_loop()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._remove_stale()
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            sock.bind(os.fspath(self.path))
-            os.chmod(self.path, self.mode)
-            sock.listen(128)
-            sock.setblocking(False)
-        except OSError:
-            sock.close()
-            raise
+        if self._listener is None:
+            self._listener = IngestSocket.create(self.path, self.mode, self.group)
+        sock = self._listener.sock
         self._sock = sock
         self._loop.add_reader(sock.fileno(), self._accept)
         if self.poll_interval > 0:
@@ -271,29 +308,16 @@ class IngestServer:
         if self._sock is not None:
             if loop is not None:
                 loop.remove_reader(self._sock.fileno())
-            self._sock.close()
             self._sock = None
-            try:
-                self.path.unlink()
-            except FileNotFoundError:
-                pass
+        if self._listener is not None:
+            self._listener.close()  # removes the file only if the path still is our socket
+            self._listener = None
 
-    def _remove_stale(self) -> None:
-        try:
-            st = self.path.lstat()
-        except FileNotFoundError:
-            return
-        if not stat.S_ISSOCK(st.st_mode):
-            raise SocketInUseError(f"{self.path} exists and is not a socket")
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            probe.connect(os.fspath(self.path))
-        except OSError:
-            self.path.unlink()  # nobody listens: a leftover of a killed exporter
-            return
-        finally:
-            probe.close()
-        raise SocketInUseError(f"another exporter is listening on {self.path}")
+    def socket_problem(self) -> str | None:
+        """Why trainers cannot reach this server through :attr:`path`, or None (``/readyz``)."""
+        if not self.listening or self._listener is None:
+            return "the ingest socket is not listening"
+        return self._listener.problem()
 
     # --------------------------------------------------------------------------- I/O
 
@@ -503,9 +527,25 @@ class IngestServer:
         state.analytics.observe_eval(val_loss)
         return _APPLIED
 
+    def _allowed(self, conn: Connection) -> bool:
+        """Whether the allow-lists (if any) admit the connected process."""
+        if not self.allowed_uids and not self.allowed_gids:
+            return True
+        if conn.peer_uid in self.allowed_uids or conn.peer_gid in self.allowed_gids:
+            return True
+        return bool(self.allowed_gids) and not self.allowed_gids.isdisjoint(peer_groups(conn.sock))
+
     def _hello(self, conn: Connection, payload: memoryview) -> object:
         if conn.state is not None:
             raise _Refused("duplicate_hello")
+        if not self._allowed(conn):
+            log.warning(
+                "refused a trainer of uid %s gid %s (pid %s): not in allowed_uids/allowed_gids",
+                conn.peer_uid,
+                conn.peer_gid,
+                conn.peer_pid,
+            )
+            raise _Refused("peer_not_allowed")
         raw = P.decode_hello(payload)
         try:
             hello = HelloMessage.model_validate(raw)
@@ -515,9 +555,19 @@ class IngestServer:
         extra = sum(1 for k in raw if k not in HelloMessage.model_fields)
         if extra:
             self.metrics.dropped_values.labels("unknown_hello_key").inc(extra)
-        result = self.store.attach(hello.model_dump())
+        result = self.store.attach(hello.model_dump(), conn.peer_uid)
         if isinstance(result, str):
-            log.warning("refused run %s rank %d: %s", hello.run, hello.rank, result)
+            if result == "not_owner":
+                owner = self.store.run_state(hello.run)
+                log.warning(
+                    "refused run %s rank %d from uid %s: the run belongs to uid %s",
+                    hello.run,
+                    hello.rank,
+                    conn.peer_uid,
+                    None if owner is None else owner.owner_uid,
+                )
+            else:
+                log.warning("refused run %s rank %d: %s", hello.run, hello.rank, result)
             raise _Refused(result)
         conn.state = result
         result.peer_pid = conn.peer_pid
@@ -534,5 +584,7 @@ class _Refused(Exception):
 _APPLIED = object()
 _REFUSED = object()
 _CLOSE = object()
-_FATAL = frozenset({"bad_hello", "duplicate_rank", "too_many_ranks"})
+_FATAL = frozenset(
+    {"bad_hello", "duplicate_rank", "too_many_ranks", "not_owner", "peer_not_allowed"}
+)
 """Refusals of a HELLO: the connection has no identity, so it is closed."""

@@ -7,10 +7,17 @@ with the ``TRAINMON_`` prefix (``TRAINMON_SERIES_TTL_SECONDS=300``; nested field
 
 from __future__ import annotations
 
+import difflib
+import grp
+import json
+import math
+import pwd
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from trainmon_client._env import DEFAULT_SOCKET
 from trainmon_exporter.analytics import AnalyticsSettings
@@ -76,8 +83,26 @@ class Settings(BaseSettings):
         "directory must be shared with the trainers.",
     )
     socket_mode: str = Field(
-        "0666",
-        description="Octal permissions of the socket file; 0660 restricts it to the group.",
+        "0660",
+        description="Octal permissions of the socket file. Connecting needs write permission, "
+        "so 0660 admits the owner and the socket's group (--socket-group); 0666 admits every "
+        "local user. The owner must keep read and write.",
+    )
+    socket_group: str | None = Field(
+        None,
+        description="Group (name or number) of the socket file: the trainers' group on a "
+        "shared node. Default: the exporter's group, or the directory's if it is set-group-ID.",
+    )
+    allowed_uids: Annotated[tuple[int, ...], NoDecode] = Field(
+        (),
+        description="If set (with allowed_gids), only processes of these users (names or "
+        "numbers) may send data; others are refused (peer_not_allowed). Empty: anyone who can "
+        "open the socket.",
+    )
+    allowed_gids: Annotated[tuple[int, ...], NoDecode] = Field(
+        (),
+        description="If set (with allowed_uids), processes whose primary or supplementary "
+        "group (names or numbers) is listed may send data.",
     )
     ingest_poll_interval_seconds: float = Field(
         0.1,
@@ -133,6 +158,16 @@ class Settings(BaseSettings):
         "every GPU of this node (e.g. 989.5e12). Also gives MFU without NVML.",
     )
     log_level: str = Field("info", description="critical, error, warning, info or debug.")
+    log_max_repeats: int = Field(
+        10,
+        ge=1,
+        description="Most lines logged per message (same text before its values are filled "
+        "in) per log_repeat_interval_seconds; the rest are counted in "
+        "trainmon_exporter_log_messages_suppressed_total and summed up in the next line.",
+    )
+    log_repeat_interval_seconds: float = Field(
+        60.0, gt=0, allow_inf_nan=False, description="Interval of log_max_repeats (s)."
+    )
     collectors: CollectorToggles = CollectorToggles()
     analytics: AnalyticsSettings = AnalyticsSettings()
 
@@ -153,7 +188,30 @@ class Settings(BaseSettings):
             raise ValueError(f"expected octal permissions like 0660, got {value!r}") from None
         if not 0 <= mode <= 0o777:
             raise ValueError(f"permissions out of range: {value!r}")
+        if mode & 0o600 != 0o600:
+            raise ValueError(
+                f"{value!r} denies the exporter's own user read or write on its socket; use "
+                "0660 (owner and group) or 0600 (owner only)"
+            )
         return value
+
+    @field_validator("socket_group")
+    @classmethod
+    def _check_group(cls, value: str | None) -> str | None:
+        if value is None or value.strip() == "":
+            return None
+        _gid(value)
+        return value
+
+    @field_validator("allowed_uids", mode="before")
+    @classmethod
+    def _uids(cls, value: Any) -> Any:
+        return _ids(value, _uid)
+
+    @field_validator("allowed_gids", mode="before")
+    @classmethod
+    def _gids(cls, value: Any) -> Any:
+        return _ids(value, _gid)
 
     @field_validator("log_level")
     @classmethod
@@ -166,6 +224,10 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _check_buckets(self) -> Settings:
         b = self.step_duration_buckets
+        if not all(math.isfinite(x) for x in b):
+            raise ValueError(
+                "step_duration_buckets must be finite numbers (the +Inf bucket is always added)"
+            )
         if not b or any(x <= 0 for x in b) or list(b) != sorted(set(b)):
             raise ValueError("step_duration_buckets must be positive and strictly increasing")
         return self
@@ -184,3 +246,77 @@ class Settings(BaseSettings):
     def socket_permissions(self) -> int:
         """:attr:`socket_mode` as an integer."""
         return int(self.socket_mode, 8)
+
+    @property
+    def socket_gid(self) -> int | None:
+        """:attr:`socket_group` as a group id (None: the default group)."""
+        return None if self.socket_group is None else _gid(self.socket_group)
+
+
+def _gid(value: str) -> int:
+    value = value.strip()
+    if value.isdigit():
+        return int(value)  # a number need not have a name (e.g. a Kubernetes fsGroup)
+    try:
+        return grp.getgrnam(value).gr_gid
+    except KeyError:
+        raise ValueError(f"unknown group {value!r}") from None
+
+
+def _uid(value: str) -> int:
+    value = value.strip()
+    if value.isdigit():
+        return int(value)
+    try:
+        return pwd.getpwnam(value).pw_uid
+    except KeyError:
+        raise ValueError(f"unknown user {value!r}") from None
+
+
+def _ids(value: Any, resolve: Any) -> Any:
+    """A list of ids from numbers, names, or one string of them (JSON or comma-separated)."""
+    if isinstance(value, str):
+        if value.lstrip().startswith("["):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise ValueError(f"expected a JSON list or a,b,c; got {value!r}") from None
+        else:
+            value = [v for v in value.split(",") if v.strip()]
+    if isinstance(value, list | tuple):
+        return tuple(v if isinstance(v, int) else resolve(str(v)) for v in value)
+    return value
+
+
+CLIENT_VARIABLES = frozenset({"TRAINMON_RUN", "TRAINMON_SOCKET", "TRAINMON_FLUSH_INTERVAL"})
+"""``TRAINMON_*`` variables the training client reads (often set in the same environment)."""
+
+
+def environment_names() -> frozenset[str]:
+    """Every ``TRAINMON_*`` variable the exporter or the client reads (upper case)."""
+    names = set(CLIENT_VARIABLES)
+    for name, field in Settings.model_fields.items():
+        names.add(f"TRAINMON_{name.upper()}")
+        nested = field.annotation
+        if isinstance(nested, type) and issubclass(nested, BaseModel):
+            names.update(f"TRAINMON_{name.upper()}__{sub.upper()}" for sub in nested.model_fields)
+    return frozenset(names)
+
+
+def unknown_environment(environ: Mapping[str, str]) -> list[str]:
+    """One warning line per ``TRAINMON_*`` variable nothing reads (a misspelt setting?).
+
+    Names are compared case-insensitively, as settings are read. The closest valid name is
+    suggested when one is close enough (:func:`difflib.get_close_matches`).
+    """
+    known = environment_names()
+    suffixes = {k.removeprefix("TRAINMON_"): k for k in known}
+    lines = []
+    for key in sorted(environ):
+        upper = key.upper()
+        if not upper.startswith("TRAINMON_") or upper in known:
+            continue
+        close = difflib.get_close_matches(upper.removeprefix("TRAINMON_"), suffixes, 1, 0.6)
+        hint = f"did you mean {suffixes[close[0]]}?" if close else "see trainmon-exporter --help"
+        lines.append(f"unknown environment variable {key} is ignored; {hint}")
+    return lines

@@ -59,6 +59,7 @@ class RankState:
     buckets: tuple[float, ...]
     analytics: RankAnalytics
     peer_pid: int | None = None  # SO_PEERCRED: the client's PID in the exporter's namespace
+    owner_uid: int | None = None  # SO_PEERCRED uid of the connection that opened the run
     connected: bool = True
     status: str = "running"
     connected_mono: float = field(default_factory=time.monotonic)
@@ -262,15 +263,27 @@ class Store:
         self.expired_total = 0
         self.analytics = analytics or AnalyticsSettings()
 
-    def attach(self, hello: dict[str, Any]) -> RankState | str:
+    def run_state(self, run: str) -> RankState | None:
+        """Any one rank of ``run`` (they share its owner), or None when it has no state."""
+        return next((s for s in self.ranks.values() if s.run == run), None)
+
+    def attach(self, hello: dict[str, Any], uid: int | None = None) -> RankState | str:
         """Bind a new connection to its (run, rank) state, creating or resuming it.
 
-        Returns the state, or a refusal reason: ``duplicate_rank`` (that rank is already
-        connected) or ``too_many_ranks`` (``max_ranks`` reached). A rank that reconnects keeps
-        its exporter-side counters (the run resumed under the same id).
+        ``uid`` is the connecting process's (``SO_PEERCRED``). A run belongs to the uid that
+        opened it for as long as any of its ranks has state here (until the last one expires):
+        another uid, root included, can neither add a rank nor resume one.
+
+        Returns the state, or a refusal reason: ``not_owner`` (the run belongs to another
+        uid), ``duplicate_rank`` (that rank is already connected) or ``too_many_ranks``
+        (``max_ranks`` reached). A rank that reconnects keeps its exporter-side counters (the
+        run resumed under the same id).
         """
         key = (hello["run"], hello["rank"])
         state = self.ranks.get(key)
+        holder = state if state is not None else self.run_state(hello["run"])
+        if holder is not None and holder.owner_uid != uid:
+            return "not_owner"
         if state is not None:
             if state.connected:
                 return "duplicate_rank"
@@ -291,6 +304,7 @@ class Store:
             buckets=self.buckets,
             analytics=RankAnalytics(self.analytics),
         )
+        state.owner_uid = uid
         self.ranks[key] = state
         return state
 

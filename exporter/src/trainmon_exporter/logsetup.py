@@ -1,0 +1,149 @@
+"""Logging for the exporter process: one stderr handler whose lines are rate-limited.
+
+Much of what the exporter logs is triggered by other processes (a refused HELLO, a crashed
+rank, a malformed HTTP request), so without a limit anyone who can reach the socket or the port
+could fill the disk through the log. :class:`RepeatLimiter` lets through at most
+``max_repeats`` lines per call site (the same ``logger.warning(...)`` line of code, whatever
+values it fills in) per ``interval`` seconds. The next line let through from that call site says
+how many were suppressed, and ``trainmon_exporter_log_messages_suppressed_total{level}`` counts
+them all (:class:`LogMetrics`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.metrics_core import Metric
+
+LEVELS = ("debug", "info", "warning", "error", "critical")
+"""``level`` values of ``trainmon_exporter_log_messages_suppressed_total``."""
+MAX_SITES = 1024
+"""Call sites tracked at once; past it, untracked sites share one budget (a memory bound)."""
+FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+_suppressed = dict.fromkeys(LEVELS, 0)
+_suppressed_lock = threading.Lock()
+_installed: RepeatLimiter | None = None
+
+
+def _level(levelno: int) -> str:
+    if levelno >= logging.CRITICAL:
+        return "critical"
+    if levelno >= logging.ERROR:
+        return "error"
+    if levelno >= logging.WARNING:
+        return "warning"
+    return "info" if levelno >= logging.INFO else "debug"
+
+
+def suppressed_totals() -> dict[str, int]:
+    """Log lines suppressed by every :class:`RepeatLimiter` of this process, by level."""
+    with _suppressed_lock:
+        return dict(_suppressed)
+
+
+class RepeatLimiter(logging.Filter):
+    """A handler filter: at most ``max_repeats`` lines per call site per ``interval`` seconds.
+
+    A call site is ``(file, line, level)`` of the logging call: bounded by the code, however
+    the values in the message vary. Thread-safe; O(1) per record.
+
+    Args:
+        max_repeats: lines let through per call site per interval (>= 1).
+        interval: the interval, seconds.
+        clock: monotonic seconds (tests pass a fake).
+    """
+
+    def __init__(
+        self, max_repeats: int, interval: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        super().__init__()
+        self.max_repeats = max_repeats
+        self.interval = interval
+        self.clock = clock
+        self._sites: dict[tuple[str, int, int], list[float]] = {}  # -> [start, passed, dropped]
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Let ``record`` through, or count it as suppressed; notes earlier suppressions."""
+        now = self.clock()
+        key = (record.pathname, record.lineno, record.levelno)
+        with self._lock:
+            site = self._sites.get(key)
+            if site is None:
+                if len(self._sites) >= MAX_SITES:
+                    self._prune(now)
+                if len(self._sites) >= MAX_SITES:
+                    key = ("", 0, record.levelno)  # one shared budget past the bound
+                    site = self._sites.get(key)
+                if site is None:
+                    site = self._sites[key] = [now, 0.0, 0.0]
+            if now - site[0] >= self.interval:
+                dropped = int(site[2])
+                site[0], site[1], site[2] = now, 0.0, 0.0
+                if dropped:
+                    record.msg = f"{record.msg} [{dropped} similar lines suppressed before this]"
+            if site[1] < self.max_repeats:
+                site[1] += 1
+                return True
+            site[2] += 1
+        with _suppressed_lock:
+            _suppressed[_level(record.levelno)] += 1
+        return False
+
+    def _prune(self, now: float) -> None:
+        """Forget call sites whose interval ended with nothing suppressed."""
+        stale = [k for k, s in self._sites.items() if now - s[0] >= self.interval and not s[2]]
+        for k in stale:
+            del self._sites[k]
+
+    def pending(self) -> int:
+        """Lines suppressed in the current intervals and not yet reported in a log line."""
+        with self._lock:
+            return int(sum(s[2] for s in self._sites.values()))
+
+
+def setup(level: str, max_repeats: int, interval: float) -> RepeatLimiter:
+    """Send every logger (uvicorn's included) to one rate-limited stderr handler.
+
+    Returns the handler's :class:`RepeatLimiter`. Run uvicorn with ``log_config=None`` so its
+    loggers propagate here instead of getting handlers of their own.
+    """
+    global _installed
+    limiter = _installed = RepeatLimiter(max_repeats, interval)
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter(FORMAT))
+    handler.addFilter(limiter)
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    return limiter
+
+
+def report_pending(log: logging.Logger) -> None:
+    """Log how many lines are suppressed and not yet summed up (at shutdown)."""
+    n = _installed.pending() if _installed is not None else 0
+    if n:
+        log.warning("%d log lines were suppressed since their last report (log_max_repeats)", n)
+
+
+class LogMetrics:
+    """``trainmon_exporter_log_messages_suppressed_total{level}`` for a registry."""
+
+    def collect(self) -> Iterable[Metric]:
+        """The counter family, every level from 0."""
+        fam = CounterMetricFamily(
+            "trainmon_exporter_log_messages_suppressed",
+            "Log lines the exporter did not write because the same line of code logged more "
+            "than log_max_repeats times per log_repeat_interval_seconds, by level.",
+            labels=["level"],
+        )
+        for level, n in suppressed_totals().items():
+            fam.add_metric([level], float(n))
+        return [fam]

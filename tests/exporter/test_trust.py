@@ -1,0 +1,263 @@
+"""Who may write into which run: socket permissions, SO_PEERCRED ownership, allow-lists.
+
+The attacks are real processes of other uids (the test process is root and each client drops
+to its uid after importing the client, before it connects), against a real exporter socket.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainmon_exporter.state import Store
+
+from ..conftest import InProcessExporter, child_env, connect, sample, wait_for
+from .test_ingest import HELLO
+
+OWNER, OWNER_GID = 43002, 43002
+ATTACKER, ATTACKER_GID = 43001, 43001
+TRAINERS = 43100  # the shared group of the socket
+NONFINITE = "trainmon_train_nonfinite_values_total"
+
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0, reason="needs root to run clients as other uids (setuid)"
+)
+
+PRELUDE = """
+import os, sys, time
+import trainmon_client
+from trainmon_client import _protocol as P
+os.setgroups({groups!r}); os.setgid({gid}); os.setuid({uid})
+SOCK = {sock!r}
+def init(run, rank=0, world_size=1):
+    return trainmon_client.init(run=run, rank=rank, world_size=world_size, local_rank=rank,
+                                socket_path=SOCK, flush_interval=0.0)
+"""
+
+
+class User:
+    """A client process running as another uid; reads commands from stdin via ``input()``."""
+
+    def __init__(
+        self, sock: str, uid: int, gid: int, code: str, groups: tuple[int, ...] = ()
+    ) -> None:
+        src = PRELUDE.format(groups=list(groups), gid=gid, uid=uid, sock=sock)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", src + textwrap.dedent(code)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=child_env(),
+        )
+
+    def say(self, line: str = "") -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def wait(self, timeout: float = 30) -> tuple[int, str, str]:
+        out, err = self.proc.communicate(timeout=timeout)
+        return self.proc.returncode, out, err
+
+
+def run_as(sock: str, uid: int, gid: int, code: str, groups: tuple[int, ...] = ()) -> str:
+    rc, out, err = User(sock, uid, gid, code, groups).wait()
+    assert rc == 0, err
+    return out
+
+
+def shared_exporter(make: Callable[..., InProcessExporter], **settings: Any) -> InProcessExporter:
+    """An exporter whose socket other uids can reach (directory 0755)."""
+    ex = make(**settings)
+    os.chmod(Path(ex.socket).parent, 0o755)
+    return ex
+
+
+def invalid(ex: InProcessExporter, reason: str) -> float:
+    return sample(ex.metrics(), "trainmon_ingest_messages_invalid_total", reason=reason) or 0.0
+
+
+def run_view(ex: InProcessExporter, run: str) -> dict[str, Any] | None:
+    return next((r for r in ex.runs()["runs"] if r["run"] == run), None)
+
+
+# A trainer that logs three steps, then on its stdin: "crash" exits without finishing.
+VICTIM = """
+r = init("victim")
+for i in range(1, 4):
+    r.log(i, loss=2.0, tokens=100)
+print("logged", flush=True)
+input()
+os._exit(0)
+"""
+
+# Another uid taking over the crashed run, marking it finished with a fake loss.
+TAKEOVER = """
+r = init("victim")
+r.log(4, loss=0.001, tokens=100)
+r.finish()
+print(r.dropped, flush=True)
+"""
+
+# Another uid sending NaNs into a run as a new rank.
+NANS = """
+r = init("victim", rank=1, world_size=2)
+for i in range(1, 20):
+    r.log(i, loss=float("nan"), grad_norm=float("inf"))
+r.finish()
+"""
+
+# Another uid claiming a rank before the real trainer starts.
+SQUAT = """
+r = init("future")
+r.log(1, loss=9.9)
+print("claimed" if r.connected else "refused", flush=True)
+input()
+"""
+
+
+def _start_victim(ex: InProcessExporter, groups: tuple[int, ...] = ()) -> User:
+    victim = User(ex.socket, OWNER, OWNER_GID, VICTIM, groups)
+    assert victim.proc.stdout is not None
+    assert victim.proc.stdout.readline().strip() == "logged"
+    wait_for(lambda: (k := ex.rank("victim", 0)) and k["step"] == 3)
+    return victim
+
+
+def _crash(ex: InProcessExporter, victim: User) -> None:
+    victim.say()  # the victim exits without finishing
+    victim.wait()
+    wait_for(lambda: ex.rank("victim", 0)["status"] == "crashed")  # type: ignore[index]
+
+
+@needs_root
+def test_the_default_socket_keeps_other_users_out(
+    make_exporter: Callable[..., InProcessExporter],
+) -> None:
+    """Mode 0660: a uid outside the socket's group cannot even connect, so none of the three
+    attacks reaches the exporter; the trainers' group (--socket-group) can."""
+    ex = shared_exporter(make_exporter, socket_group=str(TRAINERS))
+    st = os.stat(ex.socket)
+    assert stat.S_IMODE(st.st_mode) == 0o660 and st.st_gid == TRAINERS
+    victim = _start_victim(ex, groups=(TRAINERS,))
+    try:
+        out = run_as(ex.socket, ATTACKER, ATTACKER_GID, SQUAT.replace("input()", ""))
+        assert out.strip() == "refused"  # EACCES at connect: the kernel said no
+        run_as(ex.socket, ATTACKER, ATTACKER_GID, NANS)
+    finally:
+        _crash(ex, victim)
+    run_as(ex.socket, ATTACKER, ATTACKER_GID, TAKEOVER)
+    m = ex.metrics()
+    assert sample(m, "trainmon_ingest_connections_total") == 1  # the victim's only
+    assert run_view(ex, "future") is None
+    r = ex.rank("victim", 0)
+    assert r is not None and r["status"] == "crashed" and r["values"]["loss"] == 2.0
+    assert ex.rank("victim", 1) is None
+
+
+@needs_root
+def test_another_uid_cannot_take_over_a_crashed_run(
+    make_exporter: Callable[..., InProcessExporter],
+) -> None:
+    """The first attack, with the socket open to everyone (0666): refused as not_owner."""
+    ex = shared_exporter(make_exporter, socket_mode="0666")
+    _crash(ex, _start_victim(ex))
+    run_as(ex.socket, ATTACKER, ATTACKER_GID, TAKEOVER)
+    wait_for(lambda: invalid(ex, "not_owner") >= 1)
+    r = ex.rank("victim", 0)
+    assert r is not None
+    assert (r["status"], r["step"], r["values"]["loss"]) == ("crashed", 3, 2.0)
+    assert run_view(ex, "victim")["owner_uid"] == OWNER  # type: ignore[index]
+    # The owner itself may resume its run (a restart after the crash).
+    run_as(ex.socket, OWNER, OWNER_GID, 'r = init("victim"); r.log(4, loss=1.9); r.finish()')
+    r = wait_for(lambda: (k := ex.rank("victim", 0)) and k["status"] == "finished" and k)
+    assert (r["step"], r["values"]["loss"]) == (4, 1.9)
+
+
+@needs_root
+def test_another_uid_cannot_send_nans_into_a_live_run(
+    make_exporter: Callable[..., InProcessExporter],
+) -> None:
+    """The third attack: NaNs as a new rank of someone's run (and as its rank 0)."""
+    ex = shared_exporter(make_exporter, socket_mode="0666")
+    victim = _start_victim(ex)
+    try:
+        run_as(ex.socket, ATTACKER, ATTACKER_GID, NANS)
+        run_as(ex.socket, ATTACKER, ATTACKER_GID, NANS.replace("rank=1", "rank=0"))
+        wait_for(lambda: invalid(ex, "not_owner") >= 2)
+        m = ex.metrics()
+        for field in ("loss", "grad_norm"):
+            assert sample(m, NONFINITE, run="victim", rank="0", field=field) == 0
+        assert ex.rank("victim", 1) is None
+        r = ex.rank("victim", 0)
+        assert r is not None and r["up"] and r["health"] == []
+        # Root is not special: it cannot write into another uid's run either.
+        root = connect(ex, "victim", rank=2, world_size=3)
+        root.log(1, loss=float("nan"))
+        wait_for(lambda: invalid(ex, "not_owner") >= 3)
+        root.finish()
+        assert ex.rank("victim", 2) is None
+    finally:
+        victim.say()
+        victim.wait()
+
+
+@needs_root
+def test_a_squatter_is_kept_out_by_the_allow_list(
+    make_exporter: Callable[..., InProcessExporter],
+) -> None:
+    """The second attack: claiming a run before its trainer. An open socket (0666) cannot tell
+    a squatter from the real trainer, so the defence is the socket's group (above) or an
+    allow-list: the squatter is refused, and the real trainer then owns the run."""
+    ex = shared_exporter(
+        make_exporter, socket_mode="0666", allowed_uids=(OWNER,), allowed_gids=(TRAINERS,)
+    )
+    squatter = User(ex.socket, ATTACKER, ATTACKER_GID, SQUAT)
+    wait_for(lambda: invalid(ex, "peer_not_allowed") >= 1)
+    run_as(ex.socket, OWNER, OWNER_GID, 'r = init("future"); r.log(1, loss=2.5); r.finish()')
+    r = wait_for(lambda: (k := ex.rank("future", 0)) and k["status"] == "finished" and k)
+    assert r["values"]["loss"] == 2.5
+    assert run_view(ex, "future")["owner_uid"] == OWNER  # type: ignore[index]
+    squatter.say()
+    squatter.wait()
+    # A member of an allowed group (supplementary, from SO_PEERGROUPS) is let in.
+    run_as(ex.socket, ATTACKER, ATTACKER_GID, 'r = init("mine"); r.log(1, loss=1.0)', (TRAINERS,))
+    wait_for(lambda: ex.rank("mine", 0))
+    assert run_view(ex, "mine")["owner_uid"] == ATTACKER  # type: ignore[index]
+    assert invalid(ex, "peer_not_allowed") == 1
+
+
+def store_of(ttl_s: float = 60) -> Store:
+    return Store(max_ranks=8, max_custom_metrics=8, buckets=(1.0,), window_s=30, ttl_s=ttl_s)
+
+
+def _hello(run: str, rank: int = 0) -> dict[str, Any]:
+    return HELLO | {"run": run, "rank": rank, "local_rank": rank, "world_size": 4}
+
+
+def test_a_run_belongs_to_its_uid_as_long_as_its_state_lasts() -> None:
+    store = store_of(ttl_s=10)
+    a = store.attach(_hello("r"), uid=1000)
+    assert not isinstance(a, str) and a.owner_uid == 1000
+    assert store.attach(_hello("r", 1), uid=1001) == "not_owner"  # a new rank
+    assert store.attach(_hello("r", 1), uid=0) == "not_owner"  # root is not special
+    assert store.attach(_hello("r", 0), uid=1001) == "not_owner"  # ahead of duplicate_rank
+    assert store.attach(_hello("r", 0), uid=1000) == "duplicate_rank"
+    b = store.attach(_hello("r", 1), uid=1000)
+    assert not isinstance(b, str)
+    a.disconnect(finished=False)
+    b.disconnect(finished=True)
+    assert store.attach(_hello("r", 0), uid=1001) == "not_owner"  # crashed: still owned
+    assert store.attach(_hello("other"), uid=1001) is not None  # other runs are free
+    assert store.expire(now_mono=b.disconnected_mono + 10) == 2  # type: ignore[operator]
+    c = store.attach(_hello("r", 0), uid=1001)  # state gone: a new run with that id
+    assert not isinstance(c, str) and c.owner_uid == 1001 and c.step is None
