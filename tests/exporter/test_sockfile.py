@@ -101,12 +101,12 @@ def test_a_link_swapped_in_after_bind_changes_nothing(
     async def start_and_check() -> str | None:
         server.start()
         try:
+            assert stat.S_IMODE(secret.stat().st_mode) == 0o600 and secret.stat().st_gid == 0
             return server.socket_problem()
         finally:
             server.close()
 
     problem = asyncio.run(start_and_check())
-    assert stat.S_IMODE(secret.stat().st_mode) == 0o600 and secret.stat().st_gid == 0
     assert secret.read_text() == "root only" and path.is_symlink()  # close() left it alone
     assert calls and all(c.startswith("/proc/self/fd/") for c in calls)  # never by path
     assert problem is not None and "replaced" in problem  # and /readyz would say so

@@ -7,6 +7,7 @@ to its uid after importing the client, before it connects), against a real expor
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -17,9 +18,10 @@ from typing import Any
 
 import pytest
 
+import trainmon_client
 from trainmon_exporter.state import Store
 
-from ..conftest import InProcessExporter, child_env, connect, sample, wait_for
+from ..conftest import InProcessExporter, child_env, connect, sample, short_tmpdir, wait_for
 from .test_ingest import HELLO
 
 OWNER, OWNER_GID = 43002, 43002
@@ -261,3 +263,76 @@ def test_a_run_belongs_to_its_uid_as_long_as_its_state_lasts() -> None:
     assert store.expire(now_mono=b.disconnected_mono + 10) == 2  # type: ignore[operator]
     c = store.attach(_hello("r", 0), uid=1001)  # state gone: a new run with that id
     assert not isinstance(c, str) and c.owner_uid == 1001 and c.step is None
+
+
+# A listener of another uid at the trainers' path: counts the packets it is sent.
+FOREIGN = """
+import socket
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.bind(SOCK)
+s.listen()
+print("listening", flush=True)
+s.settimeout(0.2)
+got = 0
+conns = []
+while True:
+    try:
+        conns.append(s.accept()[0])
+    except (TimeoutError, socket.timeout):
+        pass
+    for c in conns:
+        c.setblocking(False)
+        try:
+            while c.recv(70000):
+                got += 1
+        except BlockingIOError:
+            pass
+    if os.path.exists(SOCK + ".stop"):
+        break
+print(got, flush=True)
+"""
+
+
+@needs_root
+@pytest.mark.parametrize("expected_uid", [None, "0"])
+def test_a_trainer_can_refuse_a_listener_of_another_uid(
+    monkeypatch: pytest.MonkeyPatch, expected_uid: str | None
+) -> None:
+    """A foreign socket at the path used to receive every step with nothing dropped; with
+    TRAINMON_EXPORTER_UID the client sends it nothing and counts the steps as dropped."""
+    d = short_tmpdir()
+    d.chmod(0o777)  # a shared directory nobody guards (the exporter would refuse it)
+    try:
+        foreign = User(str(d / "t.sock"), ATTACKER, ATTACKER_GID, FOREIGN)
+        assert foreign.proc.stdout is not None
+        assert foreign.proc.stdout.readline().strip() == "listening"
+        if expected_uid is None:
+            monkeypatch.delenv("TRAINMON_EXPORTER_UID", raising=False)
+        else:
+            monkeypatch.setenv("TRAINMON_EXPORTER_UID", expected_uid)
+        run = trainmon_client.init(
+            run="r",
+            rank=0,
+            world_size=1,
+            local_rank=0,
+            socket_path=str(d / "t.sock"),
+            flush_interval=0.0,
+        )
+        for i in range(5):
+            run.log(i, loss=1.0)
+        run.finish()
+        (d / "t.sock.stop").touch()
+        _, out, _ = foreign.wait()
+        received = int(out.split()[-1])
+        if expected_uid is None:
+            assert received >= 5 and run.dropped["disconnected"] == 0  # the attack
+        else:
+            assert received == 0 and run.dropped["disconnected"] == 5
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_malformed_expected_uid_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRAINMON_EXPORTER_UID", "root")
+    with pytest.raises(ValueError, match="TRAINMON_EXPORTER_UID"):
+        trainmon_client.init(run="r", socket_path="/nonexistent/t.sock")

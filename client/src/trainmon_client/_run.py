@@ -184,6 +184,7 @@ class Run:
         self._n_custom_names = 0  # custom metric and operation names interned
         self._n_layer_names = 0
         self._sock: socket.socket | None = None
+        self._exporter_uid = _expected_exporter_uid(os.environ)
         self._next_connect = 0.0
         self._backoff = BACKOFF_MIN_S
         self._warned = False
@@ -821,6 +822,8 @@ class Run:
         try:
             sock.setblocking(False)
             sock.connect(self.socket_path)
+            if self._exporter_uid is not None:
+                _check_listener(sock, self._exporter_uid)
             for packet in self._hello_packets():
                 sock.send(packet, _SEND_FLAGS)
         except OSError as exc:
@@ -915,6 +918,36 @@ class Run:
     def _disable_in_child(self) -> None:
         self._closed = True
         self._sock = None  # the parent owns the descriptor; the child must not close it
+
+
+def _expected_exporter_uid(env: Any) -> int | None:
+    """``TRAINMON_EXPORTER_UID``: the uid the exporter must run as, or None (no check).
+
+    Raises:
+        ValueError: it is set but not a non-negative integer.
+    """
+    value = env.get("TRAINMON_EXPORTER_UID", "").strip()
+    if not value:
+        return None
+    if not value.isdigit():
+        raise ValueError(f"TRAINMON_EXPORTER_UID={value!r} is not a uid (a non-negative integer)")
+    return int(value)
+
+
+def _check_listener(sock: socket.socket, expected: int) -> None:
+    """Refuse a listener that does not run as ``expected`` (its ``SO_PEERCRED`` uid).
+
+    Raises:
+        OSError: ``EPERM`` when it runs as another uid, ``ENOTSUP`` without ``SO_PEERCRED``
+            (the caller drops and counts, as for any failed connect).
+    """
+    peercred = getattr(socket, "SO_PEERCRED", None)
+    if peercred is None:  # not Linux: nothing to check with, so nothing is sent
+        raise OSError(errno.ENOTSUP, "TRAINMON_EXPORTER_UID needs SO_PEERCRED (Linux)")
+    raw = sock.getsockopt(socket.SOL_SOCKET, peercred, 12)
+    uid = int.from_bytes(raw[4:8], sys.byteorder)
+    if uid != expected:
+        raise OSError(errno.EPERM, f"it runs as uid {uid}, not TRAINMON_EXPORTER_UID={expected}")
 
 
 def init(

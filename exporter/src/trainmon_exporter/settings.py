@@ -288,7 +288,9 @@ def _ids(value: Any, resolve: Any) -> Any:
     return value
 
 
-CLIENT_VARIABLES = frozenset({"TRAINMON_RUN", "TRAINMON_SOCKET", "TRAINMON_FLUSH_INTERVAL"})
+CLIENT_VARIABLES = frozenset(
+    {"TRAINMON_RUN", "TRAINMON_SOCKET", "TRAINMON_FLUSH_INTERVAL", "TRAINMON_EXPORTER_UID"}
+)
 """``TRAINMON_*`` variables the training client reads (often set in the same environment)."""
 
 
