@@ -55,6 +55,7 @@ def test_port_in_use_is_one_actionable_line() -> None:
     assert out.returncode == 2
     assert "already in use" in out.stderr and "--listen" in out.stderr
     assert "Traceback" not in out.stderr
+    assert list(d.iterdir()) == []  # the ingest socket it had created, and its lock, removed
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
