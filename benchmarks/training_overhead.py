@@ -122,8 +122,8 @@ def main() -> int:
             f"  mean of rounds:     {mean_o * 100:+.2f} % +- {half * 100:.2f} % (2 standard errors)"
         )
         print(
-            f"  time inside log():  {in_log / logged_wall * 100:.3f} % of the logging blocks' "
-            f"wall time ({in_log / logged_steps * 1e6:.1f} us per step, flushes included)"
+            f"  client overhead:   {in_log / logged_wall * 100:.3f} % of the logging blocks' "
+            f"wall time ({in_log / logged_steps * 1e6:.1f} us per step, flusher thread included)"
         )
         if watcher is not None:
             print(

@@ -7,6 +7,7 @@ import math
 import os
 import shutil
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -110,7 +111,7 @@ def steps_of(records: list[tuple[int, Any]]) -> list[tuple[Any, ...]]:
 def test_hello_then_batched_steps_with_cumulative_totals(listener: Listener) -> None:
     run = make_run(listener.path, flush_interval=0.05, num_params=1000)
     run.log(0, loss=3.0, lr=1e-3, tokens=100, samples=2)  # the first log() sends at once
-    assert run.connected
+    wait_for(lambda: run.connected, timeout=5)
     for i in range(1, 5):
         run.log(i, loss=3.0 - i * 0.1, lr=1e-3, tokens=100, samples=2, grad_norm=0.5)
     run.finish()
@@ -157,6 +158,32 @@ def test_steps_are_batched_into_few_packets(listener: Listener) -> None:
         len(steps_of([(t, P.decode_step(p)) for t, p in P.iter_records(pkts[0]) if t == P.STEP]))
         == 200
     )
+
+
+def test_log_never_sends_in_the_training_thread(
+    listener: Listener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every send but finish()'s happens in the flusher thread: log() makes no syscall, so the
+    calls that used to flush cost what the others cost."""
+    senders: list[str] = []
+    send = Run._send
+
+    def spy(self: Run, *args: Any, **kw: Any) -> bool:
+        senders.append(threading.current_thread().name)
+        return bool(send(self, *args, **kw))
+
+    monkeypatch.setattr(Run, "_send", spy)
+    run = make_run(listener.path, flush_interval=0.02)
+    for i in range(30):
+        run.log(i, loss=1.0, lr=0.1)
+        time.sleep(0.005)
+    run.log(30, loss=float("nan"))  # sent at once, still not by the caller
+    wait_for(lambda: len(senders) >= 3, timeout=5)
+    assert threading.current_thread().name not in senders
+    assert set(senders) == {"trainmon-flush-0"}
+    run.finish()
+    listener.accept()
+    assert [h.step for h, _, _ in steps_of(listener.records())] == list(range(31))
 
 
 def test_a_nan_is_sent_at_once(listener: Listener) -> None:
@@ -271,8 +298,8 @@ def test_custom_name_cap(listener: Listener, monkeypatch: pytest.MonkeyPatch) ->
     run = make_run(listener.path, flush_interval=0.0)
     for i in range(100):
         run.log(i, **{f"m{i}": 1.0})
+    run.finish()  # names are interned (or refused) when the flusher encodes the steps
     assert len(run._names) == 10 and run.refused == 90
-    run.finish()
 
 
 def test_full_socket_buffer_drops_instead_of_blocking(listener: Listener) -> None:

@@ -189,9 +189,11 @@ def test_a_rank_that_reconnects_resumes_its_state(exporter: InProcessExporter) -
     for attempt in range(2):
         r = connect(exporter, "resume")
         r.log(attempt * 10, loss=float("nan"))
-        r._closed = True  # the process dies without finish(): its socket closes, no FINISH
-        r._close_socket()
         wait_for(lambda a=attempt: (k := exporter.rank("resume", 0)) and k["step"] == a * 10)
+        with r._lock:  # the process dies without finish(): its socket closes, no FINISH
+            r._closed = True
+            r._close_socket()
+        wait_for(lambda: exporter.rank("resume", 0)["status"] == "crashed")
     m = exporter.metrics()
     assert (
         sample(m, "trainmon_train_nonfinite_values_total", run="resume", rank="0", field="loss")

@@ -73,11 +73,13 @@ refused_values_total.
 
 - ``step``: the caller's step number (u64).
 - ``steps_total``: steps this client process has logged so far, this one included (u64).
-- ``time``: wall-clock time of the ``log()`` call, Unix seconds (``time.time()``).
+- ``time``: wall-clock time of the ``log()`` call, Unix seconds (the call's
+  ``time.perf_counter()`` mapped to ``time.time()`` when the step is encoded).
 - ``step_time``: seconds since the previous ``log()`` call of this process
   (``time.perf_counter()`` difference); NaN for the first step.
 - ``tokens_total`` / ``samples_total``: cumulative sums of the per-step ``tokens`` / ``samples``.
-- ``overhead_seconds_total``: cumulative wall time spent inside the client's ``log()``.
+- ``overhead_seconds_total``: cumulative seconds the client cost the training process: wall
+  time inside its calls plus the CPU time of its flusher thread.
 - ``dropped_disconnected_total`` / ``dropped_backpressure_total``: cumulative steps the client
   dropped because no exporter was connected, or because the socket buffer was full.
 - ``refused_values_total``: cumulative values (or whole records) the client refused: a bad

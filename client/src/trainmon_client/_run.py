@@ -2,12 +2,14 @@
 
 Design (see docs/client.md): ``log()`` keeps the keyword dict the call already built (after
 converting anything that is not a plain float or int, so a tensor changed later cannot change
-what was logged), appends it to a list and returns: about 10 us in a real training loop, no
-encoding and no syscall. At most every ``flush_interval`` seconds, at once when a value is NaN
-or infinite, after ``MAX_PENDING`` steps, and at ``finish()``, the queued steps are encoded as
-fixed-layout binary STEP records and sent as ``SOCK_SEQPACKET`` packets without blocking. A
-failed send drops the packet and counts it; the socket reconnects lazily with exponential
-backoff. Nothing in ``log()`` raises.
+what was logged), appends it to a queue and returns: no encoding and no syscall, ever. A
+flusher thread, asleep between flushes, wakes every ``flush_interval`` seconds (and at once
+for a run's first step, a NaN or infinite value, or ``MAX_PENDING`` queued steps), encodes
+the queued steps as fixed-layout binary STEP records and sends them as ``SOCK_SEQPACKET``
+packets without blocking. It holds the GIL only while it encodes (tens of microseconds a
+flush), so it never competes with the training loop step by step. A failed send drops the
+packet and counts it; the socket reconnects lazily with exponential backoff. ``finish()``
+flushes in the caller's thread. Nothing in ``log()`` raises.
 """
 
 from __future__ import annotations
@@ -173,7 +175,11 @@ class Run:
         self._buf_records = 0
         self._buf_steps = 0  # data records (not NAME/HELLO/FINISH) in _buf: what a drop loses
         self._full: list[tuple[bytes, int]] = []  # (packet, its STEP records) waiting to be sent
-        self._pending: list[tuple[Any, float, float, dict[str, Any]]] = []
+        # Steps queued by log(), encoded by the flusher: append (log) and popleft (flusher) are
+        # each atomic, so the hot path takes no lock.
+        # Entries are (step, perf_counter at the call, metrics); the wall time is derived from
+        # the perf_counter at encode time (the offset between the clocks is read then).
+        self._pending: deque[tuple[Any, float, dict[str, Any]]] = deque()
         # Device-to-host copies in flight, oldest first (see trainmon_client._device).
         self._waiting: deque[Deferred] = deque()
         self._waiting_owners: dict[int, int] = {}  # id(pending metrics dict) -> its copies
@@ -195,12 +201,18 @@ class Run:
         self._steps = 0
         self._tokens = 0.0
         self._samples = 0.0
-        self._overhead = 0.0
+        self._overhead = 0.0  # seconds inside log() and the other calls (caller's thread)
+        self._flush_seconds = 0.0  # CPU seconds of the flusher thread's flushes
         self._dropped_disconnected = 0
         self._dropped_backpressure = 0
         self._refused = 0
         self._internal_errors = 0
-        self._lock = threading.Lock()  # guards flush/finish against atexit from another thread
+        # Guards everything but the hot path's queue: the encoder state, the buffer, the socket
+        # and the device copies, between log()'s rare slow paths, the flusher and finish().
+        self._lock = threading.RLock()
+        self._wake = threading.Event()
+        self._flusher: threading.Thread | None = None
+        self._wake_each = True  # until the flusher runs; then only with a flush_interval of 0
         if not self._closed:
             _live_runs.add(self)
             atexit.register(self._atexit)
@@ -237,20 +249,27 @@ class Run:
         if self._closed:
             return
         try:
-            for v in metrics.values():
-                if v.__class__ not in _PLAIN:
+            values = metrics.values()
+            if not _PLAIN.issuperset(map(type, values)):
+                with self._lock:
                     metrics = self._snapshot(metrics)
-                    break
-            self._pending.append((step, t0, _wall(), metrics))
-            total = sum(metrics.values())
-            if self._waiting and self._resolve(block=False):
-                total = _NAN  # a device value that just arrived is not finite
+                values = metrics.values()
+            pending = self._pending
+            pending.append((step, t0, metrics))
+            total = sum(values)
+            if self._waiting and self._lock.acquire(False):  # the flusher resolves otherwise
+                try:
+                    if self._resolve(block=False):
+                        total = _NAN  # a device value that just arrived is not finite
+                finally:
+                    self._lock.release()
             if (
-                t0 - self._last_flush >= self.flush_interval
-                or len(self._pending) >= MAX_PENDING
-                or total - total != 0.0  # a NaN or an infinity: send it now
+                total - total != 0.0  # a NaN or an infinity: send it now
+                or len(pending) >= MAX_PENDING
+                or self._wake_each  # the first step (the exporter learns the rank now), or
+                # every step when flush_interval is 0
             ):
-                self._flush(t0)
+                self._wake_flusher()
         except Exception:  # never raise into the training loop
             self._internal_errors += 1
             log.debug("trainmon_client: log() failed internally", exc_info=True)
@@ -278,6 +297,7 @@ class Run:
                 self._close_socket()
                 _live_runs.discard(self)
                 atexit.unregister(self._atexit)
+        self._wake.set()  # the flusher sees _closed and ends
 
     def eval(self, step: int, /, **metrics: Any) -> None:
         """Record the results of one evaluation. Never raises; sent at once.
@@ -296,22 +316,23 @@ class Run:
             return
         now = _perf()
         try:
-            values = self._snapshot(metrics, defer=False)
-            ids: list[int] = []
-            vals: list[float] = []
-            for key, value in values.items():
-                field_id = P.STANDARD_FIELDS.get(key) or self._intern(key)
-                if field_id:
-                    ids.append(field_id)
-                    vals.append(value)
-                else:
+            with self._lock:
+                values = self._snapshot(metrics, defer=False)
+                ids: list[int] = []
+                vals: list[float] = []
+                for key, value in values.items():
+                    field_id = P.STANDARD_FIELDS.get(key) or self._intern(key)
+                    if field_id:
+                        ids.append(field_id)
+                        vals.append(value)
+                    else:
+                        self._refused += 1
+                s = _as_step(step)
+                if s is None:
                     self._refused += 1
-            s = _as_step(step)
-            if s is None:
-                self._refused += 1
-                return
-            head = P.EVAL_HEADER.pack(s, _wall())
-            self._send_now(P.encode_fields(P.EVAL, head, ids, vals), now)
+                    return
+                head = P.EVAL_HEADER.pack(s, _wall())
+                self._send_now(P.encode_fields(P.EVAL, head, ids, vals), now)
         except Exception:
             self._internal_errors += 1
             log.debug("trainmon_client: eval() failed internally", exc_info=True)
@@ -353,12 +374,13 @@ class Run:
             return
         now = _perf()
         try:
-            s = _as_step(step)
-            sec = _NAN if seconds is None else self._coerce(seconds)
-            if s is None or sec is _REFUSED or sec < 0:
-                self._refused += 1
-                return
-            self._send_now(P.encode_checkpoint(s, _wall(), sec), now)
+            with self._lock:
+                s = _as_step(step)
+                sec = _NAN if seconds is None else self._coerce(seconds)
+                if s is None or sec is _REFUSED or sec < 0:
+                    self._refused += 1
+                    return
+                self._send_now(P.encode_checkpoint(s, _wall(), sec), now)
         except Exception:
             self._internal_errors += 1
             log.debug("trainmon_client: checkpoint() failed internally", exc_info=True)
@@ -433,16 +455,18 @@ class Run:
             return
         if is_device_tensor(table) and len(self._waiting) < MAX_WAITING:
 
-            def apply(values: list[float] | None) -> None:
+            def apply(values: list[float] | None) -> None:  # called under the lock
                 if values is None:
                     self._refused += len(names)
                 else:
                     self._send_layers(step, names, codes, values, checks_total, seconds_total)
 
-            self._defer([table], apply, flatten=True)
+            with self._lock:
+                self._defer([table], apply, flatten=True)
         else:
             values = table.flatten().tolist()
-            self._send_layers(step, names, codes, values, checks_total, seconds_total)
+            with self._lock:
+                self._send_layers(step, names, codes, values, checks_total, seconds_total)
 
     def _send_layers(
         self,
@@ -472,13 +496,14 @@ class Run:
             return 0
         now = _perf()
         try:
-            field_id = self._intern(name)
-            if not field_id:
-                self._refused += 1
-                return 0
-            totals = self._ops.setdefault(field_id, [0.0, 0])
-            self._send_now(P.encode_track(field_id, True, totals[0], int(totals[1])), now)
-            return field_id
+            with self._lock:
+                field_id = self._intern(name)
+                if not field_id:
+                    self._refused += 1
+                    return 0
+                totals = self._ops.setdefault(field_id, [0.0, 0])
+                self._send_now(P.encode_track(field_id, True, totals[0], int(totals[1])), now)
+                return field_id
         except Exception:
             self._internal_errors += 1
             log.debug("trainmon_client: track() failed internally", exc_info=True)
@@ -491,10 +516,11 @@ class Run:
             return
         now = _perf()
         try:
-            totals = self._ops[field_id]
-            totals[0] += seconds
-            totals[1] += 1
-            self._send_now(P.encode_track(field_id, False, totals[0], int(totals[1])), now)
+            with self._lock:
+                totals = self._ops[field_id]
+                totals[0] += seconds
+                totals[1] += 1
+                self._send_now(P.encode_track(field_id, False, totals[0], int(totals[1])), now)
         except Exception:
             self._internal_errors += 1
             log.debug("trainmon_client: track() failed internally", exc_info=True)
@@ -530,8 +556,13 @@ class Run:
 
     @property
     def overhead_seconds(self) -> float:
-        """Cumulative wall time spent inside :meth:`log` (seconds, ``time.perf_counter``)."""
-        return self._overhead
+        """Cumulative seconds the client cost the training process.
+
+        Wall time inside :meth:`log`, :meth:`eval`, :meth:`track` and :meth:`checkpoint`
+        (``time.perf_counter``), plus the CPU time of the flusher thread's flushes
+        (``time.thread_time``). Sent with every step as ``overhead_seconds_total``.
+        """
+        return self._overhead + self._flush_seconds
 
     @property
     def connected(self) -> bool:
@@ -544,7 +575,42 @@ class Run:
             f"socket={self.socket_path!r}, connected={self.connected})"
         )
 
-    # ------------------------------------------------------------------------- hot path
+    # ------------------------------------------------------------------------- flusher
+
+    def _wake_flusher(self) -> None:
+        """Wake the flusher thread now (starting it on the first call)."""
+        if self._flusher is None:
+            thread = threading.Thread(
+                target=self._flush_loop, name=f"trainmon-flush-{self.rank}", daemon=True
+            )
+            self._flusher = thread
+            self._wake_each = self.flush_interval <= 0.0
+            thread.start()
+        self._wake.set()
+
+    def _flush_loop(self) -> None:
+        """The flusher thread: sleep until woken or ``flush_interval`` passes, then flush.
+
+        It sleeps in ``Event.wait`` (no GIL held) and ends once the run is closed. With a
+        ``flush_interval`` of 0 it only wakes when ``log()`` wakes it, once per step.
+        """
+        wake = self._wake
+        timeout = self.flush_interval if self.flush_interval > 0.0 else None
+        while not self._closed:
+            wake.wait(timeout)
+            wake.clear()
+            with self._lock:
+                if self._closed:
+                    return
+                cpu0 = time.thread_time()
+                try:
+                    self._flush(_perf())
+                except Exception:
+                    self._internal_errors += 1
+                    log.debug("trainmon_client: flush failed internally", exc_info=True)
+                self._flush_seconds += time.thread_time() - cpu0
+
+    # ------------------------------------------------------------------------- flush path
 
     def _send_now(self, record: bytes, now: float) -> None:
         """Queue ``record`` after every pending step and flush at once (rare records)."""
@@ -668,15 +734,12 @@ class Run:
         sent in order); that step and the later ones stay pending.
         """
         pending = self._pending
-        self._pending = []
-        if self._waiting_owners:
-            owners = self._waiting_owners
-            for cut, entry in enumerate(pending):
-                if id(entry[3]) in owners:
-                    self._pending = pending[cut:]
-                    pending = pending[:cut]
-                    break
-        for step, t0, wall, metrics in pending:
+        owners = self._waiting_owners
+        to_wall = _wall() - _perf()  # perf_counter -> Unix time, read once per flush
+        while pending:
+            if owners and id(pending[0][2]) in owners:
+                break
+            step, t0, metrics = pending.popleft()
             if type(step) is not int or not 0 <= step <= _MAX_STEP:
                 step = _as_step(step)  # NumPy / tensor integers, integral floats, or None
                 if step is None:
@@ -703,11 +766,11 @@ class Run:
                 plan.payload_length,
                 step,
                 self._steps,
-                wall,
+                t0 + to_wall,
                 t0 - self._prev_t,
                 self._tokens,
                 self._samples,
-                self._overhead,
+                self._overhead + self._flush_seconds,
                 self._dropped_disconnected,
                 self._dropped_backpressure,
                 self._refused,
@@ -847,10 +910,10 @@ class Run:
         """Encode what is pending and send it (or drop and count it). Never raises OSError."""
         self._last_flush = now
         if os.getpid() != self._pid:  # forked child: never touch the parent's socket
-            self._pending = []
+            self._pending.clear()
             return
         if self.cuda_memory and self._pending:
-            _add_allocator_stats(self._pending[-1][3])
+            _add_allocator_stats(self._pending[-1][2])
         if self._waiting:
             self._resolve(block=finish is not None)
         if self._resend_names and self._sock is not None:
@@ -918,6 +981,8 @@ class Run:
     def _disable_in_child(self) -> None:
         self._closed = True
         self._sock = None  # the parent owns the descriptor; the child must not close it
+        self._lock = threading.RLock()  # the parent's flusher may have held it at the fork
+        self._flusher = None
 
 
 def _expected_exporter_uid(env: Any) -> int | None:
@@ -993,7 +1058,8 @@ def init(
             (``num_alloc_retries``: cudaMalloc retries after freeing the cache, the sign of
             fragmentation before an OOM) and ``ooms`` (``num_ooms``). Values you log under
             those names win. Host-side counters: no device synchronisation.
-        flush_interval: longest time (seconds) a record waits in the buffer before it is sent.
+        flush_interval: longest time (seconds) a record waits in the buffer before the flusher
+            thread sends it (0: each step as it comes).
             Default: ``TRAINMON_FLUSH_INTERVAL`` or 0.5. Non-finite values are sent at once.
         enabled: ``False`` returns a handle whose methods do nothing (e.g. on ranks you skip).
 

@@ -42,7 +42,7 @@ _GAUGES: tuple[tuple[str, str, Callable[[RankState], float | None]], ...] = (
     ),
     (
         "trainmon_train_last_step_timestamp_seconds",
-        "Wall time of the last logged step (Unix s, client time.time() inside log()).",
+        "Wall time of the last logged step's log() call (Unix s, client clock).",
         lambda s: s.last_step_time,
     ),
     (
@@ -126,7 +126,8 @@ _COUNTERS: tuple[tuple[str, str, Callable[[RankState], float]], ...] = (
     ),
     (
         "trainmon_client_overhead_seconds",
-        "Wall time the client spent inside log() (s, time.perf_counter, cumulative on the wire).",
+        "Seconds the client cost its trainer: wall time inside its calls plus its flusher "
+        "thread's CPU time (s, cumulative on the wire).",
         lambda s: s.overhead_total,
     ),
     (
@@ -194,7 +195,7 @@ class TrainingCollector:
         )
         ovr = GaugeMetricFamily(
             "trainmon_client_overhead_ratio",
-            "Share of wall time spent inside the client's log() over rate_window_seconds "
+            "Share of wall time the client cost its trainer over rate_window_seconds "
             "(delta overhead s / delta wall s; budget: under 0.01).",
             labels=RL,
         )
