@@ -38,6 +38,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/gpu.py
 	$(BIN)/python benchmarks/callbacks.py
 	$(BIN)/python benchmarks/detection/run.py
+	$(BIN)/python benchmarks/peers.py
 
 clean:
 	rm -rf $(VENV)
