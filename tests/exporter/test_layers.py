@@ -71,6 +71,33 @@ def test_layer_cap(make_exporter: Callable[..., InProcessExporter]) -> None:
     assert sample(m, "trainmon_ingest_values_dropped_total", reason="layer_cap") == 1
 
 
+def test_layers_of_ranks_outside_layer_ranks_are_analysed_not_exported(
+    make_exporter: Callable[..., InProcessExporter],
+) -> None:
+    """Only rank 0's layers become series by default; rank 1's are counted and still judged."""
+    ex = make_exporter(analytics={"update_ratio_low": 1.0})  # every layer reads as frozen
+    for rank in (0, 1):
+        run = connect(ex, "sub", rank=rank, world_size=2)
+        train(run, 4)
+        wait_for(lambda r=rank: (k := ex.rank("sub", r)) and k["status"] == "finished")
+    m = ex.metrics()
+    ranks = {dict(lbl)["rank"] for (n, lbl) in m if n.startswith("trainmon_layer_")}
+    assert ranks == {"0"}
+    # 3 layers x 2 watch checks of rank 1, analysed but not exported
+    assert sample(m, "trainmon_ingest_values_dropped_total", reason="layer_rank") == 6
+    for rank in ("0", "1"):
+        low = sample(m, "trainmon_train_update_ratio_low_total", run="sub", rank=rank)
+        assert low == 6, (rank, low)
+
+    ex_all = make_exporter(layer_ranks="all")
+    run = connect(ex_all, "every", rank=1, world_size=2)
+    train(run, 2)
+    wait_for(lambda: (k := ex_all.rank("every", 1)) and k["status"] == "finished")
+    m = ex_all.metrics()
+    assert sample(m, "trainmon_layer_grad_norm", run="every", rank="1", layer="0") is not None
+    assert sample(m, "trainmon_ingest_values_dropped_total", reason="layer_rank") == 0
+
+
 def rows(norms: list[float], ratio: float = 1e-3) -> list[tuple[str, dict[int, float]]]:
     return [(f"l{i}", {1: n, 5: ratio}) for i, n in enumerate(norms)]
 

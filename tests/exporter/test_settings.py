@@ -64,11 +64,32 @@ def test_invalid_values_are_rejected(argv: list[str]) -> None:
         (["--allowed-uids", "no-such-user-here"], "unknown user"),
         (["--allowed-gids", "[1, 2"], "JSON list"),
         (["--log-max-repeats", "0"], "greater than or equal to 1"),
+        (["--layer-ranks", "0,x"], "ranks like 0,8-15"),
+        (["--layer-ranks", "8-4"], "A <= B"),
+        (["--layer-ranks", "0-8:0"], "S >= 1"),
+        (["--layer-ranks", ",".join(["1"] * 257)], "at most 256"),
     ],
 )
 def test_unsafe_or_meaningless_values_are_refused(argv: list[str], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         load_settings(argv)
+
+
+@pytest.mark.parametrize(
+    ("spec", "inside", "outside"),
+    [
+        ("0", [0], [1, 8]),
+        ("all", [0, 7, 1 << 20], []),
+        ("none", [], [0, 1]),
+        ("0,8-9", [0, 8, 9], [1, 7, 10]),
+        ("0-1023:8", [0, 8, 1016], [1, 7, 1023, 1024]),
+        (" 3 , 5-5 ", [3, 5], [4, 6]),
+    ],
+)
+def test_layer_ranks_select_ranks(spec: str, inside: list[int], outside: list[int]) -> None:
+    ranks = load_settings(["--layer-ranks", spec]).layer_rank_set
+    assert all(r in ranks for r in inside), ranks
+    assert not any(r in ranks for r in outside), ranks
 
 
 def test_the_socket_is_not_world_writable_by_default() -> None:

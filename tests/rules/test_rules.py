@@ -33,7 +33,9 @@ def test_promtool_checks_config_and_rules() -> None:
     run(promtool(), "check", "rules", *map(str, RULE_FILES))
 
 
-@pytest.mark.parametrize("name", ["alerts_test.yml", "recording_test.yml"])
+@pytest.mark.parametrize(
+    "name", sorted(p.name for p in (ROOT / "tests" / "rules").glob("*_test.yml"))
+)
 def test_promtool_unit_tests(name: str) -> None:
     out = run(promtool(), "test", "rules", name, cwd=ROOT / "tests" / "rules")
     assert "SUCCESS" in out

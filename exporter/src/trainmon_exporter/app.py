@@ -64,6 +64,7 @@ def build_exporter(
         max_ranks=settings.max_ranks,
         max_custom_metrics=settings.max_custom_metrics,
         max_layers=settings.max_layers,
+        layer_ranks=settings.layer_rank_set,
         buckets=settings.step_duration_buckets,
         window_s=settings.rate_window_seconds,
         ttl_s=settings.series_ttl_seconds,

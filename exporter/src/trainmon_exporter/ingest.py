@@ -58,8 +58,9 @@ uid other than the one that opened the run; ``peer_not_allowed`` a HELLO from a 
 MAX_NAMES_PER_CONNECTION = 4096
 """Names one connection may bind (custom metrics, operations, layers): a memory bound. The
 client binds at most 1,024 custom names plus its layers and operations."""
-DROP_REASONS = ("unknown_field", "custom_cap", "layer_cap", "unknown_hello_key")
-"""``reason`` values of ``trainmon_ingest_values_dropped_total``."""
+DROP_REASONS = ("unknown_field", "custom_cap", "layer_cap", "layer_rank", "unknown_hello_key")
+"""``reason`` values of ``trainmon_ingest_values_dropped_total``; ``layer_rank`` counts layers
+of a rank outside ``layer_ranks``, analysed but not exported as series."""
 RECORD_TYPES = {
     P.HELLO: "hello",
     P.NAME: "name",
@@ -151,6 +152,7 @@ class IngestMetrics:
             "trainmon_ingest_values_dropped",
             "Values of valid records that were dropped, by reason: unknown_field (no NAME for "
             "the id), custom_cap (over max_custom_metrics), layer_cap (over max_layers), "
+            "layer_rank (layers of a rank outside layer_ranks: analysed, not exported), "
             "unknown_hello_key.",
             ["reason"],
             registry=registry,
@@ -486,11 +488,16 @@ class IngestServer:
         if rtype == P.LAYERS:
             (step, _when, checks, seconds), codes, ids, values = P.decode_layers(payload)
             names = [conn.names.get(i) for i in ids]
-            unknown, capped = state.observe_layers(names, codes, values, self.store.max_layers)
+            export = state.rank in self.store.layer_ranks
+            unknown, capped = state.observe_layers(
+                names, codes, values, self.store.max_layers, export
+            )
             if unknown:
                 self.metrics.dropped_values.labels("unknown_field").inc(unknown)
             if capped:
                 self.metrics.dropped_values.labels("layer_cap").inc(capped)
+            if not export and len(names) > unknown + capped:
+                self.metrics.dropped_values.labels("layer_rank").inc(len(names) - unknown - capped)
             state.ops["watch"] = [seconds, float(checks), 0.0]
             return _APPLIED
         if rtype == P.CHECKPOINT:

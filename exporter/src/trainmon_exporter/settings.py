@@ -12,6 +12,7 @@ import grp
 import json
 import math
 import pwd
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
@@ -129,6 +130,14 @@ class Settings(BaseSettings):
     max_custom_metrics: int = Field(
         256, ge=0, description="Most distinct custom metric names per rank; more are refused."
     )
+    layer_ranks: str = Field(
+        "0",
+        description="Ranks whose per-layer series (Run.watch) are exported: all, none, or "
+        "ranks and ranges such as 0,8-15 or 0-1023:8 (every 8th rank). Under data "
+        "parallelism every rank sees the same layers, so rank 0 stands for all; the layers of "
+        "other ranks still feed their update-ratio and gradient-gain checks and are counted in "
+        'trainmon_ingest_values_dropped_total{reason="layer_rank"}.',
+    )
     step_duration_buckets: tuple[float, ...] = Field(
         DEFAULT_STEP_BUCKETS,
         description="Upper bounds (s) of trainmon_train_step_duration_seconds buckets.",
@@ -195,6 +204,12 @@ class Settings(BaseSettings):
             )
         return value
 
+    @field_validator("layer_ranks")
+    @classmethod
+    def _check_layer_ranks(cls, value: str) -> str:
+        RankSet.parse(value)
+        return value.strip().lower()
+
     @field_validator("socket_group")
     @classmethod
     def _check_group(cls, value: str | None) -> str | None:
@@ -243,6 +258,11 @@ class Settings(BaseSettings):
         return int(self.listen.rpartition(":")[2])
 
     @property
+    def layer_rank_set(self) -> RankSet:
+        """:attr:`layer_ranks` parsed."""
+        return RankSet.parse(self.layer_ranks)
+
+    @property
     def socket_permissions(self) -> int:
         """:attr:`socket_mode` as an integer."""
         return int(self.socket_mode, 8)
@@ -251,6 +271,65 @@ class Settings(BaseSettings):
     def socket_gid(self) -> int | None:
         """:attr:`socket_group` as a group id (None: the default group)."""
         return None if self.socket_group is None else _gid(self.socket_group)
+
+
+class RankSet:
+    """A set of ranks written as ``all``, ``none`` or ``0,8-15,0-1023:8`` (Slurm's array syntax).
+
+    Each comma-separated item is a rank ``N``, a range ``A-B`` (both ends included) or a range
+    with a step ``A-B:S`` (``A``, ``A+S``, ... up to ``B``). Held as ranges, so membership costs
+    one comparison per item whatever the ranks' count.
+    """
+
+    MAX_ITEMS = 256
+    """Most comma-separated items: a bound on the setting's size and on each look-up."""
+
+    __slots__ = ("items", "text")
+
+    def __init__(self, text: str, items: tuple[tuple[int, int, int], ...] | None) -> None:
+        self.text = text
+        self.items = items  # (first, last, step); None: every rank
+
+    @classmethod
+    def parse(cls, text: str) -> RankSet:
+        """Parse ``text``.
+
+        Raises:
+            ValueError: not ``all``/``none``, a malformed item, a range whose end is below
+                its start, a step below 1, or more than :attr:`MAX_ITEMS` items.
+        """
+        spec = text.strip().lower()
+        if spec in ("all", "*"):
+            return cls(spec, None)
+        if spec in ("none", ""):
+            return cls(spec, ())
+        parts = [p.strip() for p in spec.split(",")]
+        if len(parts) > cls.MAX_ITEMS:
+            raise ValueError(f"at most {cls.MAX_ITEMS} comma-separated items, got {len(parts)}")
+        items = []
+        for part in parts:
+            m = re.fullmatch(r"(\d+)(?:-(\d+)(?::(\d+))?)?", part)
+            if m is None:
+                raise ValueError(
+                    f"expected all, none or ranks like 0,8-15,0-1023:8; got {part!r} in {text!r}"
+                )
+            first = int(m.group(1))
+            last = int(m.group(2)) if m.group(2) else first
+            step = int(m.group(3)) if m.group(3) else 1
+            if last < first or step < 1:
+                raise ValueError(f"{part!r}: a range A-B:S needs A <= B and S >= 1")
+            items.append((first, last, step))
+        return cls(spec, tuple(items))
+
+    def __contains__(self, rank: object) -> bool:
+        if not isinstance(rank, int):
+            return False
+        if self.items is None:
+            return True
+        return any(a <= rank <= b and (rank - a) % s == 0 for a, b, s in self.items)
+
+    def __repr__(self) -> str:
+        return f"RankSet({self.text!r})"
 
 
 def _gid(value: str) -> int:

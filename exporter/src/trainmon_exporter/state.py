@@ -12,6 +12,7 @@ import threading
 import time
 from bisect import bisect_left
 from collections import deque
+from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -168,9 +169,18 @@ class RankState:
         return unknown, capped
 
     def observe_layers(
-        self, names: list[str | None], codes: tuple[int, ...], values: tuple[float, ...], cap: int
+        self,
+        names: list[str | None],
+        codes: tuple[int, ...],
+        values: tuple[float, ...],
+        cap: int,
+        export: bool = True,
     ) -> tuple[int, int]:
-        """Apply one LAYERS record; returns layers dropped as ``(unknown id, over the cap)``."""
+        """Apply one LAYERS record; returns layers dropped as ``(unknown id, over the cap)``.
+
+        With ``export`` false (a rank outside ``layer_ranks``) the layers feed the rank's
+        analytics but are not kept for the per-layer series; the caller counts them.
+        """
         k = len(codes)
         unknown = capped = 0
         rows: list[tuple[str, dict[int, float]]] = []
@@ -178,11 +188,15 @@ class RankState:
             if name is None:
                 unknown += 1
                 continue
-            if name not in self.layers and len(self.layers) >= cap:
+            if export and name not in self.layers and len(self.layers) >= cap:
                 capped += 1
                 continue
             row = dict(zip(codes, values[r * k : (r + 1) * k], strict=True))
-            self.layers[name] = row
+            if export:
+                self.layers[name] = row
+            elif len(rows) >= cap:
+                capped += 1
+                continue
             rows.append((name, row))
         self.analytics.observe_layers(rows)
         return unknown, capped
@@ -249,6 +263,7 @@ class Store:
         max_custom_metrics: int,
         buckets: tuple[float, ...],
         max_layers: int = 128,
+        layer_ranks: Container[int] = range(1),
         window_s: float,
         ttl_s: float,
     ) -> None:
@@ -257,6 +272,7 @@ class Store:
         self.max_ranks = max_ranks
         self.max_custom_metrics = max_custom_metrics
         self.max_layers = max_layers
+        self.layer_ranks = layer_ranks  # ranks whose layers are exported as series
         self.buckets = buckets
         self.window_s = window_s
         self.ttl_s = ttl_s

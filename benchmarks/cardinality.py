@@ -1,0 +1,33 @@
+"""Print the series a real exporter exports per rank, GPU, node, run and watched layer.
+
+The session and the counting rules are in ``tests/cardinality.py``; the budget that
+``tests/exporter/test_cardinality.py`` holds the exporter to, and the fleet table it
+publishes in docs/scaling.md, follow from these figures.
+
+    python benchmarks/cardinality.py
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.cardinality import GPUS, RANKS, measure  # noqa: E402
+from tests.exporter.test_cardinality import BUDGET, table  # noqa: E402
+
+
+def main() -> None:
+    f = measure()
+    print(f"one exporter, {GPUS} fake H100s, one run of {RANKS} ranks ({f.total} series)")
+    print(f"{'unit':<8}{'measured':>10}{'budget':>8}")
+    for unit, n in f.rows():
+        print(f"{unit:<8}{n:>10g}{BUDGET[unit]:>8}")
+    print()
+    print(table())
+
+
+if __name__ == "__main__":
+    main()

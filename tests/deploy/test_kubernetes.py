@@ -1,0 +1,626 @@
+"""deploy/kubernetes, checked offline (no cluster here): rendered, schema-valid, rules tested.
+
+- ``kubectl kustomize`` renders every overlay and example (Debian's ``kubernetes-client``
+  1.20, whose kustomize is v2.0.3, as well as current kubectl releases).
+- Every built-in object validates against the Kubernetes OpenAPI schemas of the oldest
+  supported release (1.29: native sidecars) and of the newest that ``kubernetes-validate``
+  knows, strictly (an unknown field fails). Every PodMonitor and PrometheusRule validates
+  with ``check-jsonschema`` against prometheus-operator's own CRD schemas (vendored under
+  tests/deploy/schemas/), made strict the same way. The PyTorchJob's pod templates validate
+  as core PodTemplateSpecs.
+- The generated PrometheusRules and dashboard ConfigMaps are what deploy/kubernetes/build.py
+  builds; the rule groups in the rendered overlays pass ``promtool check rules`` and every
+  promtool unit test in tests/rules/, run against rule files extracted from the rendered
+  PrometheusRules instead of deploy/prometheus/.
+- The manifests agree with each other and with the exporter: socket paths, setting names, the
+  scrape job the alerts expect, a run id that survives pod restarts, and a socket a non-root
+  trainer can reach with the permissions the manifests set (run for real when root).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from trainmon_exporter.settings import environment_names
+
+from ..conftest import ROOT, child_env, free_port, require_tool, wait_for
+from ..exporter.test_cardinality import BUDGET
+
+K8S = ROOT / "deploy" / "kubernetes"
+SCHEMAS = Path(__file__).with_name("schemas") / "prometheus-operator-v0.93.0"
+OVERLAYS = sorted(p.parent.relative_to(K8S) for p in K8S.glob("overlays/*/kustomization.yaml"))
+EXAMPLES = sorted(p.parent.relative_to(K8S) for p in K8S.glob("examples/*/kustomization.yaml"))
+KUSTOMIZATIONS = [*OVERLAYS, *EXAMPLES]
+K8S_VERSIONS = ["1.29.0", "latest"]
+CRD_FILES = {
+    "PodMonitor": "monitoring.coreos.com_podmonitors.yaml",
+    "PrometheusRule": "monitoring.coreos.com_prometheusrules.yaml",
+}
+CUSTOM_KINDS = {*CRD_FILES, "PyTorchJob"}
+
+
+def generator() -> Any:
+    spec = importlib.util.spec_from_file_location("build_k8s", K8S / "build.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def kubectl() -> str:
+    return require_tool("kubectl", "kubernetes-client")
+
+
+@functools.cache
+def rendered(path: Path) -> tuple[dict[str, Any], ...]:
+    """The objects ``kubectl kustomize deploy/kubernetes/<path>`` prints."""
+    out = subprocess.run(
+        [kubectl(), "kustomize", str(K8S / path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, f"kubectl kustomize {path}: {out.stderr}"
+    return tuple(d for d in yaml.safe_load_all(out.stdout) if d)
+
+
+def objects(kind: str | None = None) -> Iterator[tuple[Path, dict[str, Any]]]:
+    for path in KUSTOMIZATIONS:
+        for obj in rendered(path):
+            if kind is None or obj["kind"] == kind:
+                yield path, obj
+
+
+def pod_specs() -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(where, pod spec)`` of every workload and custom resource with pod templates."""
+    for path, obj in objects():
+        name = f"{path}:{obj['kind']}/{obj['metadata']['name']}"
+        if obj["kind"] in ("DaemonSet", "Job"):
+            yield name, obj["spec"]["template"]["spec"]
+        elif obj["kind"] == "PyTorchJob":
+            for rtype, rs in obj["spec"]["pytorchReplicaSpecs"].items():
+                yield f"{name}/{rtype}", rs["template"]["spec"]
+
+
+def containers(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    return [*spec.get("initContainers", []), *spec["containers"]]
+
+
+def env(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+# --------------------------------------------------------------------------- generation
+
+
+def test_committed_objects_are_what_the_generator_builds() -> None:
+    for path, text in generator().render().items():
+        assert path.read_text() == text, (
+            f"{path.relative_to(ROOT)} is stale: run python deploy/kubernetes/build.py"
+        )
+
+
+def test_one_prometheusrule_per_rule_file_with_its_groups_unchanged() -> None:
+    gen = generator()
+    sources = {gen.rule_object_name(p): p for p in gen.rule_files()}
+    assert {"trainmon-rules", "trainmon-alerts"} <= set(sources)
+    for path in OVERLAYS:
+        rules = {o["metadata"]["name"]: o for o in rendered(path) if o["kind"] == "PrometheusRule"}
+        assert set(rules) == set(sources), path
+        for name, obj in rules.items():
+            assert obj["spec"]["groups"] == yaml.safe_load(sources[name].read_text())["groups"]
+
+
+def test_dashboards_are_configmaps_the_grafana_sidecar_loads() -> None:
+    files = {p.name: p.read_text() for p in (ROOT / "deploy/grafana/dashboards").glob("*.json")}
+    for path in OVERLAYS:
+        maps = [o for o in rendered(path) if o["kind"] == "ConfigMap"]
+        got = {k: v for m in maps for k, v in m["data"].items()}
+        assert got == files, path
+        for m in maps:
+            assert m["metadata"]["labels"]["grafana_dashboard"] == "1"
+            size = len(json.dumps(m).encode())
+            assert size < 256 * 1024, f"{m['metadata']['name']}: {size} B, over kubectl apply's cap"
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+@pytest.mark.parametrize("path", KUSTOMIZATIONS, ids=str)
+def test_kustomize_renders(path: Path) -> None:
+    objs = rendered(path)
+    assert objs
+    for o in objs:
+        assert o["apiVersion"] and o["kind"] and o["metadata"]["name"], o
+    if path in OVERLAYS:
+        assert {o["metadata"].get("namespace") for o in objs if o["kind"] != "Namespace"} == {
+            "trainmon-system"
+        }
+
+
+# --------------------------------------------------------------------------- schemas
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_builtin_objects_validate_against_kubernetes_schemas(version: str) -> None:
+    kv = pytest.importorskip("kubernetes_validate", reason="pip install -r requirements-dev.txt")
+    version = kv.latest_version() if version == "latest" else version
+    seen = set()
+    for path, obj in objects():
+        if obj["kind"] in CUSTOM_KINDS:
+            continue
+        try:
+            kv.validate(obj, version, strict=True)
+        except kv.ValidationError as exc:
+            pytest.fail(f"{path}: {obj['kind']}/{obj['metadata']['name']} on {version}: {exc}")
+        seen.add(obj["kind"])
+    assert {"DaemonSet", "Job", "Service", "ServiceAccount", "ConfigMap", "Namespace"} <= seen
+
+
+def test_pytorchjob_pod_templates_validate_as_pod_templates() -> None:
+    kv = pytest.importorskip("kubernetes_validate", reason="pip install -r requirements-dev.txt")
+    jobs = [o for _, o in objects("PyTorchJob")]
+    assert jobs
+    for job in jobs:
+        for rtype, rs in job["spec"]["pytorchReplicaSpecs"].items():
+            template = {
+                "apiVersion": "v1",
+                "kind": "PodTemplate",
+                "metadata": {"name": f"{job['metadata']['name']}-{rtype.lower()}"},
+                "template": rs["template"],
+            }
+            kv.validate(template, kv.latest_version(), strict=True)
+            # the training operator finds its container by this name
+            assert [c["name"] for c in rs["template"]["spec"]["containers"]] == ["pytorch"]
+
+
+def strict_schema(node: Any) -> Any:
+    """A CRD's openAPIV3Schema as the API server applies it with strict field validation.
+
+    Objects with ``properties`` (and no ``x-kubernetes-preserve-unknown-fields``) refuse
+    other keys; Go's ``^(?i)…`` patterns become ``(?i)^…`` (Python accepts flags only first).
+    """
+    if isinstance(node, list):
+        return [strict_schema(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: strict_schema(v) for k, v in node.items()}
+    if (
+        out.get("type") == "object"
+        and "properties" in out
+        and "additionalProperties" not in out
+        and not out.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        out["additionalProperties"] = False
+    pattern = out.get("pattern")
+    if isinstance(pattern, str) and "(?i)" in pattern and not pattern.startswith("(?i)"):
+        out["pattern"] = "(?i)" + pattern.replace("(?i)", "")
+    return out
+
+
+def crd_schema(kind: str) -> dict[str, Any]:
+    crd = yaml.safe_load((SCHEMAS / CRD_FILES[kind]).read_text())
+    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+    schema = strict_schema(copy.deepcopy(version["schema"]["openAPIV3Schema"]))
+    schema["$schema"] = "http://json-schema.org/draft-07/schema#"
+    props = schema["properties"]
+    props["apiVersion"] = {"const": f"{crd['spec']['group']}/v1"}
+    props["kind"] = {"const": kind}
+    # metadata is {type: object} in the CRD: the API server checks it, so check names here
+    props["metadata"] = {
+        "type": "object",
+        "required": ["name"],
+        "properties": {"name": {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"}},
+    }
+    schema["required"] = sorted({*schema.get("required", []), "apiVersion", "kind", "metadata"})
+    return schema
+
+
+def check_jsonschema(schema: dict[str, Any], docs: list[dict[str, Any]], tmp: Path) -> str:
+    """Run check-jsonschema on ``docs``; returns its output, fails the test on rc != 0."""
+    exe = shutil.which("check-jsonschema", path=str(Path(sys.executable).parent))
+    if exe is None:
+        pytest.skip("check-jsonschema not installed (pip install -r requirements-dev.txt)")
+    tmp.mkdir(parents=True, exist_ok=True)
+    schema_file = tmp / "schema.json"
+    schema_file.write_text(json.dumps(schema))
+    files = []
+    for i, d in enumerate(docs):
+        f = tmp / f"{i:02d}-{d['kind']}-{d['metadata']['name']}.yaml"
+        f.write_text(yaml.safe_dump(d))
+        files.append(str(f))
+    out = subprocess.run(
+        [exe, "--regex-variant", "python", "--schemafile", str(schema_file), *files],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    return f"rc={out.returncode}\n{out.stdout}{out.stderr}"
+
+
+@pytest.mark.parametrize("kind", sorted(CRD_FILES))
+def test_custom_resources_validate_against_the_operator_crds(kind: str, tmp_path: Path) -> None:
+    docs = [o for _, o in objects(kind)]
+    assert docs, f"no {kind} rendered"
+    out = check_jsonschema(crd_schema(kind), docs, tmp_path)
+    assert out.startswith("rc=0"), out
+
+
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        (lambda pm: pm["spec"]["podMetricsEndpoints"][0].update(port=9478), "is not of type"),
+        (lambda pm: pm["spec"]["podMetricsEndpoints"][0].update(interval="15 s"), "match"),
+        (lambda pm: pm["spec"].update(podMetricEndpoints=[]), "Additional properties"),
+    ],
+    ids=["numeric port", "bad duration", "misspelt field"],
+)
+def test_the_crd_check_rejects_a_broken_podmonitor(change: Any, error: str, tmp_path: Path) -> None:
+    """The schema check can fail: a PodMonitor with each mistake is rejected."""
+    pm = copy.deepcopy(next(o for _, o in objects("PodMonitor")))
+    change(pm)
+    out = check_jsonschema(crd_schema("PodMonitor"), [pm], tmp_path)
+    assert out.startswith("rc=1") and error in out, out
+
+
+# --------------------------------------------------------------------------- rules
+
+
+def extracted_rules(tmp: Path, overlay: Path) -> dict[str, Path]:
+    """Write each rendered PrometheusRule's groups as a rule file named like its source.
+
+    Returns ``{source file name: extracted path}``.
+    """
+    gen = generator()
+    by_object = {gen.rule_object_name(p): p.name for p in gen.rule_files()}
+    tmp.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for obj in rendered(overlay):
+        if obj["kind"] == "PrometheusRule":
+            source = by_object[obj["metadata"]["name"]]
+            path = tmp / source
+            path.write_text(yaml.safe_dump({"groups": obj["spec"]["groups"]}, sort_keys=False))
+            out[source] = path
+    return out
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=str)
+def test_prometheusrule_groups_pass_promtool(overlay: Path, tmp_path: Path) -> None:
+    promtool = require_tool("promtool", "prometheus")
+    files = extracted_rules(tmp_path, overlay)
+    out = subprocess.run(
+        [promtool, "check", "rules", *map(str, files.values())],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+UNIT_TESTS = sorted(p.name for p in (ROOT / "tests" / "rules").glob("*_test.yml"))
+
+
+@pytest.mark.parametrize("name", UNIT_TESTS)
+def test_promtool_unit_tests_pass_on_the_rendered_rules(name: str, tmp_path: Path) -> None:
+    """tests/rules/<name>, its rule_files swapped for the rendered PrometheusRules' groups."""
+    promtool = require_tool("promtool", "prometheus")
+    files = extracted_rules(tmp_path / "rules", Path("overlays/daemonset"))
+    unit = yaml.safe_load((ROOT / "tests" / "rules" / name).read_text())
+    swapped = []
+    for rf in unit["rule_files"]:
+        source = Path(rf).name
+        assert source in files, f"{name} tests {rf}, which no PrometheusRule carries"
+        swapped.append(str(files[source]))
+    unit["rule_files"] = swapped
+    test_file = tmp_path / name
+    test_file.write_text(yaml.safe_dump(unit, sort_keys=False))
+    out = subprocess.run(
+        [promtool, "test", "rules", str(test_file)], capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0 and "SUCCESS" in out.stdout, out.stdout + out.stderr
+
+
+def test_podmonitors_give_the_job_the_alerts_expect() -> None:
+    jobs_in_rules = set()
+    for p in generator().rule_files():
+        jobs_in_rules |= set(re.findall(r'\bjob="([^"]+)"', p.read_text()))
+    assert jobs_in_rules, "the rules no longer name a job: drop this test's premise"
+    pms = [o for _, o in objects("PodMonitor")]
+    assert len({o["metadata"]["name"] for o in pms}) == 2  # the DaemonSet's and the sidecars'
+    for pm in pms:
+        for ep in pm["spec"]["podMetricsEndpoints"]:
+            set_job = [r["replacement"] for r in ep["relabelings"] if r["targetLabel"] == "job"]
+            assert set_job and set(set_job) <= jobs_in_rules, (pm["metadata"]["name"], set_job)
+
+
+# --------------------------------------------------------------------------- agreement
+
+
+def exporter_containers() -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
+    for where, spec in pod_specs():
+        for c in containers(spec):
+            if str(c["image"]).startswith("trainmon-exporter") and "command" not in c:
+                yield where, spec, c
+
+
+def test_every_trainmon_variable_in_the_manifests_is_a_real_setting() -> None:
+    known = environment_names()
+    used = {
+        name
+        for _, spec in pod_specs()
+        for c in containers(spec)
+        for name in env(c)
+        if name.startswith("TRAINMON_")
+    }
+    assert used and not used - known, f"unknown: {sorted(used - known)}"
+
+
+def test_trainers_and_exporters_share_one_socket() -> None:
+    for where, spec in pod_specs():
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        paths = set()
+        for c in containers(spec):
+            sock = env(c).get("TRAINMON_SOCKET", {}).get("value")
+            if sock is None:
+                continue
+            mounts = [m for m in c["volumeMounts"] if sock.startswith(m["mountPath"] + "/")]
+            assert mounts, (where, c["name"], sock)
+            vol = volumes[mounts[0]["name"]]
+            paths.add((sock, json.dumps(vol.get("hostPath") or {"pod": vol["name"]})))
+        assert len(paths) == 1, (where, paths)
+        sock, _ = paths.pop()
+        if "emptyDir" in json.dumps(volumes):
+            # an emptyDir is 0777: the socket must sit in a directory the exporter creates
+            assert sock == "/run/trainmon/ingest/trainmon.sock", where
+        else:
+            assert sock == "/run/trainmon/trainmon.sock", where
+
+
+def test_the_run_id_comes_from_the_job_not_the_pod() -> None:
+    """TRAINMON_RUN is built from the namespace and the job's name label (downward API)."""
+    seen = 0
+    for where, spec in pod_specs():
+        for c in spec["containers"]:
+            e = env(c)
+            if "TRAINMON_RUN" not in e:
+                continue
+            seen += 1
+            refs = re.findall(r"\$\(([A-Z_]+)\)", e["TRAINMON_RUN"]["value"])
+            paths = [e[r]["valueFrom"]["fieldRef"]["fieldPath"] for r in refs]
+            assert "metadata.namespace" in paths, where
+            job = [p for p in paths if p != "metadata.namespace"]
+            assert len(job) == 1 and re.fullmatch(
+                r"metadata\.labels\['(batch\.kubernetes\.io|training\.kubeflow\.org)/job-name'\]",
+                job[0],
+            ), (where, job)
+    assert seen == len(EXAMPLES) + 1  # the PyTorchJob has two replica types
+
+
+def test_daemonset_shape() -> None:
+    (ds,) = [o for _, o in objects("DaemonSet")][:1]
+    spec = ds["spec"]["template"]["spec"]
+    assert spec["hostPID"] is True
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["nodeSelector"] and spec["tolerations"]
+    (c,) = spec["containers"]
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert env(c)["TRAINMON_LISTEN"]["value"].endswith(f":{ports['metrics']}")
+    assert c["resources"]["requests"] and c["resources"]["limits"]
+    assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    for vol in spec["volumes"]:
+        assert vol["hostPath"] == {"path": "/run/trainmon", "type": "DirectoryOrCreate"}
+
+
+def test_sidecars_are_native_and_scraped_by_port_name() -> None:
+    pm = next(o for _, o in objects("PodMonitor") if o["metadata"]["name"] == "trainmon-sidecar")
+    port = pm["spec"]["podMetricsEndpoints"][0]["port"]
+    selector = pm["spec"]["selector"]["matchLabels"]
+    found = 0
+    for path, job in objects("Job"):
+        template = job["spec"]["template"]
+        side = [c for c in template["spec"].get("initContainers", []) if "trainmon" in c["image"]]
+        if not side:
+            continue
+        found += 1
+        (c,) = side
+        assert c["restartPolicy"] == "Always", path  # a native sidecar: the Job can complete
+        assert port in {p["name"] for p in c["ports"]}
+        assert selector.items() <= template["metadata"]["labels"].items()
+        assert env(c)["TRAINMON_COLLECTORS__GPU"]["value"] == "false"  # the sidecar has no GPU
+        assert "fsGroup" in template["spec"]["securityContext"]
+    assert found == 1
+
+
+def test_sample_limits_leave_room_for_a_full_node() -> None:
+    """8 GPUs and 8 ranks, one of them exporting max_layers layers, fit under sampleLimit."""
+    node = 8 * (BUDGET["rank"] + BUDGET["GPU"]) + BUDGET["node"] + 128 * BUDGET["layer"]
+    pm = next(o for _, o in objects("PodMonitor") if o["metadata"]["name"] == "trainmon-exporter")
+    assert node < pm["spec"]["sampleLimit"], node
+
+
+# --------------------------------------------------------------------------- permissions
+
+
+def _runs_as(uid: int, gid: int, groups: list[int], argv: list[str], **kw: Any) -> Any:
+    setpriv = shutil.which("setpriv")
+    assert setpriv
+    group_arg = ["--groups", ",".join(map(str, groups))] if groups else ["--clear-groups"]
+    cmd = [setpriv, f"--reuid={uid}", f"--regid={gid}", *group_arg, *argv]
+    return cmd
+
+
+def _need_root_and_setpriv() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: runs the exporter and a trainer as the manifests' uids")
+    if shutil.which("setpriv") is None:
+        pytest.skip("needs setpriv (util-linux)")
+    probe = subprocess.run(
+        _runs_as(65532, 9478, [], [sys.executable, "-c", "import trainmon_exporter"]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"this checkout's Python cannot run as another uid: {probe.stderr[-200:]}")
+
+
+def _identity(spec: dict[str, Any], c: dict[str, Any]) -> tuple[int, int, list[int]]:
+    """``(uid, gid, supplementary groups)`` a container runs with (pod and container level)."""
+    sc = {**spec.get("securityContext", {}), **c.get("securityContext", {})}
+    groups = list(sc.get("supplementalGroups", []))
+    if "fsGroup" in spec.get("securityContext", {}):
+        groups.append(spec["securityContext"]["fsGroup"])
+    return int(sc["runAsUser"]), int(sc.get("runAsGroup", sc["runAsUser"])), groups
+
+
+TRAINER = """
+import sys, time, trainmon_client
+run = trainmon_client.init(run="perm", rank=0, world_size=1, socket_path=sys.argv[1],
+                           flush_interval=0.0)
+run.log(0, loss=1.0)
+run.finish()
+print("dropped", sum(run.dropped.values()))
+"""
+
+
+def _volume_as_kubelet_makes_it(root: Path, spec: dict[str, Any]) -> None:
+    """The mount point a new pod sees: hostPath DirectoryOrCreate (0755 root) or emptyDir."""
+    root.mkdir()
+    vol = spec["volumes"][0]
+    if "hostPath" in vol:
+        os.chmod(root, 0o755)
+    else:  # emptyDir: 0777, with fsGroup group-owned and set-group-ID
+        fs_group = spec["securityContext"].get("fsGroup")
+        os.chown(root, 0, fs_group if fs_group is not None else 0)
+        os.chmod(root, 0o2777 if fs_group is not None else 0o777)
+
+
+@pytest.mark.parametrize(
+    ("exporter_pod", "trainer_pod"),
+    [
+        (
+            "overlays/daemonset:DaemonSet/trainmon-exporter",
+            "examples/torchrun-job:Job/llm-pretrain",
+        ),
+        (
+            "examples/torchrun-job-sidecar:Job/llm-pretrain",
+            "examples/torchrun-job-sidecar:Job/llm-pretrain",
+        ),
+    ],
+    ids=["daemonset", "sidecar"],
+)
+def test_a_non_root_trainer_reaches_the_socket_with_the_manifests_permissions(
+    exporter_pod: str, trainer_pod: str
+) -> None:
+    """The directory as the kubelet creates it, the init container's command, the exporter
+    and the trainer as the uids and groups of the manifests: the trainer's step arrives,
+    and a process outside the socket's group is refused."""
+    _need_root_and_setpriv()
+    specs = dict(pod_specs())
+    ex_spec, tr_spec = specs[exporter_pod], specs[trainer_pod]
+    exporter = next(
+        c for c in containers(ex_spec) if "trainmon-exporter" in c["image"] and "command" not in c
+    )
+    trainer = next(c for c in tr_spec["containers"] if "TRAINMON_RUN" in env(c))
+    base = Path("/tmp") / f"tmk8s-{os.getpid()}"
+    shutil.rmtree(base, ignore_errors=True)
+    base.mkdir()
+    os.chmod(base, 0o755)
+    mount = base / "run-trainmon"
+    try:
+        _volume_as_kubelet_makes_it(mount, ex_spec)
+        for init in ex_spec.get("initContainers", []):
+            if "command" in init:  # the DaemonSet's socket-dir preparation, as root
+                cmd = init["command"][-1].replace("/run/trainmon", str(mount))
+                subprocess.run(["sh", "-c", cmd], check=True, timeout=30)
+        sock = env(exporter)["TRAINMON_SOCKET"]["value"].replace("/run/trainmon", str(mount))
+        port = free_port()
+        ex_env = child_env(
+            **{
+                k: v["value"]
+                for k, v in env(exporter).items()
+                if "value" in v and k.startswith("TRAINMON_")
+            }
+        )
+        ex_env.update(TRAINMON_SOCKET=sock, TRAINMON_LISTEN=f"127.0.0.1:{port}")
+        ex_env["TRAINMON_COLLECTORS__GPU"] = "false"
+        ex_env["TRAINMON_COLLECTORS__RANK_GPU"] = "false"
+        uid, gid, groups = _identity(ex_spec, exporter)
+        proc = subprocess.Popen(
+            _runs_as(uid, gid, groups, [sys.executable, "-m", "trainmon_exporter"]),
+            env=ex_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            import httpx2 as httpx
+
+            def ready() -> bool:
+                assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+                try:
+                    return (
+                        httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200
+                    )
+                except httpx.HTTPError:
+                    return False
+
+            wait_for(ready, timeout=30)
+            tr_uid, tr_gid, tr_groups = _identity(tr_spec, trainer)
+            assert tr_uid not in (0, uid), "the trainer must be another, non-root user"
+            ok = subprocess.run(
+                _runs_as(tr_uid, tr_gid, tr_groups, [sys.executable, "-c", TRAINER, sock]),
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env=child_env(),
+                check=False,
+            )
+            assert ok.returncode == 0 and ok.stdout.split() == ["dropped", "0"], (
+                ok.stdout + ok.stderr
+            )
+
+            def arrived() -> bool:
+                runs = httpx.get(f"http://127.0.0.1:{port}/api/v1/runs", timeout=5).json()["runs"]
+                return any(r["run"] == "perm" for r in runs)
+
+            wait_for(arrived, timeout=10)
+            outsider = subprocess.run(
+                _runs_as(tr_uid, tr_gid, [], [sys.executable, "-c", TRAINER, sock]),
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env=child_env(),
+                check=False,
+            )
+            assert outsider.returncode == 0 and outsider.stdout.split() != ["dropped", "0"], (
+                outsider.stdout + outsider.stderr
+            )
+        finally:
+            proc.terminate()
+            try:
+                proc.communicate(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
