@@ -241,21 +241,22 @@ def test_rank_gpu_join_and_mfu_against_a_hand_computation(
     for r in runs:
         r.flush_interval = 0.0
     # 1,000,000 tokens per step, one step per client-second: 1e6 tokens/s exactly, because
-    # tokens/s comes from the client's wall-clock stamps (set here by hand).
+    # tokens/s comes from the client's clock stamps (set here by hand: the wall time of a step
+    # is its perf_counter mapped to the wall clock, so both clocks are faked).
     import trainmon_client._run as client_run
 
     t = [time.time() - 5.0]
-    real_wall = client_run._wall
-    client_run._wall = lambda: t[0]
+    real_wall, real_perf = client_run._wall, client_run._perf
+    client_run._wall = client_run._perf = lambda: t[0]
     try:
         for step in range(5):
             for r in runs:
                 r.log(step, loss=1.0, tokens=1_000_000)
             t[0] += 1.0
+        for r in runs:
+            r.finish()  # every step encoded while the clocks are still faked
     finally:
-        client_run._wall = real_wall
-    for r in runs:
-        r.finish()
+        client_run._wall, client_run._perf = real_wall, real_perf
     wait_for(lambda: all((ex.rank("mfu", i) or {}).get("steps_total") == 5 for i in range(5)))
     m = ex.metrics()
     promtool_check_metrics(ex.metrics_text())

@@ -325,7 +325,8 @@ def test_a_trainer_can_refuse_a_listener_of_another_uid(
         _, out, _ = foreign.wait()
         received = int(out.split()[-1])
         if expected_uid is None:
-            assert received >= 5 and run.dropped["disconnected"] == 0  # the attack
+            # the attack: the steps reached the foreign listener, nothing counted as dropped
+            assert received >= 1 and run.dropped["disconnected"] == 0
         else:
             assert received == 0 and run.dropped["disconnected"] == 5
     finally:
