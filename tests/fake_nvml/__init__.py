@@ -7,7 +7,7 @@ The library is compiled with gcc into a directory of the caller's choice. Two wa
   library without any search path;
 - in a subprocess: put its directory first in ``LD_LIBRARY_PATH``.
 
-Either way ``TRAINMON_FAKE_NVML_CONFIG`` names the script written by :func:`write_config`.
+Either way ``FAKE_NVML_CONFIG`` names the script written by :func:`write_config`.
 
 :func:`build` with ``branch`` gives the library shaped like one NVIDIA driver branch: only the
 symbols that branch's ``libnvidia-ml.so.1`` exports, among those trainmon calls
@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 SOURCE = Path(__file__).with_name("fake_nvml.c")
-CONFIG_ENV = "TRAINMON_FAKE_NVML_CONFIG"
+CONFIG_ENV = "FAKE_NVML_CONFIG"
 
 
 COMMON_SYMBOLS = frozenset(

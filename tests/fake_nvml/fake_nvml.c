@@ -33,7 +33,7 @@
  * More switches: -DNO_GPM, -DNO_FIELD_VALUES drop those functions; -DNO_PCI_INFO drops every
  * version of nvmlDeviceGetPciInfo.
  *
- * Devices are scripted by a text file named in TRAINMON_FAKE_NVML_CONFIG, re-read whenever its
+ * Devices are scripted by a text file named in FAKE_NVML_CONFIG, re-read whenever its
  * modification time changes, one "key=value" per line:
  *
  *   init_error=9                 nvmlInitWithFlags returns this code (9: driver not loaded)
@@ -192,7 +192,7 @@ static void set_gpu(struct gpu *g, const char *key, const char *v) {
 
 /* Re-read the config when it changed; XIDs already delivered stay delivered. */
 static void refresh(void) {
-    const char *path = getenv("TRAINMON_FAKE_NVML_CONFIG");
+    const char *path = getenv("FAKE_NVML_CONFIG");
     struct stat st;
     if (!path || stat(path, &st) != 0) {
         if (config_mtime) { reset(); init_error = E_DRIVER_NOT_LOADED; config_mtime = 0; }

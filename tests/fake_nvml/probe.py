@@ -1,6 +1,6 @@
 """Run the real sampler and GPU collectors once against whichever libnvidia-ml.so.1 loads.
 
-    LD_LIBRARY_PATH=DIR TRAINMON_FAKE_NVML_CONFIG=CFG python -m tests.fake_nvml.probe [passes]
+    LD_LIBRARY_PATH=DIR FAKE_NVML_CONFIG=CFG python -m tests.fake_nvml.probe [passes]
 
 Builds an exporter (:func:`trainmon_exporter.app.build_exporter`, real
 :class:`~trainmon_exporter.nvml.PynvmlBackend`, nothing started), opens NVML, runs ``passes``

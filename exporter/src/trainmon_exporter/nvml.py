@@ -37,7 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Protocol, TypeVar
 
 import pynvml
 
@@ -317,9 +317,9 @@ def _binding(name: str) -> Callable[..., Any]:
     The stand-in is for an nvidia-ml-py older than the wrapper (``>=12.535`` is required;
     wrappers added since are optional).
     """
-    fn = getattr(pynvml, name, None)
+    fn: Callable[..., Any] | None = getattr(pynvml, name, None)
     if fn is not None:
-        return cast(Callable[..., Any], fn)
+        return fn
 
     def missing(*_: Any) -> Any:
         raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
@@ -394,6 +394,12 @@ def _memory_v2(h: Any) -> tuple[int, int, int]:
     return int(m.total), int(m.free), int(m.total) - int(m.free)
 
 
+_TEMPERATURE_V = _binding("nvmlDeviceGetTemperatureV")
+_GPM_QUERY = _binding("nvmlGpmQueryDeviceSupport")
+_GPM_ALLOC = _binding("nvmlGpmSampleAlloc")
+_GPM_GET = _binding("nvmlGpmSampleGet")
+_GPM_METRICS = _binding("nvmlGpmMetricsGet")
+
 Variants = tuple[tuple[str, Callable[..., Any]], ...]
 
 VARIANTS: dict[str, Variants] = {
@@ -436,7 +442,7 @@ VARIANTS: dict[str, Variants] = {
         ),
         (
             "nvmlDeviceGetTemperatureV",
-            lambda h: _binding("nvmlDeviceGetTemperatureV")(h, pynvml.NVML_TEMPERATURE_GPU),
+            lambda h: _TEMPERATURE_V(h, pynvml.NVML_TEMPERATURE_GPU),
         ),
     ),
     # v1 on every driver; _v2 (R510+) only if a future driver drops v1.
@@ -594,13 +600,13 @@ class PynvmlBackend:
         return list(self._versioned("processes", h))
 
     def gpm_supported(self, h: Any) -> bool:  # noqa: D102
-        got = self._call("nvmlGpmQueryDeviceSupport", _binding("nvmlGpmQueryDeviceSupport"), h)
+        got = self._call("nvmlGpmQueryDeviceSupport", _GPM_QUERY, h)
         return bool(got.isSupportedDevice)
 
     def gpm_sample(self, h: Any) -> Any:  # noqa: D102
-        sample = self._call("nvmlGpmSampleAlloc", _binding("nvmlGpmSampleAlloc"))
+        sample = self._call("nvmlGpmSampleAlloc", _GPM_ALLOC)
         try:
-            return self._call("nvmlGpmSampleGet", _binding("nvmlGpmSampleGet"), h, sample)
+            return self._call("nvmlGpmSampleGet", _GPM_GET, h, sample)
         except NvmlError:
             self.gpm_free(sample)
             raise
@@ -613,7 +619,7 @@ class PynvmlBackend:
         req.sample2 = second
         for i, metric in enumerate(ids):
             req.metrics[i].metricId = metric
-        self._call("nvmlGpmMetricsGet", _binding("nvmlGpmMetricsGet"), req)
+        self._call("nvmlGpmMetricsGet", _GPM_METRICS, req)
         return {
             int(req.metrics[i].metricId): float(req.metrics[i].value)
             for i in range(len(ids))
