@@ -6,8 +6,11 @@ Runs the real nvidia-ml-py code against the fake ``libnvidia-ml.so.1`` of ``test
 (compiled here with gcc), or against the real driver with ``--real``. Three parts, each with a
 baseline measured in the same run:
 
-1. Sampling: one :class:`GpuSampler` pass over every GPU, against the same NVML calls made
-   straight through pynvml in a bare loop (what the error policy and snapshot cost on top).
+1. Sampling, per driver branch (a fake library shaped like R470, R535, R550 and R570, each in
+   its own process): one :class:`GpuSampler` pass over every GPU, against the same NVML calls
+   made straight through pynvml in a bare loop with the entry points that branch has (what
+   the error policy, the version fallbacks and the snapshot cost on top). ``--real``
+   measures the host's driver instead.
 2. Scrape: ``generate_latest`` on an exporter with the GPUs and 8 or 64 ranks (one new step per
    rank between scrapes, so nothing is served from a cache), against the same exporter with
    the GPU collectors off.
@@ -29,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.fake_nvml import CONFIG_ENV, build, h100, load, write_config  # noqa: E402
+from tests.fake_nvml import BRANCH_SYMBOLS, CONFIG_ENV, build, h100, load, write_config  # noqa: E402
 
 
 def median_ms(fn, n: int) -> float:  # type: ignore[no-untyped-def]
@@ -41,8 +44,22 @@ def median_ms(fn, n: int) -> float:  # type: ignore[no-untyped-def]
     return statistics.median(ts) * 1e3
 
 
-def bare_pass(pynvml, handles) -> None:  # type: ignore[no-untyped-def]
-    """The sampler's NVML calls, straight through pynvml: the floor of any sampler."""
+def bare_pass(pynvml, handles, old: bool) -> None:  # type: ignore[no-untyped-def]
+    """The sampler's NVML calls, straight through pynvml: the floor of any sampler.
+
+    ``old``: the driver lacks ``_v3`` processes and clock *event* reasons (R470), so the bare
+    loop calls what it has, as the sampler does.
+    """
+    procs = (
+        pynvml.nvmlDeviceGetComputeRunningProcesses_v2
+        if old
+        else pynvml.nvmlDeviceGetComputeRunningProcesses_v3
+    )
+    reasons = (
+        pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        if old
+        else pynvml.nvmlDeviceGetCurrentClocksEventReasons
+    )
     for h in handles:
         pynvml.nvmlDeviceGetMemoryInfo(h)
         pynvml.nvmlDeviceGetUtilizationRates(h)
@@ -53,15 +70,16 @@ def bare_pass(pynvml, handles) -> None:  # type: ignore[no-untyped-def]
         pynvml.nvmlDeviceGetClockInfo(h, 1)
         pynvml.nvmlDeviceGetClockInfo(h, 2)
         pynvml.nvmlDeviceGetFieldValues(h, [(82, 0), (197, 0), (198, 0), (138, 0), (139, 0)])
-        pynvml.nvmlDeviceGetCurrentClocksEventReasons(h)
+        reasons(h)
         for e in (0, 1):
             for c in (0, 1):
                 pynvml.nvmlDeviceGetTotalEccErrors(h, e, c)
         pynvml.nvmlDeviceGetRemappedRows(h)
-        pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+        procs(h)
 
 
-def sampling(n_gpus: int) -> None:
+def sampling(n_gpus: int, label: str) -> None:
+    """Print one branch's sampler pass against the bare loop (this process's library)."""
     import pynvml
 
     from trainmon_exporter.nvml import GpuSampler, PynvmlBackend
@@ -69,20 +87,34 @@ def sampling(n_gpus: int) -> None:
     s = GpuSampler(PynvmlBackend())
     assert s.open(), s.snapshot.error
     handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(n_gpus)]
+    old = not hasattr(pynvml.nvmlLib, "nvmlDeviceGetComputeRunningProcesses_v3")
     for _ in range(20):
-        s.sample_once()
-        bare_pass(pynvml, handles)
+        snap = s.sample_once()
+        bare_pass(pynvml, handles, old)
+    assert len(snap.gpus) == n_gpus and not snap.read_errors, snap
     ours = median_ms(s.sample_once, 300)
-    bare = median_ms(lambda: bare_pass(pynvml, handles), 300)
+    bare = median_ms(lambda: bare_pass(pynvml, handles, old), 300)
+    gpm = "GPM" if snap.gpus[0].values.get("trainmon_gpu_sm_active_ratio") is not None else "no GPM"
     s.stop()
-    print(f"\n1. NVML sampling, {n_gpus} GPUs, median of 300 passes")
     print(
-        f"   sampler pass (GPM, XID drain) {ours:7.3f} ms = {ours / n_gpus * 1e3:5.0f} µs per GPU"
+        f"   {label:<5} sampler {ours / n_gpus * 1e3:5.0f} µs per GPU ({gpm}, XID drain) | "
+        f"bare pynvml {bare / n_gpus * 1e3:4.0f} µs per GPU | ratio {ours / bare:5.2f}"
     )
-    print(
-        f"   bare pynvml calls (no GPM)    {bare:7.3f} ms = {bare / n_gpus * 1e3:5.0f} µs per GPU"
-    )
-    print(f"   ratio sampler / bare          {ours / bare:7.2f}")
+
+
+def sampling_per_branch(n_gpus: int) -> None:
+    """Part 1 over every fake driver branch, one child process each."""
+    import subprocess
+
+    print(f"\n1. NVML sampling, {n_gpus} GPUs, median of 300 passes, per driver branch")
+    root = Path(tempfile.mkdtemp(prefix="tm-fake-nvml-branches-"))
+    cfg = root / "gpus.conf"
+    write_config(cfg, [h100(i, procs=f"{1000 + i}:{2**30}") for i in range(n_gpus)])
+    for branch in sorted(BRANCH_SYMBOLS):
+        lib = build(root / str(branch), branch=branch)
+        env = {**os.environ, "LD_LIBRARY_PATH": str(lib.parent), CONFIG_ENV: str(cfg)}
+        cmd = [sys.executable, __file__, "--gpus", str(n_gpus), "--sampling-only", f"R{branch}"]
+        subprocess.run(cmd, env=env, check=True)
 
 
 def scrape(n_gpus: int, ranks: int, gpu_on: bool) -> tuple[float, int]:
@@ -225,9 +257,17 @@ def main() -> int:
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--real", action="store_true", help="use the host's real NVML")
+    ap.add_argument("--sampling-only", metavar="LABEL", help=argparse.SUPPRESS)  # child of part 1
     args = ap.parse_args()
+    if args.sampling_only:
+        sampling(args.gpus, args.sampling_only)
+        return 0
     env: dict[str, str] = {}
-    if not args.real:
+    if args.real:
+        print(f"\n1. NVML sampling, {args.gpus} GPUs, median of 300 passes, host driver")
+        sampling(args.gpus, "host")
+    else:
+        sampling_per_branch(args.gpus)
         tmp = Path(tempfile.mkdtemp(prefix="tm-fake-nvml-"))
         lib = build(tmp)
         cfg = tmp / "gpus.conf"
@@ -235,8 +275,7 @@ def main() -> int:
         os.environ[CONFIG_ENV] = str(cfg)
         load(lib)
         env = {"LD_LIBRARY_PATH": str(tmp), CONFIG_ENV: str(cfg)}
-        print(f"fake libnvidia-ml.so.1 with {args.gpus} scripted H100s ({lib})")
-    sampling(args.gpus)
+        print(f"fake libnvidia-ml.so.1 (R570) with {args.gpus} scripted H100s ({lib})")
     print(
         f"\n2. /metrics collection + formatting (generate_latest), {args.gpus} GPUs, median of 40"
     )

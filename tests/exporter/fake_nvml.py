@@ -1,8 +1,10 @@
 """A scripted :class:`~trainmon_exporter.nvml.NvmlBackend` for unit tests.
 
-Each :class:`FakeGpu` holds plain readings; ``errors`` maps a backend method name to the error
-that method raises for that GPU (``NotSupported``, ``GpuLost``, ...). ``lost = True`` makes
-every call on the GPU raise ``GpuLost``, as a GPU that fell off the bus does.
+Each :class:`FakeGpu` holds plain readings; ``errors`` maps a backend method name to the
+exception that method raises for that GPU (``NotSupported``, ``GpuLost``, or any exception, as
+a buggy binding would). ``lost = True`` makes every call on the GPU raise ``GpuLost``, as a GPU
+that fell off the bus does; the backend's ``broken`` makes every device call raise it (a driver
+that went away).
 """
 
 from __future__ import annotations
@@ -61,16 +63,17 @@ class FakeGpu:
         }
     )
     xids: list[int] = field(default_factory=list)
-    errors: dict[str, nvml.NvmlError] = field(default_factory=dict)
+    errors: dict[str, Exception] = field(default_factory=dict)
     lost: bool = False
 
 
 class FakeNvmlBackend:
     """Implements :class:`trainmon_exporter.nvml.NvmlBackend` over :class:`FakeGpu` objects."""
 
-    def __init__(self, gpus: Sequence[FakeGpu] = (), init_error: nvml.NvmlError | None = None):
+    def __init__(self, gpus: Sequence[FakeGpu] = (), init_error: Exception | None = None):
         self.gpus = list(gpus)
         self.init_error = init_error
+        self.broken: Exception | None = None
         self.driver = "550.54.15"
         self.calls = 0
         self.initialised = False
@@ -79,6 +82,8 @@ class FakeNvmlBackend:
     def _gpu(self, h: Any, what: str) -> FakeGpu:
         self.calls += 1
         g: FakeGpu = h
+        if self.broken is not None:
+            raise self.broken
         if g.lost:
             raise nvml.GpuLost(f"{what}: GPU is lost", 15)
         if what in g.errors:

@@ -45,7 +45,7 @@ def test_sampler_reads_every_field_in_base_units() -> None:
     assert gs.clock_events["hw_thermal_slowdown"] == 1 and gs.clock_events["sw_power_cap"] == 0
     assert gs.ecc[("corrected", "aggregate")] == 5
     assert gs.remapped_rows == {"correctable": 0.0, "uncorrectable": 1.0}
-    assert gs.xid == {79: 1}
+    assert gs.xid == {"79": 1}
 
 
 def test_not_supported_omits_only_that_reading() -> None:
@@ -100,6 +100,105 @@ def test_lost_gpu_is_dropped_and_counted(caplog: pytest.LogCaptureFixture) -> No
     assert s.sample_once().lost_total == 1  # counted once, not per pass
     s.stop()
     assert backend.gpm_live == 0  # GPM samples are freed
+
+
+def test_any_exception_from_one_reading_is_confined_to_it() -> None:
+    """Python exceptions from the bindings (not NVMLError) omit one reading, never the pass."""
+    import pynvml
+
+    mismatch = pynvml.NVMLLibraryMismatchError("Unversioned function called ...")
+    g = FakeGpu(
+        processes=[(42, 1 << 30)],
+        errors={
+            "processes": mismatch,  # what nvidia-ml-py raises for _v3 on R470
+            "temperature": UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"),
+            "power_usage": RuntimeError("ctypes surprise"),
+            "memory": nvml.NvmlUnavailable("memory: Insufficient Permissions", 4, ""),
+        },
+    )
+    s = GpuSampler(FakeNvmlBackend([g, FakeGpu(uuid=uuid(1))]))
+    assert s.open()
+    snap = s.sample_once()
+    assert len(snap.gpus) == 2
+    v = snap.gpus[0].values
+    for gone in (
+        "trainmon_gpu_processes",
+        "trainmon_gpu_temperature_celsius",
+        "trainmon_gpu_power_usage_watts",
+        "trainmon_gpu_memory_used_bytes",
+    ):
+        assert gone not in v, gone
+    assert v["trainmon_gpu_utilization_ratio"] == pytest.approx(0.97)
+    assert "trainmon_gpu_processes" in snap.gpus[1].values
+    # The library mismatch is a missing function (not an error); the two Python exceptions
+    # and the per-reading permission denial are counted under bounded kinds.
+    assert snap.read_errors == {"exception": 2, "no_permission": 1}
+
+
+def test_translate_handles_what_nvidia_ml_py_raises_besides_nvmlerror() -> None:
+    import pynvml
+
+    err = nvml.translate(
+        pynvml.NVMLLibraryMismatchError("x"), "nvmlDeviceGetComputeRunningProcesses"
+    )
+    assert isinstance(err, nvml.FunctionNotFound)
+    assert isinstance(
+        nvml.translate(pynvml.NVMLError(26), "f"), nvml.FunctionNotFound
+    )  # deprecated
+    other = nvml.translate(ValueError("bad"), "f")
+    assert type(other) is nvml.NvmlError and other.code == -1 and "ValueError" in str(other)
+
+
+def test_identity_failures_leave_labels_empty_and_keep_the_gpu(
+    make_exporter: Callable[..., InProcessExporter],
+) -> None:
+    gpus = eight_gpus()[:3]
+    gpus[0].errors["pci"] = nvml.NotSupported("pci: Not Supported", 3)
+    gpus[1].errors["uuid"] = nvml.NvmlError("uuid: Unknown Error", 999)
+    gpus[1].errors["name"] = RuntimeError("undecodable")
+    ex = make_exporter(nvml=FakeNvmlBackend(gpus), nvml_interval_seconds=0.1)
+    wait_sampled(ex, 2)
+    text = ex.metrics_text()
+    promtool_check_metrics(text)
+    m = ex.metrics()
+    assert sample(m, "trainmon_gpu_devices") == 3
+    info = {dict(k[1])["gpu"]: dict(k[1]) for k in m if k[0] == "trainmon_gpu_info"}
+    assert info["0"]["pci_bus_id"] == "" and info["0"]["pci_device_id"] == ""
+    assert info["0"]["uuid"] == uuid(0) and info["0"]["name"] == "NVIDIA H100 80GB HBM3"
+    assert info["1"]["uuid"] == "" and info["1"]["name"] == ""
+    assert info["1"]["pci_bus_id"] == "00000000:19:00.0"
+    assert sample(m, "trainmon_gpu_utilization_ratio", gpu="1", uuid="") == 0.97
+    # A transient failure clears: the label is filled in on a later pass.
+    gpus[1].errors.clear()
+    wait_for(
+        lambda: (
+            sample(ex.metrics(), "trainmon_gpu_utilization_ratio", gpu="1", uuid=uuid(1)) == 0.97
+        )
+    )
+
+
+def test_read_error_kinds_are_bounded() -> None:
+    g = FakeGpu(
+        errors={
+            "memory": nvml.NvmlError("memory: code 12345", 12345),
+            "utilization": nvml.NvmlError("utilization: Timeout", 10),
+        }
+    )
+    s = GpuSampler(FakeNvmlBackend([g]))
+    s.open()
+    snap = s.sample_once()
+    assert snap.read_errors == {"other": 1, "timeout": 1}
+    assert set(snap.read_errors) <= set(nvml.ERROR_KINDS)
+
+
+def test_xid_codes_per_gpu_are_capped() -> None:
+    g = FakeGpu(xids=[*range(1, 41), 1, 40])
+    s = GpuSampler(FakeNvmlBackend([g]))
+    s.open()
+    xid = s.sample_once().gpus[0].xid
+    assert len(xid) == nvml.MAX_XID_CODES + 1
+    assert xid["1"] == 2 and xid["other"] == 40 - nvml.MAX_XID_CODES + 1
+    assert sum(xid.values()) == 42  # none is lost
 
 
 @pytest.mark.parametrize(
@@ -170,27 +269,107 @@ def test_exposition_with_eight_gpus_passes_promtool(
     )
 
 
-def test_no_nvml_keeps_training_metrics_and_explains(
-    make_exporter: Callable[..., InProcessExporter],
+def test_no_driver_is_a_state_not_a_failure(
+    make_exporter: Callable[..., InProcessExporter], caplog: pytest.LogCaptureFixture
 ) -> None:
+    """A node without an NVIDIA driver: GPU collector healthy, state reported, one log line."""
     err = nvml.NvmlUnavailable("nvmlInit: Driver Not Loaded", 9, nvml.HINTS[9])
-    ex = make_exporter(nvml=FakeNvmlBackend(init_error=err))
-    wait_for(lambda: not ex.app.state.exporter.gpus.snapshot.error.startswith("GPU sampling"))
-    run = init(run="nogpu", socket_path=ex.socket)
-    run.log(0, loss=1.0, tokens=10)
-    run.finish()
-    wait_for(lambda: ex.rank("nogpu", 0) is not None)
+    with caplog.at_level(logging.INFO, "trainmon_exporter"):
+        ex = make_exporter(nvml=FakeNvmlBackend(init_error=err))
+        wait_for(lambda: ex.app.state.exporter.gpus.snapshot.state == nvml.NO_DRIVER)
+        run = init(run="nogpu", socket_path=ex.socket)
+        run.log(0, loss=1.0, tokens=10)
+        run.finish()
+        wait_for(lambda: ex.rank("nogpu", 0) is not None)
+        text = ex.metrics_text()
+        ex.metrics_text()  # a second scrape logs nothing more
+    promtool_check_metrics(text)
     m = ex.metrics()
-    assert sample(m, "trainmon_scrape_collector_success", collector="gpu") == 0
+    assert sample(m, "trainmon_scrape_collector_success", collector="gpu") == 1
     assert sample(m, "trainmon_scrape_collector_success", collector="training") == 1
+    assert sample(m, "trainmon_gpu_nvml_available") == 0
+    assert sample(m, "trainmon_gpu_expected") == 0
+    assert sample(m, "trainmon_gpu_devices") == 0
+    assert sample(m, "trainmon_gpu_lost_total") == 0
+    for kind in nvml.ERROR_KINDS:  # every error counter exists at 0, GPUs or not
+        assert sample(m, "trainmon_gpu_read_errors_total", error=kind) == 0
     assert sample(m, "trainmon_train_loss", run="nogpu", rank="0") == 1.0
     ready = ex.client.get("/readyz").json()
-    assert ready["gpus"]["ok"] is False and "driver is not loaded" in ready["gpus"]["hint"]
-    assert "Driver Not Loaded" in ready["collector_errors"]["gpu"]
+    assert ready["gpus"]["state"] == "no_driver"
+    assert ready["gpus"]["ok"] is True and ready["gpus"]["expected"] is False
+    assert "driver is not loaded" in ready["gpus"]["hint"]
+    assert "gpu" not in ready["collector_errors"]
     page = ex.client.get("/").text
-    assert "No GPU metrics" in page and "kernel driver is not loaded" in page
+    assert "no NVIDIA driver on this node" in page and "class='crashed'>No GPU" not in page
     api = ex.client.get("/api/v1/gpus").json()
     assert api["ok"] is False and api["gpus"] == []
+    lines = [r for r in caplog.records if "Driver Not Loaded" in r.getMessage()]
+    assert [r.levelname for r in lines] == ["INFO"], [r.getMessage() for r in lines]
+
+
+def test_nvml_that_worked_and_then_fails_is_a_failure_and_vanished_gpus_are_lost(
+    make_exporter: Callable[..., InProcessExporter],
+) -> None:
+    """Once NVML has worked, losing it is a failure (expected, not available), and GPUs
+    missing when it comes back are counted lost."""
+    gpus = eight_gpus()[:3]
+    backend = FakeNvmlBackend(gpus)
+    ex = make_exporter(nvml=backend, nvml_interval_seconds=0.1)
+    sampler = ex.app.state.exporter.gpus
+    sampler.retry_seconds = 0.1
+    wait_sampled(ex)
+    m = ex.metrics()
+    assert sample(m, "trainmon_gpu_nvml_available") == 1
+    assert sample(m, "trainmon_gpu_expected") == 1
+    gone = nvml.NvmlUnavailable("nvmlDeviceGetMemoryInfo: Driver Not Loaded", 9, nvml.HINTS[9])
+    backend.init_error = gone
+    backend.broken = gone
+    wait_for(lambda: sampler.snapshot.state == nvml.FAILED)
+    m = ex.metrics()
+    assert sample(m, "trainmon_scrape_collector_success", collector="gpu") == 1
+    assert sample(m, "trainmon_gpu_nvml_available") == 0
+    assert sample(m, "trainmon_gpu_expected") == 1
+    ready = ex.client.get("/readyz").json()["gpus"]
+    assert ready["state"] == "failed" and ready["ok"] is False and ready["expected"] is True
+    # The driver comes back with one GPU fewer: it is counted lost.
+    backend.gpus = gpus[:2]
+    backend.init_error = backend.broken = None
+    wait_for(lambda: sampler.snapshot.ok and len(sampler.snapshot.gpus) == 2)
+    m = ex.metrics()
+    assert sample(m, "trainmon_gpu_lost_total") == 1
+    assert sample(m, "trainmon_gpu_nvml_available") == 1
+
+
+@pytest.mark.parametrize(
+    ("require", "code", "state"),
+    [
+        (False, 12, nvml.NO_DRIVER),  # no libnvidia-ml.so.1: a node without GPUs
+        (False, 9, nvml.NO_DRIVER),  # library without the kernel driver
+        (True, 12, nvml.FAILED),  # --require-gpus: GPUs were expected
+        (False, 18, nvml.FAILED),  # a driver is there but mismatched: GPUs are there
+        (False, 4, nvml.FAILED),  # device nodes there, no permission: GPUs are there
+    ],
+)
+def test_which_init_errors_are_a_state_and_which_a_failure(
+    require: bool, code: int, state: str
+) -> None:
+    err = nvml.NvmlUnavailable("nvmlInit: x", code, nvml.HINTS[code])
+    s = GpuSampler(FakeNvmlBackend([], init_error=err), require=require)
+    assert not s.open()
+    assert s.snapshot.state == state and s.snapshot.expected is (state == nvml.FAILED)
+
+
+def test_an_exception_at_init_is_a_failure_not_a_dead_thread() -> None:
+    backend = FakeNvmlBackend([FakeGpu()], init_error=OSError("dlopen exploded"))
+    s = GpuSampler(backend, interval=0.05, retry_seconds=0.05)
+    s.start()
+    try:
+        wait_for(lambda: s.snapshot.state == nvml.FAILED)
+        assert "OSError: dlopen exploded" in s.snapshot.error
+        backend.init_error = None
+        wait_for(lambda: s.snapshot.ok)  # the thread survived and retried
+    finally:
+        s.stop()
 
 
 def test_require_gpus_refuses_to_start(make_exporter: Callable[..., InProcessExporter]) -> None:
@@ -199,6 +378,8 @@ def test_require_gpus_refuses_to_start(make_exporter: Callable[..., InProcessExp
     err = nvml.NvmlUnavailable("nvmlInit: NVML Shared Library Not Found", 12, nvml.HINTS[12])
     with pytest.raises(GpusRequiredError, match=r"HINT: libnvidia-ml\.so\.1"):
         make_exporter(nvml=FakeNvmlBackend(init_error=err), require_gpus=True)
+    with pytest.raises(GpusRequiredError, match="NVML sees no GPU"):
+        make_exporter(nvml=FakeNvmlBackend([]), require_gpus=True)
 
 
 def test_rank_gpu_join_and_mfu_against_a_hand_computation(

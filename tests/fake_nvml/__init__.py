@@ -7,7 +7,11 @@ The library is compiled with gcc into a directory of the caller's choice. Two wa
   library without any search path;
 - in a subprocess: put its directory first in ``LD_LIBRARY_PATH``.
 
-Either way ``TRAINMON_FAKE_NVML_CONFIG`` names the script written by :func:`write_config`.
+Either way ``FAKE_NVML_CONFIG`` names the script written by :func:`write_config`.
+
+:func:`build` with ``branch`` gives the library shaped like one NVIDIA driver branch: only the
+symbols that branch's ``libnvidia-ml.so.1`` exports, among those trainmon calls
+(:data:`BRANCH_SYMBOLS`; sources in ``fake_nvml.c``'s header).
 """
 
 from __future__ import annotations
@@ -22,11 +26,80 @@ from pathlib import Path
 import pytest
 
 SOURCE = Path(__file__).with_name("fake_nvml.c")
-CONFIG_ENV = "TRAINMON_FAKE_NVML_CONFIG"
+CONFIG_ENV = "FAKE_NVML_CONFIG"
 
 
-def build(out_dir: Path, *defines: str) -> Path:
-    """Compile the fake into ``out_dir/libnvidia-ml.so.1`` (``defines``: e.g. ``NO_GPM``)."""
+COMMON_SYMBOLS = frozenset(
+    {
+        "nvmlInitWithFlags",
+        "nvmlShutdown",
+        "nvmlErrorString",
+        "nvmlSystemGetDriverVersion",
+        "nvmlDeviceGetCount_v2",
+        "nvmlDeviceGetHandleByIndex_v2",
+        "nvmlDeviceGetName",
+        "nvmlDeviceGetUUID",
+        "nvmlDeviceGetPciInfo",
+        "nvmlDeviceGetPciInfo_v2",
+        "nvmlDeviceGetPciInfo_v3",
+        "nvmlDeviceGetMemoryInfo",
+        "nvmlDeviceGetUtilizationRates",
+        "nvmlDeviceGetPowerUsage",
+        "nvmlDeviceGetEnforcedPowerLimit",
+        "nvmlDeviceGetTotalEnergyConsumption",
+        "nvmlDeviceGetTemperature",
+        "nvmlDeviceGetClockInfo",
+        "nvmlDeviceGetMaxClockInfo",
+        "nvmlDeviceGetCurrentClocksThrottleReasons",
+        "nvmlDeviceGetTotalEccErrors",
+        "nvmlDeviceGetRemappedRows",
+        "nvmlDeviceGetFieldValues",
+        "nvmlDeviceGetComputeRunningProcesses",
+        "nvmlDeviceGetComputeRunningProcesses_v2",
+        "nvmlEventSetCreate",
+        "nvmlEventSetFree",
+        "nvmlDeviceRegisterEvents",
+        "nvmlEventSetWait",
+        "nvmlEventSetWait_v2",
+    }
+)
+"""What trainmon (through nvidia-ml-py) may call that every supported branch (R470 on) has:
+each is declared in nvml.h of CUDA 11.4, 12.2, 12.4 and 12.8 (go-nvml's copies)."""
+
+R535_ADDS = frozenset(
+    {
+        "nvmlDeviceGetComputeRunningProcesses_v3",
+        "nvmlDeviceGetMemoryInfo_v2",
+        "nvmlDeviceGetCurrentClocksEventReasons",
+        "nvmlGpmQueryDeviceSupport",
+        "nvmlGpmSampleAlloc",
+        "nvmlGpmSampleGet",
+        "nvmlGpmSampleFree",
+        "nvmlGpmMetricsGet",
+    }
+)
+
+BRANCH_SYMBOLS: dict[int, frozenset[str]] = {
+    470: COMMON_SYMBOLS,
+    535: COMMON_SYMBOLS | R535_ADDS,
+    550: COMMON_SYMBOLS | R535_ADDS,
+    570: COMMON_SYMBOLS | R535_ADDS | {"nvmlDeviceGetTemperatureV"},
+}
+"""Driver branch → the NVML symbols trainmon may call that its library exports (R470: CUDA
+11.4's nvml.h, R535: 12.2, R550: 12.4, R570: 12.8). R550 differs from R535 only in field ids
+(``NVML_FI_MAX`` 200), not in symbols trainmon calls."""
+
+
+def build(out_dir: Path, *defines: str, branch: int | None = None) -> Path:
+    """Compile the fake into ``out_dir/libnvidia-ml.so.1``.
+
+    ``defines``: e.g. ``NO_GPM``; ``branch``: 470, 535, 550 or 570 (the default when None),
+    the driver branch whose symbol set the library exports.
+    """
+    if branch is not None:
+        if branch not in BRANCH_SYMBOLS:
+            raise ValueError(f"unknown driver branch {branch}; known: {sorted(BRANCH_SYMBOLS)}")
+        defines = (*defines, f"NVML_BRANCH={branch}")
     gcc = shutil.which("gcc") or shutil.which("cc")
     if gcc is None:
         if os.environ.get("TRAINMON_REQUIRE_PROMTOOL"):
@@ -50,7 +123,9 @@ def build(out_dir: Path, *defines: str) -> Path:
         str(lib),
         str(SOURCE),
     ]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    out = subprocess.run(cmd, check=False, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"building the fake NVML failed: {' '.join(cmd)}\n{out.stderr}")
     return lib
 
 

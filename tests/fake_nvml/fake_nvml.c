@@ -2,12 +2,38 @@
  * A small fake libnvidia-ml.so.1 for trainmon's tests: the real nvidia-ml-py (pynvml) ctypes
  * code calls into it exactly as it calls into NVIDIA's library.
  *
- * It implements only the functions trainmon's sampler uses, with the struct layouts of
- * nvml.h (as mirrored by pynvml's ctypes structures). Anything else is absent, so pynvml
- * raises NVMLError_FunctionNotFound for it, as with an old driver. Compile with -DNO_GPM or
- * -DNO_FIELD_VALUES to drop those functions too.
+ * It implements only the functions trainmon's sampler (and nvidia-ml-py on its behalf) uses,
+ * with the struct layouts of nvml.h (as mirrored by pynvml's ctypes structures). Anything
+ * else is absent, so pynvml raises NVMLError_FunctionNotFound for it, as with an old driver.
  *
- * Devices are scripted by a text file named in TRAINMON_FAKE_NVML_CONFIG, re-read whenever its
+ * Driver branches: compile with -DNVML_BRANCH=470, 535, 550 or 570 (the default) to export the
+ * symbols that branch's libnvidia-ml.so.1 has, among those trainmon calls. The sets come from
+ * nvml.h of the CUDA release each branch ships with (R470: CUDA 11.4, R535: 12.2, R550: 12.4,
+ * R570: 12.8), as kept in NVIDIA's go-nvml repository (gen/nvml/nvml.h, commits "Update
+ * nvml.h to v11.4", "Bump to NVML version 12.2 / 12.4 / 12.8"): every DECLDIR declaration,
+ * including the unversioned and older versions the NVML_NO_UNVERSIONED_FUNC_DEFS block keeps
+ * exported. Among what trainmon calls, compared with R570:
+ *
+ *   R470 lacks nvmlDeviceGetComputeRunningProcesses_v3, nvmlDeviceGetMemoryInfo_v2,
+ *        nvmlDeviceGetCurrentClocksEventReasons (it has ...ThrottleReasons, the same bits),
+ *        the GPM functions (nvmlGpmQueryDeviceSupport, nvmlGpmSampleAlloc, nvmlGpmSampleGet,
+ *        nvmlGpmSampleFree, nvmlGpmMetricsGet), nvmlDeviceGetTemperatureV; field ids end
+ *        at NVML_FI_MAX 161.
+ *   R535 lacks nvmlDeviceGetTemperatureV; field ids end at NVML_FI_MAX 197.
+ *   R550 lacks nvmlDeviceGetTemperatureV; NVML_FI_MAX is 200 but 197/198 (the PCIe byte
+ *        counters, NVML_FI_DEV_PCIE_COUNT_TX/RX_BYTES) are first defined in 12.5 (R555).
+ *   R570 has them all (nvmlDeviceGetTemperatureV is new in 12.8). No function trainmon
+ *        calls was removed between CUDA 11.4 and 13.0.
+ *
+ * Every branch exports the older versions too: nvmlDeviceGetComputeRunningProcesses (v1
+ * struct) and _v2, nvmlDeviceGetPciInfo, _v2 and _v3, nvmlEventSetWait and _v2. A field id
+ * past the branch's set answers NVML_ERROR_INVALID_ARGUMENT in its nvmlReturn (an assumption:
+ * nvml.h does not say which code a driver gives an id it predates).
+ *
+ * More switches: -DNO_GPM, -DNO_FIELD_VALUES drop those functions; -DNO_PCI_INFO drops every
+ * version of nvmlDeviceGetPciInfo.
+ *
+ * Devices are scripted by a text file named in FAKE_NVML_CONFIG, re-read whenever its
  * modification time changes, one "key=value" per line:
  *
  *   init_error=9                 nvmlInitWithFlags returns this code (9: driver not loaded)
@@ -22,10 +48,10 @@
  *                                remap_failure pcie_tx pcie_rx nvlink_tx_kib nvlink_rx_kib
  *                                gpm sm_active sm_occupancy tensor_active dram_active
  *   gpu.N.procs=PID:BYTES,PID:BYTES
- *   gpu.N.xid=79,48              XID events, each delivered once by nvmlEventSetWait_v2
+ *   gpu.N.xid=79,48              XID events, each delivered once by nvmlEventSetWait(_v2)
  *   gpu.N.lost=1                 every call on this device returns 15 (GPU_IS_LOST)
- *   gpu.N.error.FUNCTION=CODE    that function returns CODE for this device, e.g.
- *                                gpu.2.error.nvmlDeviceGetTemperature=3 (NOT_SUPPORTED)
+ *   gpu.N.error.FUNCTION=CODE    that function (exact symbol) returns CODE for this device,
+ *                                e.g. gpu.2.error.nvmlDeviceGetTemperature=3 (NOT_SUPPORTED)
  *
  * Without the variable, nvmlInitWithFlags returns NVML_ERROR_DRIVER_NOT_LOADED.
  */
@@ -42,8 +68,23 @@
 #define E_NOT_SUPPORTED 3
 #define E_INSUFFICIENT_SIZE 7
 #define E_DRIVER_NOT_LOADED 9
+#define E_NO_PERMISSION 4
+#define E_ARGUMENT_VERSION_MISMATCH 25
 #define E_TIMEOUT 10
 #define E_GPU_IS_LOST 15
+
+#ifndef NVML_BRANCH
+#define NVML_BRANCH 570
+#endif
+#if NVML_BRANCH >= 570
+#define FI_LAST 268 /* every field id of CUDA 12.8's nvml.h, PCIe byte counters included */
+#elif NVML_BRANCH >= 550
+#define FI_LAST 196 /* 197/198 first defined in CUDA 12.5 */
+#elif NVML_BRANCH >= 535
+#define FI_LAST 196 /* NVML_FI_MAX 197 in CUDA 12.2 */
+#else
+#define FI_LAST 160 /* NVML_FI_MAX 161 in CUDA 11.4 */
+#endif
 
 #define MAX_GPUS 16
 #define MAX_ERRORS 16
@@ -151,7 +192,7 @@ static void set_gpu(struct gpu *g, const char *key, const char *v) {
 
 /* Re-read the config when it changed; XIDs already delivered stay delivered. */
 static void refresh(void) {
-    const char *path = getenv("TRAINMON_FAKE_NVML_CONFIG");
+    const char *path = getenv("FAKE_NVML_CONFIG");
     struct stat st;
     if (!path || stat(path, &st) != 0) {
         if (config_mtime) { reset(); init_error = E_DRIVER_NOT_LOADED; config_mtime = 0; }
@@ -216,6 +257,10 @@ const char *nvmlErrorString(int code) {
     case E_DRIVER_NOT_LOADED: return "Driver Not Loaded";
     case E_TIMEOUT: return "Timeout";
     case E_GPU_IS_LOST: return "GPU is lost";
+    case E_INVALID_ARGUMENT: return "Invalid Argument";
+    case E_NO_PERMISSION: return "Insufficient Permissions";
+    case 13: return "Function Not Found";
+    case 18: return "RM has detected an NVML/RM version mismatch.";
     default: return "Unknown Error";
     }
 }
@@ -266,14 +311,50 @@ typedef struct {
     char busId[32];
 } nvmlPciInfo_t;
 
+#ifndef NO_PCI_INFO
+/* Domain, bus and device parsed back out of the scripted "DDDDDDDD:BB:DD.F" bus id. */
+static void fill_pci_numbers(struct gpu *g, nvmlPciInfo_t *pci) {
+    unsigned int domain = 0, bus = 0, device = 0;
+    if (sscanf(g->bus_id, "%x:%x:%x", &domain, &bus, &device) == 3) {
+        pci->domain = domain;
+        pci->bus = bus;
+        pci->device = device;
+    }
+    pci->pciDeviceId = g->pci_device_id;
+}
+
 int nvmlDeviceGetPciInfo_v3(struct gpu *g, nvmlPciInfo_t *pci) {
     CHECK(g);
     memset(pci, 0, sizeof *pci);
     snprintf(pci->busId, sizeof pci->busId, "%s", g->bus_id);
     snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%s", g->bus_id + (strlen(g->bus_id) > 12 ? 4 : 0));
-    pci->pciDeviceId = g->pci_device_id;
+    fill_pci_numbers(g, pci);
     return OK;
 }
+
+/* _v2 and v1 fill the pre-_v3 layout: busId[16] first, then the numbers, then reserved
+ * words where _v3 has its 32-byte busId (left untouched here, as by an old driver). */
+typedef struct {
+    char busId[16];
+    unsigned int domain, bus, device, pciDeviceId, pciSubSystemId, reserved[4];
+} nvmlPciInfoLegacy_t;
+
+static int legacy_pci(struct gpu *g, nvmlPciInfoLegacy_t *pci) {
+    nvmlPciInfo_t full;
+    memset(&full, 0, sizeof full);
+    fill_pci_numbers(g, &full);
+    memset(pci, 0, sizeof *pci);
+    snprintf(pci->busId, sizeof pci->busId, "%s", g->bus_id + (strlen(g->bus_id) > 12 ? 4 : 0));
+    pci->domain = full.domain;
+    pci->bus = full.bus;
+    pci->device = full.device;
+    pci->pciDeviceId = full.pciDeviceId;
+    return OK;
+}
+
+int nvmlDeviceGetPciInfo_v2(struct gpu *g, nvmlPciInfoLegacy_t *pci) { CHECK(g); return legacy_pci(g, pci); }
+int nvmlDeviceGetPciInfo(struct gpu *g, nvmlPciInfoLegacy_t *pci) { CHECK(g); return legacy_pci(g, pci); }
+#endif
 
 typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
 
@@ -284,6 +365,21 @@ int nvmlDeviceGetMemoryInfo(struct gpu *g, nvmlMemory_t *m) {
     m->free = g->mem_total - g->mem_used;
     return OK;
 }
+
+#if NVML_BRANCH >= 535
+typedef struct { unsigned int version; unsigned long long total, reserved, free, used; } nvmlMemory_v2_t;
+
+/* The driver's reservation (a fixed 512 MiB here) is split out of used. */
+int nvmlDeviceGetMemoryInfo_v2(struct gpu *g, nvmlMemory_v2_t *m) {
+    CHECK(g);
+    if (m->version >> 24 != 2) return E_ARGUMENT_VERSION_MISMATCH;
+    m->total = g->mem_total;
+    m->free = g->mem_total - g->mem_used;
+    m->reserved = g->mem_used < (512ULL << 20) ? g->mem_used : 512ULL << 20;
+    m->used = g->mem_used - m->reserved;
+    return OK;
+}
+#endif
 
 typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
 
@@ -305,6 +401,18 @@ int nvmlDeviceGetTemperature(struct gpu *g, int sensor, unsigned int *c) {
     return OK;
 }
 
+#if NVML_BRANCH >= 570
+typedef struct { unsigned int version; int sensorType; int temperature; } nvmlTemperature_t;
+
+int nvmlDeviceGetTemperatureV(struct gpu *g, nvmlTemperature_t *t) {
+    CHECK(g);
+    if (t->version >> 24 != 1) return E_ARGUMENT_VERSION_MISMATCH;
+    if (t->sensorType != 0) return E_INVALID_ARGUMENT;
+    t->temperature = (int)g->temp;
+    return OK;
+}
+#endif
+
 int nvmlDeviceGetClockInfo(struct gpu *g, int type, unsigned int *mhz) {
     CHECK(g);
     if (type == 1) *mhz = g->sm_clock;
@@ -321,11 +429,19 @@ int nvmlDeviceGetMaxClockInfo(struct gpu *g, int type, unsigned int *mhz) {
     return OK;
 }
 
+int nvmlDeviceGetCurrentClocksThrottleReasons(struct gpu *g, unsigned long long *reasons) {
+    CHECK(g);
+    *reasons = g->clock_reasons;
+    return OK;
+}
+
+#if NVML_BRANCH >= 535
 int nvmlDeviceGetCurrentClocksEventReasons(struct gpu *g, unsigned long long *reasons) {
     CHECK(g);
     *reasons = g->clock_reasons;
     return OK;
 }
+#endif
 
 int nvmlDeviceGetTotalEccErrors(struct gpu *g, int error_type, int counter_type, unsigned long long *n) {
     CHECK(g);
@@ -369,6 +485,7 @@ int nvmlDeviceGetFieldValues(struct gpu *g, int count, nvmlFieldValue_t *values)
         case 198: f->value.ull = g->pcie_rx; break;
         default: f->nvmlReturn = E_NOT_SUPPORTED;
         }
+        if (f->fieldId > FI_LAST) f->nvmlReturn = E_INVALID_ARGUMENT; /* newer than this branch */
     }
     return OK;
 }
@@ -378,10 +495,11 @@ typedef struct {
     unsigned int pid;
     unsigned long long usedGpuMemory;
     unsigned int gpuInstanceId, computeInstanceId;
-} nvmlProcessInfo_t;
+} nvmlProcessInfo_t; /* nvmlProcessInfo_v2_t, used by _v2 and _v3 */
 
-int nvmlDeviceGetComputeRunningProcesses_v3(struct gpu *g, unsigned int *count, nvmlProcessInfo_t *infos) {
-    CHECK(g);
+typedef struct { unsigned int pid; unsigned long long usedGpuMemory; } nvmlProcessInfo_v1_t;
+
+static int procs_v2(struct gpu *g, unsigned int *count, nvmlProcessInfo_t *infos) {
     if (g->n_procs == 0) { *count = 0; return OK; }
     if (!infos || *count < (unsigned int)g->n_procs) { *count = (unsigned int)g->n_procs; return E_INSUFFICIENT_SIZE; }
     for (int i = 0; i < g->n_procs; i++) {
@@ -393,7 +511,31 @@ int nvmlDeviceGetComputeRunningProcesses_v3(struct gpu *g, unsigned int *count, 
     return OK;
 }
 
-#ifndef NO_GPM
+int nvmlDeviceGetComputeRunningProcesses(struct gpu *g, unsigned int *count, nvmlProcessInfo_v1_t *infos) {
+    CHECK(g);
+    if (g->n_procs == 0) { *count = 0; return OK; }
+    if (!infos || *count < (unsigned int)g->n_procs) { *count = (unsigned int)g->n_procs; return E_INSUFFICIENT_SIZE; }
+    for (int i = 0; i < g->n_procs; i++) {
+        infos[i].pid = g->proc_pid[i];
+        infos[i].usedGpuMemory = g->proc_bytes[i];
+    }
+    *count = (unsigned int)g->n_procs;
+    return OK;
+}
+
+int nvmlDeviceGetComputeRunningProcesses_v2(struct gpu *g, unsigned int *count, nvmlProcessInfo_t *infos) {
+    CHECK(g);
+    return procs_v2(g, count, infos);
+}
+
+#if NVML_BRANCH >= 535
+int nvmlDeviceGetComputeRunningProcesses_v3(struct gpu *g, unsigned int *count, nvmlProcessInfo_t *infos) {
+    CHECK(g);
+    return procs_v2(g, count, infos);
+}
+#endif
+
+#if NVML_BRANCH >= 535 && !defined(NO_GPM)
 typedef struct { unsigned int version, isSupportedDevice; } nvmlGpmSupport_t;
 struct gpm_sample { struct gpu *g; int filled; };
 typedef struct {
@@ -471,8 +613,7 @@ int nvmlDeviceRegisterEvents(struct gpu *g, unsigned long long types, struct eve
     return OK;
 }
 
-int nvmlEventSetWait_v2(struct event_set *set, nvmlEventData_t *data, unsigned int timeout_ms) {
-    (void)timeout_ms; /* never sleeps: the sampler polls with 0 ms */
+static int event_wait(struct event_set *set, nvmlEventData_t *data) {
     refresh();
     if (!initialised) return E_UNINITIALIZED;
     for (int i = 0; i < n_gpus; i++) {
@@ -486,4 +627,16 @@ int nvmlEventSetWait_v2(struct event_set *set, nvmlEventData_t *data, unsigned i
         }
     }
     return E_TIMEOUT;
+}
+
+/* The sampler polls with 0 ms, so the fake never sleeps. v1's nvmlEventData_t lacks the two
+ * instance ids at its end; no caller here passes one. */
+int nvmlEventSetWait_v2(struct event_set *set, nvmlEventData_t *data, unsigned int timeout_ms) {
+    (void)timeout_ms;
+    return event_wait(set, data);
+}
+
+int nvmlEventSetWait(struct event_set *set, nvmlEventData_t *data, unsigned int timeout_ms) {
+    (void)timeout_ms;
+    return event_wait(set, data);
 }

@@ -74,7 +74,7 @@ def test_every_reading_through_real_pynvml(config: Path) -> None:
     assert v["trainmon_gpu_tensor_active_ratio"] == pytest.approx(0.45)
     assert v["trainmon_gpu_sm_clock_max_hertz"] == 1980e6
     assert g0.clock_events["hw_thermal_slowdown"] == 1.0
-    assert g0.xid == {79: 1, 48: 1}
+    assert g0.xid == {"79": 1, "48": 1}
     assert g0.processes == ((os.getpid(), 1234), (42, 5))
     assert snap.process_memory()[os.getpid()] == 1234
     # NOT_SUPPORTED omits the reading; an unknown error omits it and is counted.
@@ -86,7 +86,7 @@ def test_every_reading_through_real_pynvml(config: Path) -> None:
     assert g2.ecc[("uncorrected", "aggregate")] == 2
     assert g2.values["trainmon_gpu_remapped_rows_pending"] == 1
     # XIDs are delivered once: the next pass does not count them again.
-    assert s.sample_once().gpus[0].xid == {79: 1, 48: 1}
+    assert s.sample_once().gpus[0].xid == {"79": 1, "48": 1}
     s.stop()
 
 
@@ -117,6 +117,7 @@ def test_missing_functions_are_omitted_once(
     cfg = tmp_path / "gpus.conf"
     write_config(cfg, [h100(0)])
     code = (
+        "import logging; logging.basicConfig(level=logging.INFO)\n"
         "from trainmon_exporter.nvml import GpuSampler, PynvmlBackend\n"
         "s = GpuSampler(PynvmlBackend()); assert s.open()\n"
         "for _ in range(3): snap = s.sample_once()\n"
@@ -239,14 +240,17 @@ def test_exporter_without_a_driver_serves_training_metrics(
     run.finish()
     wait_for(lambda: sample(ex.metrics(), "trainmon_train_loss", run="nodriver", rank="0") == 1.0)
     m = ex.metrics()
-    assert sample(m, "trainmon_scrape_collector_success", collector="gpu") == 0
+    assert sample(m, "trainmon_scrape_collector_success", collector="gpu") == 1
+    assert sample(m, "trainmon_gpu_nvml_available") == 0
+    assert sample(m, "trainmon_gpu_expected") == 0
     ready = httpx.get(ex.url + "/readyz", timeout=5)
-    assert (
-        ready.status_code == 200 and "kernel driver is not loaded" in ready.json()["gpus"]["hint"]
-    )
+    gpus = ready.json()["gpus"]
+    assert ready.status_code == 200 and "kernel driver is not loaded" in gpus["hint"]
+    assert gpus["state"] == "no_driver" and gpus["ok"] is True
     log = ex.stop()
-    # One line with the hint, not a traceback per scrape.
-    assert log.count("HINT: the NVIDIA kernel driver is not loaded") == 2, log
+    # One line with the hint at start, not a line per retry or per scrape.
+    assert log.count("HINT (if this node has GPUs): the NVIDIA kernel driver is not") == 1, log
+    assert "No NVIDIA driver on this node" in log
     assert "Traceback" not in log
 
     # And with require_gpus the exporter refuses to start, saying why.
@@ -255,6 +259,38 @@ def test_exporter_without_a_driver_serves_training_metrics(
     refused.proc.wait(timeout=30)
     out = refused.stop()
     assert refused.proc.returncode != 0 and "require_gpus is set" in out, out
+
+
+def test_cpu_only_node_started_as_the_readme_says_raises_nothing(
+    exporter_process: Callable[..., ExporterProcess],
+) -> None:
+    """No libnvidia-ml.so.1 at all (this VM): the gpu collector is healthy and reports the
+    state, so TrainmonCollectorFailing and TrainmonGpuMetricsUnavailable have nothing to fire
+    on (their promtool tests hold the rest)."""
+    env = child_env()
+    env.pop(CONFIG_ENV, None)
+    env.pop("LD_LIBRARY_PATH", None)
+    ex = exporter_process(env=env).start()
+
+    def gpus() -> dict[str, object]:
+        body: dict[str, object] = httpx.get(ex.url + "/readyz", timeout=5).json()["gpus"]
+        return body
+
+    wait_for(lambda: gpus()["state"] != "starting", timeout=20)
+    if gpus()["state"] == "sampling":
+        ex.stop()
+        pytest.skip("this host has an NVIDIA driver")
+    assert gpus()["state"] == "no_driver" and gpus()["ok"] is True
+    m = ex.metrics()
+    assert sample(m, "trainmon_scrape_collector_success", collector="gpu") == 1
+    assert sample(m, "trainmon_scrape_collector_success", collector="rank_gpu") == 1
+    assert sample(m, "trainmon_gpu_nvml_available") == 0
+    assert sample(m, "trainmon_gpu_expected") == 0
+    assert sample(m, "trainmon_gpu_read_errors_total", error="unknown") == 0
+    log = ex.stop()
+    assert log.count("No NVIDIA driver on this node") == 1, log
+    assert "libnvidia-ml.so.1 was not found" in log
+    assert "WARNING" not in log and "Traceback" not in log, log
 
 
 def test_nvml_module_is_the_only_pynvml_importer() -> None:

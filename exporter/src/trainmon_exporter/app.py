@@ -25,7 +25,15 @@ from trainmon_exporter.api import GpusResponse, RankView, RunsResponse, gpu_snap
 from trainmon_exporter.collectors import CollectorContext, ScrapeCollector, build_collectors
 from trainmon_exporter.ingest import IngestMetrics, IngestServer
 from trainmon_exporter.logsetup import LogMetrics, report_pending
-from trainmon_exporter.nvml import NOT_STARTED, GpuSampler, GpuSnapshot, NvmlBackend, PynvmlBackend
+from trainmon_exporter.nvml import (
+    FAILED,
+    NO_DRIVER,
+    NOT_STARTED,
+    GpuSampler,
+    GpuSnapshot,
+    NvmlBackend,
+    PynvmlBackend,
+)
 from trainmon_exporter.settings import Settings
 from trainmon_exporter.sockfile import IngestSocket
 from trainmon_exporter.state import Store
@@ -78,6 +86,7 @@ def build_exporter(
             nvml if nvml is not None else PynvmlBackend(),
             interval=settings.nvml_interval_seconds,
             processes=settings.nvml_processes,
+            require=settings.require_gpus,
         )
     scrape = ScrapeCollector(build_collectors(CollectorContext(settings, store, gpus)))
     registry.register(scrape)  # type: ignore[arg-type]
@@ -137,7 +146,9 @@ def create_app(
                         f"require_gpus is set but {snap.error}"
                         + (f". HINT: {snap.hint}" if snap.hint else "")
                     )
-                ex.gpus.sample_once()
+                if not ex.gpus.sample_once().gpus:
+                    ex.gpus.stop()
+                    raise GpusRequiredError("require_gpus is set but NVML sees no GPU")
             ex.gpus.start()
         ex.ingest.start()
         tasks = [
@@ -222,13 +233,21 @@ def _gpus(ex: Exporter) -> GpuSnapshot:
 
 
 def _gpu_status(ex: Exporter) -> dict[str, object]:
-    """GPU sampling state for ``/readyz`` (readiness never depends on it)."""
+    """GPU sampling state for ``/readyz`` (readiness never depends on it).
+
+    ``state``: ``sampling``, ``no_driver`` (no NVIDIA library or driver and no GPU expected:
+    a node without GPUs, not a problem), ``failed`` (GPUs expected, NVML unusable) or
+    ``starting``. ``ok`` is false only for ``failed``; ``expected`` says whether this node
+    should have GPU metrics.
+    """
     if ex.gpus is None:
         return {"enabled": False}
     snap = ex.gpus.snapshot
     return {
         "enabled": True,
-        "ok": snap.ok,
+        "state": snap.state,
+        "ok": snap.state != FAILED,
+        "expected": snap.expected,
         "count": len(snap.gpus),
         "lost": snap.lost_total,
         "error": snap.error,
@@ -310,6 +329,11 @@ def render_status(data: RunsResponse, gpus: GpusResponse, ex: Exporter) -> str:
         )
     elif ex.gpus is None:
         gpu_head = "<p>GPU sampling is turned off (collectors gpu and rank_gpu).</p>"
+    elif ex.gpus.snapshot.state == NO_DRIVER:
+        gpu_head = (
+            f"<p>No GPU metrics: no NVIDIA driver on this node ({e(gpus.error)}). Training "
+            "metrics are unaffected.</p>"
+        )
     else:
         hint = f" Hint: {e(gpus.hint)}" if gpus.hint else ""
         gpu_head = f"<p class='crashed'>No GPU metrics: {e(gpus.error)}.</p><p>{hint}</p>"

@@ -157,8 +157,9 @@ class Settings(BaseSettings):
     )
     require_gpus: bool = Field(
         False,
-        description="Refuse to start when NVML is unusable (no library, no driver), instead "
-        "of serving training metrics without GPU series.",
+        description="Refuse to start when NVML is unusable (no library, no driver) or sees "
+        "no GPU, instead of serving training metrics without GPU series; NVML failing later "
+        "then counts as a failure, never as a node without GPUs.",
     )
     peak_flops: float | None = Field(
         None,

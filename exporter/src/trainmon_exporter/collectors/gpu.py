@@ -3,8 +3,12 @@
 The scrape never calls NVML: it formats the last :class:`~trainmon_exporter.nvml.GpuSnapshot`.
 Labels are ``gpu`` (NVML index) and ``uuid``, as in dcgm-exporter, so its dashboards and
 trainmon's can be joined; identity (name, PCI bus id, driver) lives in ``trainmon_gpu_info``.
-When NVML is unusable the collector fails (``trainmon_scrape_collector_success{collector="gpu"}
-0``) with the one-line hint in the log, ``/readyz`` and the status page.
+
+No NVML is a state the collector reports, not a failure of the collector:
+``trainmon_gpu_nvml_available`` says whether NVML is sampling and ``trainmon_gpu_expected``
+whether this node should have GPU metrics; the alert ``TrainmonGpuMetricsUnavailable`` fires
+only when both say "expected but not sampling". The hint is in the log, ``/readyz`` and the
+status page. The error counters exist at 0 on every node, GPUs or not.
 """
 
 from __future__ import annotations
@@ -14,8 +18,8 @@ from collections.abc import Iterable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from trainmon_exporter.collectors import CollectorContext, CollectorFailed, register
-from trainmon_exporter.nvml import GpuSampler
+from trainmon_exporter.collectors import CollectorContext, register
+from trainmon_exporter.nvml import ERROR_KINDS, GpuSampler
 
 GL = ["gpu", "uuid"]
 
@@ -55,7 +59,8 @@ GAUGES: tuple[tuple[str, str], ...] = (
     ),
     (
         "trainmon_gpu_temperature_celsius",
-        "GPU die temperature (nvmlDeviceGetTemperature, NVML_TEMPERATURE_GPU, °C).",
+        "GPU die temperature (nvmlDeviceGetTemperature, or nvmlDeviceGetTemperatureV where "
+        "a driver lacks it; NVML_TEMPERATURE_GPU, °C).",
     ),
     (
         "trainmon_gpu_memory_temperature_celsius",
@@ -87,7 +92,8 @@ GAUGES: tuple[tuple[str, str], ...] = (
     ),
     (
         "trainmon_gpu_processes",
-        "Compute processes on the GPU (len(nvmlDeviceGetComputeRunningProcesses)).",
+        "Compute processes on the GPU (len(nvmlDeviceGetComputeRunningProcesses_v3), or "
+        "_v2 / v1 on drivers without it).",
     ),
     (
         "trainmon_gpu_sm_active_ratio",
@@ -139,7 +145,7 @@ COUNTERS: tuple[tuple[str, str], ...] = (
 
 @register("gpu")
 class GpuCollector:
-    """Formats the sampler's snapshot; raises :class:`CollectorFailed` when NVML is unusable."""
+    """Formats the sampler's snapshot: the NVML state always, per-GPU series while sampling."""
 
     name = "gpu"
 
@@ -159,13 +165,31 @@ class GpuCollector:
         lost.add_metric([], float(snap.lost_total))
         errors = CounterMetricFamily(
             "trainmon_gpu_read_errors",
-            "NVML reads that failed other than 'not supported', by nvmlReturn_t name.",
+            "NVML reads that failed other than 'not supported' or a function the driver lacks, "
+            "by nvmlReturn_t name ('other': another code; 'exception': a Python exception in "
+            "the bindings).",
             labels=["error"],
         )
-        for kind, n in sorted(snap.read_errors.items()):
-            errors.add_metric([kind], float(n))
+        for kind in ERROR_KINDS:
+            errors.add_metric([kind], float(snap.read_errors.get(kind, 0)))
+        available = GaugeMetricFamily(
+            "trainmon_gpu_nvml_available",
+            "1 while NVML is initialised and sampling; 0 with no NVIDIA library or driver (a "
+            "node without GPUs) or NVML failing (sampler state).",
+        )
+        available.add_metric([], 1.0 if snap.ok else 0.0)
+        expected = GaugeMetricFamily(
+            "trainmon_gpu_expected",
+            "1 when this node should have GPU metrics: --require-gpus, NVML worked since the "
+            "exporter started, or NVML is installed but cannot be used; 0 on a node without "
+            "an NVIDIA driver (sampler state).",
+        )
+        expected.add_metric([], 1.0 if snap.expected else 0.0)
+        devices = GaugeMetricFamily("trainmon_gpu_devices", "GPUs sampled in the last pass.")
+        devices.add_metric([], float(len(snap.gpus)))
+        state = [available, expected, devices, lost, errors]
         if not snap.ok:
-            raise CollectorFailed(snap.error + (f". HINT: {snap.hint}" if snap.hint else ""))
+            return state
         gauges = {n: GaugeMetricFamily(n, h, labels=GL) for n, h in GAUGES}
         counters = {n: CounterMetricFamily(n, h, labels=GL) for n, h in COUNTERS}
         info = GaugeMetricFamily(
@@ -177,8 +201,8 @@ class GpuCollector:
         clock_events = GaugeMetricFamily(
             "trainmon_gpu_clock_event_reason_active",
             "1 while NVML reports this reason for holding clocks down "
-            "(nvmlDeviceGetCurrentClocksEventReasons bit); sw_power_cap, hw_slowdown and the "
-            "thermal reasons slow training.",
+            "(nvmlDeviceGetCurrentClocksEventReasons bit; ...ThrottleReasons before R535); "
+            "sw_power_cap, hw_slowdown and the thermal reasons slow training.",
             labels=[*GL, "reason"],
         )
         ecc = CounterMetricFamily(
@@ -195,7 +219,8 @@ class GpuCollector:
         xid = CounterMetricFamily(
             "trainmon_gpu_xid_errors",
             "XID critical errors (NVML event nvmlEventTypeXidCriticalError) since the exporter "
-            "started, by XID code (see NVIDIA's XID catalogue).",
+            "started, by XID code (see NVIDIA's XID catalogue); past 32 codes on one GPU, "
+            "new ones count as 'other'.",
             labels=[*GL, "xid"],
         )
         for g in snap.gpus:
@@ -204,10 +229,8 @@ class GpuCollector:
                 fam = gauges.get(key) or counters.get(key)
                 if fam is not None:
                     fam.add_metric(labels, value)
-            info.add_metric(
-                [*labels, g.name, g.pci_bus_id, f"0x{g.pci_device_id:08x}", snap.driver_version],
-                1.0,
-            )
+            device_id = f"0x{g.pci_device_id:08x}" if g.pci_device_id else ""
+            info.add_metric([*labels, g.name, g.pci_bus_id, device_id, snap.driver_version], 1.0)
             for reason, active in g.clock_events.items():
                 clock_events.add_metric([*labels, reason], active)
             for (error_type, counter_type), count in g.ecc.items():
@@ -215,9 +238,7 @@ class GpuCollector:
             for cause, rows in g.remapped_rows.items():
                 remapped.add_metric([*labels, cause], rows)
             for code, n in sorted(g.xid.items()):
-                xid.add_metric([*labels, str(code)], float(n))
-        devices = GaugeMetricFamily("trainmon_gpu_devices", "GPUs sampled in the last pass.")
-        devices.add_metric([], float(len(snap.gpus)))
+                xid.add_metric([*labels, code], float(n))
         duration = GaugeMetricFamily(
             "trainmon_gpu_sample_duration_seconds",
             "Wall time of the last NVML sampling pass over all GPUs (s, time.perf_counter).",
@@ -236,9 +257,7 @@ class GpuCollector:
             ecc,
             remapped,
             xid,
-            devices,
             duration,
             age,
-            lost,
-            errors,
+            *state,
         ]
