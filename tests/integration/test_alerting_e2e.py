@@ -17,6 +17,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -63,6 +65,7 @@ class Stack:
         self.logs: list[Any] = []
         am_port, prom_port = free_port(), free_port()
         self.prom_url = f"http://127.0.0.1:{prom_port}"
+        self.am_url = f"http://127.0.0.1:{am_port}"
         secrets = tmp / "secrets"
         secrets.mkdir()
         (secrets / "pagerduty_routing_key").write_text("test-routing-key-0123456789abcdef")
@@ -142,8 +145,6 @@ def stack() -> Iterator[tuple[ExporterProcess, Receiver, Stack]]:
     try:
         # The pipeline is up once the Watchdog has travelled all the way (no receiver
         # config: it is routed, not delivered) and Prometheus scrapes the exporter.
-        import urllib.request
-
         def scraped() -> bool:
             try:
                 url = st.prom_url + "/api/v1/query?query=up%7Bjob%3D%22trainmon%22%7D"
@@ -163,6 +164,15 @@ def stack() -> Iterator[tuple[ExporterProcess, Receiver, Stack]]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def am_alerts(st: Stack, alertname: str, run: str) -> list[dict[str, Any]]:
+    """Alerts Alertmanager holds (``/api/v2/alerts``, muted ones included) for one run."""
+    query = urllib.parse.urlencode(
+        [("filter", f'alertname="{alertname}"'), ("filter", f'run="{run}"')]
+    )
+    with urllib.request.urlopen(f"{st.am_url}/api/v2/alerts?{query}", timeout=5) as r:
+        return json.loads(r.read())  # type: ignore[no-any-return]
+
+
 def scenario(exporter: ExporterProcess, name: str, run: str, *extra: str) -> dict[str, Any]:
     out = subprocess.run(
         [sys.executable, str(SCENARIO), "--scenario", name, "--run", run, *extra],
@@ -177,21 +187,28 @@ def scenario(exporter: ExporterProcess, name: str, run: str, *extra: str) -> dic
     return marks[0]
 
 
-def test_nan_pages_pagerduty_with_run_and_rank(stack: Any) -> None:
+def test_nan_pages_pagerduty_once_per_run_naming_the_rank(stack: Any) -> None:
+    """The run-level alert pages; it silences the per-rank alert of the same run."""
     exporter, receiver, _ = stack
     mark = scenario(exporter, "nan", "e2e-nan", "--steps", "300", "--at", "150")
     hits = wait_for(lambda: receiver.find("/pagerduty", "e2e-nan"), timeout=60, interval=0.2)
     body, arrived = hits[0]
     assert body["event_action"] == "trigger"
     assert body["routing_key"] == "test-routing-key-0123456789abcdef"
-    assert "TrainmonNonFiniteValues" in body["payload"]["summary"]
+    assert "TrainmonRunNonFinite" in body["payload"]["summary"]
     details = json.dumps(body["payload"]["custom_details"])
-    assert "run: e2e-nan" in details and "rank: 0" in details
-    assert "runbooks.md#alert-name-trainmonnonfinitevalues" in details
+    assert "run: e2e-nan" in details
+    assert f"ranks with any so far: 0 on 127.0.0.1:{exporter.port}" in details
+    assert "runbooks.md#alert-name-trainmonrunnonfinite" in details
     assert "/d/trainmon-training/?var-run=e2e-nan" in details
     assert body["payload"]["severity"] in ("critical", "error")
     print(f"\nNaN at step {mark['step']} -> PagerDuty after {arrived - mark['time']:.2f} s")
     assert arrived - mark["time"] < 30
+    # Alertmanager holds the per-rank alert, suppressed by the run-level one; it never paged.
+    muted = wait_for(lambda: am_alerts(stack[2], "TrainmonNonFiniteValues", "e2e-nan"), timeout=30)
+    assert muted[0]["status"]["state"] == "suppressed" and muted[0]["status"]["inhibitedBy"]
+    pages = [json.dumps(b) for b, _ in receiver.find("/pagerduty", "e2e-nan")]
+    assert not any("TrainmonNonFiniteValues" in b for b in pages), pages
 
 
 def test_loss_spike_goes_to_slack(stack: Any) -> None:
@@ -227,7 +244,11 @@ def test_killed_trainer_pages_as_a_crash(stack: Any) -> None:
 
 
 def test_a_stall_pages_and_the_recovery_resolves(stack: Any) -> None:
-    """Hung (critical, for: 1m) while the loop sleeps; resolved once it steps again."""
+    """Hung (critical, for: 1m) while the loop sleeps; resolved once it steps again.
+
+    The run has one rank, so the whole run is hung: the run-level alert pages and silences
+    the per-rank one.
+    """
     exporter, receiver, _ = stack
     proc = subprocess.Popen(
         [
@@ -254,7 +275,7 @@ def test_a_stall_pages_and_the_recovery_resolves(stack: Any) -> None:
             return [
                 h
                 for h in receiver.find("/pagerduty", "e2e-stall")
-                if h[0]["event_action"] == action and "TrainmonTrainingHung" in json.dumps(h[0])
+                if h[0]["event_action"] == action and "TrainmonRunHung" in json.dumps(h[0])
             ]
 
         triggered = wait_for(lambda: events("trigger"), timeout=120, interval=0.5)
