@@ -30,6 +30,9 @@ def run(*args: str, cwd: Path = ROOT) -> str:
 
 def test_promtool_checks_config_and_rules() -> None:
     run(promtool(), "check", "config", str(PROM / "prometheus.yml"))
+    # The per-cluster and agent configs (their file_sd files do not exist here: a warning).
+    for name in ("prometheus-cluster.yml", "prometheus-agent.yml"):
+        run(promtool(), "check", "config", str(PROM / name))
     run(promtool(), "check", "rules", *map(str, RULE_FILES))
 
 
