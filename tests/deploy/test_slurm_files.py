@@ -34,21 +34,37 @@ def sd() -> ModuleType:
     return mod
 
 
-def test_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
-    """Every directive known and every value valid (verify prints a line for each problem)."""
+def verify(text: str, name: str, tmp_path: Path) -> str:
+    """Output of ``systemd-analyze verify`` for a unit file: a line per unknown directive or
+    invalid value, nothing when the unit is right."""
     analyze = require_tool("systemd-analyze", "systemd")
+    path = tmp_path / name
+    path.write_text(text)
+    out = subprocess.run([analyze, "verify", str(path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return (out.stdout + out.stderr).strip()
+
+
+def installed(unit: str, program: str) -> str:
+    """The shipped unit with its program replaced by one that exists here (verify checks)."""
+    return (SLURM / unit).read_text().replace(program, sys.executable)
+
+
+def test_exporter_unit_verifies(tmp_path: Path) -> None:
     unit = (SLURM / "trainmon-exporter.service").read_text()
     assert "\nExecStart=/opt/trainmon/bin/trainmon-exporter --socket /run/trainmon/" in unit
     for needed in ("RuntimeDirectory=trainmon", "ProtectSystem=strict", "NoNewPrivileges=yes"):
         assert f"\n{needed}\n" in unit
     assert "\nPrivateDevices=yes" not in unit  # it would hide /dev/nvidia* from NVML
-    path = tmp_path / "trainmon-exporter.service"  # verify wants an ExecStart that exists
-    path.write_text(unit.replace("/opt/trainmon/bin/trainmon-exporter", sys.executable))
-    out = subprocess.run([analyze, "verify", str(path)], capture_output=True, text=True)
-    assert out.returncode == 0 and not (out.stdout + out.stderr).strip(), out.stdout + out.stderr
-    path.write_text(path.read_text().replace("ProtectSystem=strict", "ProtectSystem=strikt"))
-    out = subprocess.run([analyze, "verify", str(path)], capture_output=True, text=True)
-    assert "strikt" in out.stderr  # the check above can fail
+    text = installed("trainmon-exporter.service", "/opt/trainmon/bin/trainmon-exporter")
+    assert verify(text, "trainmon-exporter.service", tmp_path) == ""
+    typo = text.replace("ProtectSystem=strict", "ProtectSystem=strikt")
+    assert "strikt" in verify(typo, "typo.service", tmp_path)  # the check can fail
+
+
+def test_file_sd_unit_verifies(tmp_path: Path) -> None:
+    text = installed("trainmon-slurm-sd.service", "/usr/local/bin/trainmon_slurm_sd.py")
+    assert verify(text, "trainmon-slurm-sd.service", tmp_path) == ""
 
 
 # sinfo --all --noheader --Node --format='%N|%o|%n|%P|%G|%T' on a Slurm 22.05 cluster, with the
