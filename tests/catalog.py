@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from .conftest import InProcessExporter, connect, wait_for
@@ -34,3 +35,25 @@ def exposed_names(make_exporter: Callable[..., InProcessExporter]) -> set[str]:
             if kind == "histogram":
                 names |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
     return names
+
+
+FLEET_LABELS = ("cluster", "namespace")
+"""Labels that, with ``run``, identify a run fleet-wide (the same run id may exist twice)."""
+
+
+def fleet_key_problems(promql: str) -> list[str]:
+    """Places in a PromQL expression (or a template that builds one) that key a run by ``run``
+    without ``cluster`` and ``namespace``: a ``by``/``on`` clause naming ``run``, or a selector
+    matching on ``run``. Returns them as text, [] when there are none.
+    """
+    problems = []
+    for kind, labels in re.findall(r"\b(by|on)\s*\(([^)]*)\)", promql):
+        names = {n.strip() for n in labels.split(",")}
+        if "run" in names and not set(FLEET_LABELS) <= names:
+            problems.append(f"{kind} ({labels})")
+    for selector in re.findall(r"\{[^{}]*\}", promql):
+        if re.search(r"\brun\s*=", selector) and not all(
+            re.search(rf"\b{label}\s*=", selector) for label in FLEET_LABELS
+        ):
+            problems.append(selector)
+    return problems

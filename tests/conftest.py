@@ -234,11 +234,12 @@ def raw_connect(path: str) -> socket.socket:
 
 
 def child_env(**extra: str) -> dict[str, str]:
-    """Environment for subprocesses: the current one without launcher variables."""
+    """Environment for subprocesses: the current one without launcher variables (Slurm's too)."""
     env = {
         k: v
         for k, v in os.environ.items()
         if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TRAINMON_RUN", "TRAINMON_SOCKET")
+        and not k.startswith("SLURM_")  # a suite run inside a Slurm job
     }
     env.update(extra)
     env["PYTHONUNBUFFERED"] = "1"

@@ -16,13 +16,16 @@ from typing import Any
 
 OUT = Path(__file__).resolve().parent / "dashboards"
 DS = {"type": "prometheus", "uid": "${datasource}"}
-SEL = 'run=~"$run", rank=~"$rank"'
-RUN = 'run=~"$run"'
+# A run is (cluster, namespace, run) fleet-wide. On a single Prometheus neither label exists;
+# their variables' "All" is the regex .*, which also matches a label that is absent.
+RUN = 'cluster=~"$cluster", namespace=~"$namespace", run=~"$run"'
+SEL = f'{RUN}, rank=~"$rank"'
+FLEET = "cluster, namespace"
 
 
 def variables(extra: tuple[tuple[str, str], ...] = ()) -> dict[str, Any]:
-    def query_var(name: str, query: str) -> dict[str, Any]:
-        return {
+    def query_var(name: str, query: str, all_value: str | None = None) -> dict[str, Any]:
+        var = {
             "type": "query",
             "name": name,
             "label": name,
@@ -34,6 +37,9 @@ def variables(extra: tuple[tuple[str, str], ...] = ()) -> dict[str, Any]:
             "current": {"text": "All", "value": "$__all"},
             "sort": 1,
         }
+        if all_value is not None:
+            var["allValue"] = all_value
+        return var
 
     return {
         "list": [
@@ -44,8 +50,17 @@ def variables(extra: tuple[tuple[str, str], ...] = ()) -> dict[str, Any]:
                 "query": "prometheus",
                 "current": {"text": "Prometheus", "value": "trainmon-prometheus"},
             },
-            query_var("run", "label_values(trainmon_run_info, run)"),
-            query_var("rank", 'label_values(trainmon_rank_info{run=~"$run"}, rank)'),
+            query_var("cluster", "label_values(trainmon_run_info, cluster)", ".*"),
+            query_var(
+                "namespace",
+                'label_values(trainmon_run_info{cluster=~"$cluster"}, namespace)',
+                ".*",
+            ),
+            query_var(
+                "run",
+                'label_values(trainmon_run_info{cluster=~"$cluster", namespace=~"$namespace"}, run)',
+            ),
+            query_var("rank", f"label_values(trainmon_rank_info{{{RUN}}}, rank)"),
             *(query_var(name, query) for name, query in extra),
         ]
     }
@@ -124,7 +139,7 @@ def row(lay: Layout, title: str) -> dict[str, Any]:
     }
 
 
-def events(counter: str, by: str = "run, rank") -> str:
+def events(counter: str, by: str = f"{FLEET}, run, rank") -> str:
     """Events a counter counted over the dashboard's time range, per ``by``."""
     return f"sum by ({by}) (increase({counter}{{{SEL}}}[$__range]))"
 
@@ -219,7 +234,7 @@ def training() -> dict[str, Any]:
                 (f"trainmon_train_mfu_ratio{{{SEL}}}", "MFU " + rank_legend),
                 (f"run:trainmon_train_mfu_ratio:avg{{{RUN}}}", "MFU {{run}} mean"),
                 (
-                    f'max by (run, rank, uuid) (trainmon_rank_info{{{SEL}, uuid!=""}}) '
+                    f'max by ({FLEET}, run, rank, uuid) (trainmon_rank_info{{{SEL}, uuid!=""}}) '
                     "* on (uuid) group_left () max by (uuid) (trainmon_gpu_tensor_active_ratio)",
                     "tensor active " + rank_legend,
                 ),
@@ -274,7 +289,7 @@ def training() -> dict[str, Any]:
             "Non-finite values",
             [
                 (
-                    events("trainmon_train_nonfinite_values_total", "run, rank, field"),
+                    events("trainmon_train_nonfinite_values_total", f"{FLEET}, run, rank, field"),
                     "{{field}} " + rank_legend,
                 ),
             ],
@@ -380,7 +395,7 @@ def health() -> dict[str, Any]:
             "Client drops",
             [
                 (
-                    f"sum by (run, rank, reason) (rate(trainmon_client_dropped_messages_total{{{SEL}}}"
+                    f"sum by ({FLEET}, run, rank, reason) (rate(trainmon_client_dropped_messages_total{{{SEL}}}"
                     "[$__rate_interval]))",
                     "{{reason}} " + rank_legend,
                 ),
@@ -405,7 +420,7 @@ def health() -> dict[str, Any]:
             "Time per tracked operation",
             [
                 (
-                    f"sum by (run, rank, operation) (rate(trainmon_monitoring_seconds_total{{{SEL}}}"
+                    f"sum by ({FLEET}, run, rank, operation) (rate(trainmon_monitoring_seconds_total{{{SEL}}}"
                     "[$__rate_interval]))",
                     "{{operation}} " + rank_legend,
                 ),
@@ -506,7 +521,7 @@ GPU = 'instance=~"$instance", gpu=~"$gpu"'
 def on_ranks(gpu_metric: str) -> str:
     """A per-GPU series relabelled with the run and rank on that GPU (join on the UUID)."""
     return (
-        f'max by (run, rank, uuid) (trainmon_rank_info{{{SEL}, uuid!=""}}) '
+        f'max by ({FLEET}, run, rank, uuid) (trainmon_rank_info{{{SEL}, uuid!=""}}) '
         f"* on (uuid) group_left (gpu) max by (uuid, gpu) ({gpu_metric})"
     )
 
@@ -559,8 +574,8 @@ def gpu() -> dict[str, Any]:
             "MFU of the ranks on these GPUs",
             [
                 (
-                    f"max by (run, rank) (trainmon_train_mfu_ratio{{{SEL}}}) "
-                    f"* on (run, rank) group_left (uuid) max by (run, rank, uuid) "
+                    f"max by ({FLEET}, run, rank) (trainmon_train_mfu_ratio{{{SEL}}}) "
+                    f"* on ({FLEET}, run, rank) group_left (uuid) max by ({FLEET}, run, rank, uuid) "
                     f'(trainmon_rank_info{{{SEL}, uuid!=""}})',
                     "{{run}} rank {{rank}} {{uuid}}",
                 ),

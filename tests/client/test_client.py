@@ -425,10 +425,15 @@ def test_programmer_errors_raise_at_init(kwargs: dict[str, Any]) -> None:
 def test_detect_ranks_from_launchers() -> None:
     assert detect_ranks({}) == (0, 0, 1)
     assert detect_ranks({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8"}) == (3, 1, 8)
-    assert detect_ranks({"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "16"}) == (
-        5,
+    slurm_task = {"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "16"}
+    assert detect_ranks({**slurm_task, "SLURM_STEP_ID": "0"}) == (5, 1, 16)
+    assert detect_ranks({**slurm_task, "SLURM_STEPID": "3"}) == (5, 1, 16)
+    # The batch script of `sbatch -n4` sees SLURM_PROCID=0 and SLURM_NTASKS=4 but no step:
+    # it is one process, not rank 0 of 4.
+    assert detect_ranks({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_JOB_ID": "9"}) == (
+        0,
+        0,
         1,
-        16,
     )
     assert detect_ranks({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4"}) == (2, 2, 4)
     with pytest.raises(ValueError, match="RANK"):
@@ -439,6 +444,10 @@ def test_detect_run_id_order() -> None:
     assert detect_run_id(1, {"TRAINMON_RUN": "mine", "TORCHELASTIC_RUN_ID": "x"}) == "mine"
     assert detect_run_id(2, {"TORCHELASTIC_RUN_ID": "abc"}) == "abc"
     assert detect_run_id(2, {"TORCHELASTIC_RUN_ID": "none", "SLURM_JOB_ID": "77"}) == "slurm-77"
+    # In a Slurm job the job id wins over a rendezvous id (`--rdzv-id=$RANDOM` changes when
+    # the job is requeued; the job id does not).
+    assert detect_run_id(2, {"TORCHELASTIC_RUN_ID": "8123", "SLURM_JOB_ID": "77"}) == "slurm-77"
+    assert detect_run_id(2, {"TRAINMON_RUN": "mine", "SLURM_JOB_ID": "77"}) == "mine"
     generated = detect_run_id(1, {})
     assert generated == detect_run_id(1, {})  # stable within a process
     assert P.valid_run_id(generated)

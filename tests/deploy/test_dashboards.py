@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ..catalog import exposed_names
+from ..catalog import exposed_names, fleet_key_problems
 from ..conftest import ROOT, InProcessExporter, require_tool
 
 GRAFANA = ROOT / "deploy" / "grafana"
@@ -85,7 +85,9 @@ def test_dashboards_use_the_provisioned_datasource_and_variables() -> None:
     uid = ds["datasources"][0]["uid"]
     for name, dash in dashboards().items():
         variables = {v["name"]: v for v in dash["templating"]["list"]}
-        assert {"datasource", "run", "rank"} <= set(variables), name
+        assert {"datasource", "cluster", "namespace", "run", "rank"} <= set(variables), name
+        # "All" must also match series without the label (a single Prometheus has neither).
+        assert variables["cluster"]["allValue"] == variables["namespace"]["allValue"] == ".*"
         assert variables["datasource"]["current"]["value"] == uid
         for p in dash["panels"]:
             if p["type"] != "row":
@@ -130,3 +132,14 @@ def test_every_metric_name_exists_in_the_exporter(
         for q in queries(dash):
             for metric in re.findall(r"(?<![\w:])(?:run:)?trainmon_[a-z0-9_:]+", q):
                 assert metric in exposed or metric in recorded, f"{name}: {metric}"
+
+
+def test_queries_key_runs_by_cluster_namespace_and_run() -> None:
+    """The same run id in two clusters of one fleet store never shows as one run."""
+    found = {
+        (name, q): problems
+        for name, dash in dashboards().items()
+        for q in queries(dash) + [str(v["query"]) for v in dash["templating"]["list"]]
+        if (problems := fleet_key_problems(q))
+    }
+    assert not found, found

@@ -124,6 +124,7 @@ def test_values_of_a_scripted_session(exporter: InProcessExporter) -> None:
         and sample(m, "trainmon_run_up", run="scripted", rank="1") == 1
     )
     assert sample(m, "trainmon_run_info", run="scripted", world_size="2") == 1
+    assert sample(m, "trainmon_run_world_size", run="scripted") == 2
     info = [lbl for (n, lbl) in m if n == "trainmon_rank_info"]
     assert {dict(lbl)["rank"] for lbl in info} == {"0", "1"}
     # 20 step intervals of >= 5 ms each went into the histogram.

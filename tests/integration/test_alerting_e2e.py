@@ -9,129 +9,46 @@ the receivers at 127.0.0.1.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from ..conftest import ROOT, ExporterProcess, child_env, free_port, short_tmpdir, wait_for
+from .stack import PROM_DIR, Processes, Receiver, am_alerts, query, require_binaries, shipped
 
 pytestmark = pytest.mark.slow
 SCENARIO = ROOT / "benchmarks" / "detection" / "scenario.py"
 
 
-class Receiver:
-    """Records every POST: (path, JSON body, arrival time)."""
-
-    def __init__(self) -> None:
-        self.posts: list[tuple[str, Any, float]] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                outer.posts.append((self.path, json.loads(body or b"null"), time.time()))
-                self.send_response(200 if self.path != "/pagerduty" else 202)
-                self.end_headers()
-                self.wfile.write(b"{}")
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def find(self, path: str, text: str) -> list[tuple[Any, float]]:
-        return [(b, t) for p, b, t in self.posts if p == path and text in json.dumps(b)]
-
-
 class Stack:
+    """Alertmanager and Prometheus with the shipped configs, scraping one exporter."""
+
     def __init__(self, tmp: Path, exporter: ExporterProcess, receiver: Receiver) -> None:
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.logs: list[Any] = []
-        am_port, prom_port = free_port(), free_port()
-        self.prom_url = f"http://127.0.0.1:{prom_port}"
-        secrets = tmp / "secrets"
-        secrets.mkdir()
-        (secrets / "pagerduty_routing_key").write_text("test-routing-key-0123456789abcdef")
-        (secrets / "slack_webhook_url").write_text(f"http://127.0.0.1:{receiver.port}/slack")
-        am = yaml.safe_load((ROOT / "alertmanager" / "alertmanager.yml").read_text())
-        am["templates"] = [str(ROOT / "alertmanager" / "templates" / "*.tmpl")]
-        am["route"].update(group_wait="1s", group_interval="1s")
-        for r in am["route"]["routes"]:
-            r.update(group_wait="1s", group_interval="1s")
-        for rec in am["receivers"]:
-            for pd in rec.get("pagerduty_configs", []):
-                pd["routing_key_file"] = str(secrets / "pagerduty_routing_key")
-                pd["url"] = f"http://127.0.0.1:{receiver.port}/pagerduty"
-            for sl in rec.get("slack_configs", []):
-                sl["api_url_file"] = str(secrets / "slack_webhook_url")
-        (tmp / "alertmanager.yml").write_text(yaml.safe_dump(am))
-        prom = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+        self.procs = Processes(tmp)
+        self.am_url = self.procs.alertmanager(receiver)
+        prom = shipped("prometheus.yml")
         prom["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
-        prom["rule_files"] = [str(ROOT / "deploy" / "prometheus" / f) for f in prom["rule_files"]]
+        prom["rule_files"] = [str(PROM_DIR / f) for f in prom["rule_files"]]
         prom["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [
-            f"127.0.0.1:{am_port}"
+            self.am_url.removeprefix("http://")
         ]
         prom["scrape_configs"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{exporter.port}"]
-        (tmp / "prometheus.yml").write_text(yaml.safe_dump(prom))
-        self.start(
-            [
-                "prometheus-alertmanager",
-                f"--config.file={tmp / 'alertmanager.yml'}",
-                f"--storage.path={tmp / 'am'}",
-                f"--web.listen-address=127.0.0.1:{am_port}",
-                "--cluster.listen-address=",
-            ],
-            tmp / "am.log",
-        )
-        self.start(
-            [
-                "prometheus",
-                f"--config.file={tmp / 'prometheus.yml'}",
-                f"--storage.tsdb.path={tmp / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{prom_port}",
-            ],
-            tmp / "prom.log",
-        )
-
-    def start(self, cmd: list[str], log: Path) -> None:
-        out = log.open("wb")
-        self.logs.append(out)
-        self.procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT))
+        self.prom_url = self.procs.prometheus(prom, "prometheus")
 
     def stop(self) -> None:
-        for p in self.procs:
-            p.send_signal(signal.SIGTERM)
-        for p in self.procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        for out in self.logs:
-            out.close()
+        self.procs.stop()
 
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[tuple[ExporterProcess, Receiver, Stack]]:
-    for tool in ("prometheus", "prometheus-alertmanager"):
-        if shutil.which(tool) is None:
-            if os.environ.get("TRAINMON_REQUIRE_PROMTOOL"):
-                pytest.fail(f"{tool} is required in CI")
-            pytest.skip(f"{tool} not installed")
+    require_binaries("prometheus", package="prometheus")
+    require_binaries("prometheus-alertmanager", package="prometheus-alertmanager")
     tmp = short_tmpdir()
     # A 2 s hang grace (default 30 s), so a stalled trainer is hung within seconds.
     exporter = ExporterProcess(
@@ -142,24 +59,16 @@ def stack() -> Iterator[tuple[ExporterProcess, Receiver, Stack]]:
     try:
         # The pipeline is up once the Watchdog has travelled all the way (no receiver
         # config: it is routed, not delivered) and Prometheus scrapes the exporter.
-        import urllib.request
-
         def scraped() -> bool:
-            try:
-                url = st.prom_url + "/api/v1/query?query=up%7Bjob%3D%22trainmon%22%7D"
-                with urllib.request.urlopen(url, timeout=2) as r:
-                    res = json.loads(r.read())["data"]["result"]
-                return bool(res) and res[0]["value"][1] == "1"
-            except OSError:
-                return False
+            res = query(st.prom_url, 'up{job="trainmon"}')
+            return bool(res) and res[0]["value"][1] == "1"
 
         wait_for(scraped, timeout=60, interval=0.5)
         yield exporter, receiver, st
     finally:
         st.stop()
         exporter.stop()
-        receiver.server.shutdown()
-        receiver.server.server_close()
+        receiver.close()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -177,21 +86,31 @@ def scenario(exporter: ExporterProcess, name: str, run: str, *extra: str) -> dic
     return marks[0]
 
 
-def test_nan_pages_pagerduty_with_run_and_rank(stack: Any) -> None:
+def test_nan_pages_pagerduty_once_per_run_naming_the_rank(stack: Any) -> None:
+    """The run-level alert pages; it silences the per-rank alert of the same run."""
     exporter, receiver, _ = stack
     mark = scenario(exporter, "nan", "e2e-nan", "--steps", "300", "--at", "150")
     hits = wait_for(lambda: receiver.find("/pagerduty", "e2e-nan"), timeout=60, interval=0.2)
     body, arrived = hits[0]
     assert body["event_action"] == "trigger"
     assert body["routing_key"] == "test-routing-key-0123456789abcdef"
-    assert "TrainmonNonFiniteValues" in body["payload"]["summary"]
+    assert "TrainmonRunNonFinite" in body["payload"]["summary"]
     details = json.dumps(body["payload"]["custom_details"])
-    assert "run: e2e-nan" in details and "rank: 0" in details
-    assert "runbooks.md#alert-name-trainmonnonfinitevalues" in details
+    assert "run: e2e-nan" in details
+    assert f"ranks with any so far: 0 on 127.0.0.1:{exporter.port}" in details
+    assert "runbooks.md#alert-name-trainmonrunnonfinite" in details
     assert "/d/trainmon-training/?var-run=e2e-nan" in details
     assert body["payload"]["severity"] in ("critical", "error")
     print(f"\nNaN at step {mark['step']} -> PagerDuty after {arrived - mark['time']:.2f} s")
     assert arrived - mark["time"] < 30
+    # Alertmanager holds the per-rank alert, suppressed by the run-level one; it never paged.
+    muted = wait_for(
+        lambda: am_alerts(stack[2].am_url, 'alertname="TrainmonNonFiniteValues"', 'run="e2e-nan"'),
+        timeout=30,
+    )
+    assert muted[0]["status"]["state"] == "suppressed" and muted[0]["status"]["inhibitedBy"]
+    pages = [json.dumps(b) for b, _ in receiver.find("/pagerduty", "e2e-nan")]
+    assert not any("TrainmonNonFiniteValues" in b for b in pages), pages
 
 
 def test_loss_spike_goes_to_slack(stack: Any) -> None:
@@ -215,11 +134,7 @@ def test_killed_trainer_pages_as_a_crash(stack: Any) -> None:
     exporter, receiver, _ = stack
     mark = scenario(exporter, "crash", "e2e-crash", "--steps", "400", "--at", "100")
     hits = wait_for(
-        lambda: [
-            h
-            for h in receiver.find("/pagerduty", "e2e-crash")
-            if "TrainmonTrainerCrashed" in json.dumps(h[0])
-        ],
+        lambda: receiver.find("/pagerduty", "e2e-crash", "TrainmonTrainerCrashed"),
         timeout=60,
         interval=0.2,
     )
@@ -227,7 +142,11 @@ def test_killed_trainer_pages_as_a_crash(stack: Any) -> None:
 
 
 def test_a_stall_pages_and_the_recovery_resolves(stack: Any) -> None:
-    """Hung (critical, for: 1m) while the loop sleeps; resolved once it steps again."""
+    """Hung (critical, for: 1m) while the loop sleeps; resolved once it steps again.
+
+    The run has one rank, so the whole run is hung: the run-level alert pages and silences
+    the per-rank one.
+    """
     exporter, receiver, _ = stack
     proc = subprocess.Popen(
         [
@@ -254,7 +173,7 @@ def test_a_stall_pages_and_the_recovery_resolves(stack: Any) -> None:
             return [
                 h
                 for h in receiver.find("/pagerduty", "e2e-stall")
-                if h[0]["event_action"] == action and "TrainmonTrainingHung" in json.dumps(h[0])
+                if h[0]["event_action"] == action and "TrainmonRunHung" in json.dumps(h[0])
             ]
 
         triggered = wait_for(lambda: events("trigger"), timeout=120, interval=0.5)

@@ -145,3 +145,26 @@ def test_rank_alerts_keep_the_run_layout(tmp_path: Path) -> None:
     assert "run: llm · rank: 2 · step: 1200 · host: node7:9478" in text
     assert "/d/trainmon-training/?var-run=llm&var-rank=2" in text
     assert "[FIRING:1] TrainmonLowMfu - run llm" in text
+
+
+def test_fleet_alerts_link_the_run_of_their_cluster(tmp_path: Path) -> None:
+    """An alert from a fleet (cluster and namespace labels) opens that cluster's run."""
+    text = render(
+        {
+            "alertname": "TrainmonRunNonFinite",
+            "cluster": "east",
+            "namespace": "team-a",
+            "run": "slurm-7",
+            "severity": "critical",
+        },
+        {
+            "summary": "A run logged NaN or infinite loss or gradient norm values on some of "
+            "its ranks.",
+            "description": "Run slurm-7 logged non-finite loss or gradient norm values on 1 "
+            "ranks in the last 5 minutes (ranks with any so far: 3 on n2:9478).",
+            "runbook_url": "https://trainmon.invalid/docs/runbooks.md#alert-name-trainmonrunnonfinite",
+        },
+        tmp_path,
+    )
+    assert "/d/trainmon-training/?var-run=slurm-7&var-cluster=east&var-namespace=team-a" in text
+    assert "ranks with any so far: 3 on n2:9478" in text

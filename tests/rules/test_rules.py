@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ..catalog import exposed_names
+from ..catalog import exposed_names, fleet_key_problems
 from ..conftest import ROOT, InProcessExporter, require_tool
 
 PROM = ROOT / "deploy" / "prometheus"
@@ -30,6 +30,9 @@ def run(*args: str, cwd: Path = ROOT) -> str:
 
 def test_promtool_checks_config_and_rules() -> None:
     run(promtool(), "check", "config", str(PROM / "prometheus.yml"))
+    # The per-cluster and agent configs (their file_sd files do not exist here: a warning).
+    for name in ("prometheus-cluster.yml", "prometheus-agent.yml"):
+        run(promtool(), "check", "config", str(PROM / name))
     run(promtool(), "check", "rules", *map(str, RULE_FILES))
 
 
@@ -78,3 +81,21 @@ def test_rule_metric_names_exist_in_the_exporter(
         used |= set(re.findall(r"(?<![:\w])trainmon_[a-z0-9_]+(?![\w:])", path.read_text()))
     missing = sorted(n for n in used if n not in exposed)
     assert not missing, f"rules use names the exporter does not expose: {missing}"
+
+
+def test_rules_key_runs_by_cluster_namespace_and_run() -> None:
+    """Never by run alone: joins, groupings and the queries in annotations carry the fleet labels.
+
+    Grouping by ``rank`` or ``uuid`` alone stays allowed (a GPU's UUID is unique fleet-wide).
+    """
+    found = {}
+    for path in RULE_FILES:
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            for rule in group["rules"]:
+                texts = [rule["expr"], *rule.get("annotations", {}).values()]
+                problems = [p for t in texts for p in fleet_key_problems(str(t))]
+                if problems:
+                    found[rule.get("alert") or rule.get("record")] = problems
+    assert not found, found
+    assert fleet_key_problems("sum by (run) (x)") == ["by (run)"]  # the check can fail
+    assert fleet_key_problems("x{run=%q,rank=%q}") == ["{run=%q,rank=%q}"]

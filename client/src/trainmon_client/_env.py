@@ -23,6 +23,16 @@ _LAUNCHERS = (
 )
 
 
+def _slurm_task(env: Mapping[str, str]) -> bool:
+    """Whether this process is a task of a Slurm job step (started by ``srun``).
+
+    A batch script itself also sees ``SLURM_PROCID=0`` and the job's ``SLURM_NTASKS`` (measured
+    with ``sbatch -n4``, Slurm 22.05), but it is one process, not rank 0 of N: only tasks of a
+    step have ``SLURM_STEP_ID`` (``SLURM_STEPID`` in old releases).
+    """
+    return bool(env.get("SLURM_STEP_ID", "").strip() or env.get("SLURM_STEPID", "").strip())
+
+
 def _int(env: Mapping[str, str], key: str) -> int | None:
     value = env.get(key)
     if value is None or value.strip() == "":
@@ -36,14 +46,17 @@ def _int(env: Mapping[str, str], key: str) -> int | None:
 def detect_ranks(env: Mapping[str, str] | None = None) -> tuple[int, int, int]:
     """Return ``(rank, local_rank, world_size)`` from the launcher's environment.
 
-    Looks at torchrun's ``RANK``/``LOCAL_RANK``/``WORLD_SIZE``, then Slurm, Open MPI and PMI;
-    without any, a single process: ``(0, 0, 1)``.
+    Looks at torchrun's ``RANK``/``LOCAL_RANK``/``WORLD_SIZE``, then Slurm (tasks started by
+    ``srun`` only, not the batch script itself), Open MPI and PMI; without any, a single
+    process: ``(0, 0, 1)``.
 
     Raises:
         ValueError: a variable is set but is not an integer.
     """
     env = os.environ if env is None else env
     for rank_key, local_key, size_key in _LAUNCHERS:
+        if rank_key == "SLURM_PROCID" and not _slurm_task(env):
+            continue
         rank = _int(env, rank_key)
         if rank is None:
             continue
@@ -68,23 +81,29 @@ def _process_start(pid: int) -> float | None:
 def detect_run_id(world_size: int, env: Mapping[str, str] | None = None) -> str:
     """A run id shared by every rank of one launch.
 
-    Order: ``TRAINMON_RUN``; torchrun's ``TORCHELASTIC_RUN_ID`` (unless it is the static
-    rendezvous's ``"none"``); ``SLURM_JOB_ID`` (as ``slurm-<id>``); otherwise generated as
-    ``<script>-<YYYYmmdd-HHMMSS>-<4 hex>`` from the start of the launching process: the process
-    itself when alone, the parent (torchrun's agent) when ``world_size > 1`` so that all local
-    ranks agree. Ranks on other nodes cannot agree on a generated id: multi-node launches
-    without a rendezvous id should pass ``run=`` or set ``TRAINMON_RUN``.
+    Order: ``TRAINMON_RUN``; ``SLURM_JOB_ID`` (as ``slurm-<id>``); torchrun's
+    ``TORCHELASTIC_RUN_ID`` (unless it is the static rendezvous's ``"none"``); otherwise
+    generated as ``<script>-<YYYYmmdd-HHMMSS>-<4 hex>`` from the start of the launching
+    process: the process itself when alone, the parent (torchrun's agent) when
+    ``world_size > 1`` so that all local ranks agree. Ranks on other nodes cannot agree on a
+    generated id: multi-node launches without a rendezvous id should pass ``run=`` or set
+    ``TRAINMON_RUN``.
+
+    Inside a Slurm job the job id comes before the rendezvous id: every task on every node of
+    the job sees the same one, it survives a requeue (a rendezvous id such as ``$RANDOM`` in
+    the batch script does not), and it is the id ``squeue``, ``sacct`` and dcgm-exporter's
+    ``hpc_job`` label use. An array element has its own job id.
     """
     env = os.environ if env is None else env
     explicit = env.get("TRAINMON_RUN", "").strip()
     if explicit:
         return explicit
-    elastic = env.get("TORCHELASTIC_RUN_ID", "").strip()
-    if elastic and elastic.lower() != "none":
-        return elastic
     slurm = env.get("SLURM_JOB_ID", "").strip()
     if slurm:
         return f"slurm-{slurm}"
+    elastic = env.get("TORCHELASTIC_RUN_ID", "").strip()
+    if elastic and elastic.lower() != "none":
+        return elastic
     prog = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] else "python"
     prog = "".join(c if c.isalnum() or c in "_-." else "_" for c in prog)[:48].lstrip("-.")
     prog = prog or "python"

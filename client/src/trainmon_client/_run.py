@@ -1037,12 +1037,12 @@ def init(
 
     Args:
         run: run id shared by every rank (1-128 of letters, digits, ``_ . : @ + -``). Default:
-            ``TRAINMON_RUN``, ``TORCHELASTIC_RUN_ID``, ``slurm-$SLURM_JOB_ID``, or generated
+            ``TRAINMON_RUN``, ``slurm-$SLURM_JOB_ID``, ``TORCHELASTIC_RUN_ID``, or generated
             from the launcher's start time (see :func:`trainmon_client._env.detect_run_id`).
         socket_path: the exporter's Unix socket. Default: ``TRAINMON_SOCKET``, else
             ``/run/trainmon/trainmon.sock``.
         rank: global rank; default from the launcher's environment (torchrun ``RANK``,
-            Slurm ``SLURM_PROCID``, Open MPI, PMI), else 0.
+            Slurm ``SLURM_PROCID`` in tasks ``srun`` started, Open MPI, PMI), else 0.
         local_rank: rank within the node (``LOCAL_RANK``, ``SLURM_LOCALID``, ...).
         world_size: number of ranks (``WORLD_SIZE``, ``SLURM_NTASKS``, ...), else 1.
         num_params: model parameter count; sets ``flops_per_token = 6 * num_params`` (dense

@@ -182,6 +182,12 @@ class TrainingCollector:
             "Always 1; one per run, with its world size.",
             labels=["run", "world_size"],
         )
+        world_size = GaugeMetricFamily(
+            "trainmon_run_world_size",
+            "Ranks the run was launched with (count): the largest world size its ranks on this "
+            "exporter reported (client WORLD_SIZE). Compare with the sum of trainmon_run_up.",
+            labels=["run"],
+        )
         tps = GaugeMetricFamily(
             "trainmon_train_tokens_per_second",
             "Tokens/s over rate_window_seconds: delta tokens / delta client wall time; 0 when "
@@ -266,10 +272,22 @@ class TrainingCollector:
                         custom.add_metric([*labels, name], v)
         for run, world in runs.items():
             run_info.add_metric([run, str(world)], 1.0)
+            world_size.add_metric([run], float(world))
         out: list[Any] = [fam for fam, _ in gauges]
         out += [fam for fam, _ in counters]
         out += [fam for fam, _ in optional]
-        out += [rank_info, run_info, tps, sps, ovr, step_hist, nonfinite, dropped, custom]
+        out += [
+            rank_info,
+            run_info,
+            world_size,
+            tps,
+            sps,
+            ovr,
+            step_hist,
+            nonfinite,
+            dropped,
+            custom,
+        ]
         return out
 
 

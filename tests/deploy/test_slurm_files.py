@@ -1,0 +1,259 @@
+"""deploy/slurm without a cluster: the unit passes ``systemd-analyze verify``, the file_sd
+generator turns real ``sinfo`` output into targets and never empties its file when Slurm cannot
+answer, and the prolog and epilog, run as Slurm runs them (as scripts, with the job's
+variables), keep dcgm-exporter's job map and the socket ACL right across overlapping jobs.
+The same files run inside a real two-node cluster in tests/integration/test_slurm.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from ..conftest import ROOT, require_tool
+
+SLURM = ROOT / "deploy" / "slurm"
+
+
+def sd() -> ModuleType:
+    path = SLURM / "trainmon_slurm_sd.py"
+    spec = importlib.util.spec_from_file_location("trainmon_slurm_sd", path)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def verify(text: str, name: str, tmp_path: Path) -> str:
+    """Output of ``systemd-analyze verify`` for a unit file: a line per unknown directive or
+    invalid value, nothing when the unit is right."""
+    analyze = require_tool("systemd-analyze", "systemd")
+    path = tmp_path / name
+    path.write_text(text)
+    out = subprocess.run([analyze, "verify", str(path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return (out.stdout + out.stderr).strip()
+
+
+def installed(unit: str, program: str) -> str:
+    """The shipped unit with its program replaced by one that exists here (verify checks)."""
+    return (SLURM / unit).read_text().replace(program, sys.executable)
+
+
+def test_exporter_unit_verifies(tmp_path: Path) -> None:
+    unit = (SLURM / "trainmon-exporter.service").read_text()
+    assert "\nExecStart=/opt/trainmon/bin/trainmon-exporter --socket /run/trainmon/" in unit
+    for needed in ("RuntimeDirectory=trainmon", "ProtectSystem=strict", "NoNewPrivileges=yes"):
+        assert f"\n{needed}\n" in unit
+    assert "\nPrivateDevices=yes" not in unit  # it would hide /dev/nvidia* from NVML
+    text = installed("trainmon-exporter.service", "/opt/trainmon/bin/trainmon-exporter")
+    assert verify(text, "trainmon-exporter.service", tmp_path) == ""
+    typo = text.replace("ProtectSystem=strict", "ProtectSystem=strikt")
+    assert "strikt" in verify(typo, "typo.service", tmp_path)  # the check can fail
+
+
+def test_file_sd_unit_verifies(tmp_path: Path) -> None:
+    text = installed("trainmon-slurm-sd.service", "/usr/local/bin/trainmon_slurm_sd.py")
+    assert verify(text, "trainmon-slurm-sd.service", tmp_path) == ""
+
+
+# sinfo --all --noheader --Node --format='%N|%o|%n|%P|%G|%T' on a Slurm 22.05 cluster, with the
+# states and flags sinfo(1) documents.
+SINFO = """\
+gpu001|10.0.0.1|gpu001|gpu*|gpu:8|mixed
+gpu001|10.0.0.1|gpu001|debug|gpu:8|mixed
+gpu002|10.0.0.2|gpu002.cluster|gpu*|gpu:h100:8(S:0-1)|idle+drain
+gpu003|10.0.0.3|gpu003|gpu*|gpu:8|down*
+gpu004|10.0.0.4|gpu004|gpu*|gpu:8|idle~
+cpu001|10.0.1.1|cpu001|cpu|(null)|allocated
+"""
+
+
+def test_targets_from_sinfo() -> None:
+    m = sd()
+    nodes = m.parse_sinfo(SINFO)
+    assert [(n["name"], n["partitions"], n["state"]) for n in nodes] == [
+        ("gpu001", "gpu,debug", "mixed"),
+        ("gpu002", "gpu", "idle+drain"),
+        ("gpu003", "gpu", "down+not_responding"),
+        ("gpu004", "gpu", "idle+powered_down"),
+        ("cpu001", "cpu", "allocated"),
+    ]
+    # Down and powered-down nodes are left out; a drained node (running jobs) is kept.
+    assert m.targets(nodes, 9478, gpu_nodes=True) == [
+        {"targets": ["10.0.0.1:9478"], "labels": {"instance": "gpu001:9478", "node": "gpu001"}},
+        {"targets": ["10.0.0.2:9478"], "labels": {"instance": "gpu002:9478", "node": "gpu002"}},
+    ]
+    by_host = m.targets(nodes, 9100, address="hostname", skip_states=())
+    assert [g["targets"][0] for g in by_host] == [
+        "cpu001:9100",
+        "gpu001:9100",
+        "gpu002.cluster:9100",
+        "gpu003:9100",
+        "gpu004:9100",
+    ]
+    with pytest.raises(m.SlurmError, match="unexpected sinfo line"):
+        m.parse_sinfo("gpu001|10.0.0.1|gpu001\n")
+
+
+def test_the_file_is_kept_when_slurm_cannot_answer(tmp_path: Path) -> None:
+    out = tmp_path / "trainmon.json"
+    old = [{"targets": ["10.0.0.1:9478"], "labels": {"instance": "a:9478", "node": "a"}}]
+    out.write_text(json.dumps(old))
+    env = {**os.environ, "PATH": str(tmp_path / "no-slurm-here")}
+    run = subprocess.run(
+        [sys.executable, str(SLURM / "trainmon_slurm_sd.py"), f"--output={out}"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 1 and "sinfo not found" in run.stderr
+    assert json.loads(out.read_text()) == old
+
+
+def test_write_if_changed_is_atomic_and_lazy(tmp_path: Path) -> None:
+    m = sd()
+    out = tmp_path / "trainmon.json"
+    groups = [{"targets": ["h:9478"], "labels": {"instance": "h:9478", "node": "h"}}]
+    assert m.write_if_changed(out, groups) is True
+    inode = out.stat().st_ino
+    assert m.write_if_changed(out, groups) is False and out.stat().st_ino == inode
+    assert m.write_if_changed(out, []) is True and json.loads(out.read_text()) == []
+    assert out.stat().st_mode & 0o777 == 0o644
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trainmon.json"]  # no temp left
+
+
+class Node:
+    """A node's directories and the exporter's socket, for the prolog and epilog."""
+
+    def __init__(self, tmp: Path, mode: int = 0o660) -> None:
+        self.run = tmp / "run-trainmon"
+        self.run.mkdir(mode=0o755)
+        self.sock_path = self.run / "trainmon.sock"
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.sock.bind(str(self.sock_path))
+        os.chmod(self.sock_path, mode)
+        self.map = tmp / "jobs"
+        self.state = tmp / "state"
+        self.defaults = tmp / "defaults"
+        self.defaults.write_text(
+            f"TRAINMON_SOCKET={self.sock_path}\nTRAINMON_JOB_MAP_DIR={self.map}\n"
+            f"TRAINMON_SLURM_STATE={self.state}\n"
+        )
+
+    def script(self, name: str, job: int, uid: int = 65534, **env: str) -> str:
+        out = subprocess.run(
+            ["sh", str(SLURM / name)],
+            env={
+                "PATH": os.environ["PATH"],
+                "TRAINMON_SLURM_DEFAULTS": str(self.defaults),
+                "SLURM_JOB_ID": str(job),
+                "SLURM_JOB_UID": str(uid),
+                **env,
+            },
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert out.returncode == 0, out.stderr  # a failing prolog would drain the node
+        return out.stderr
+
+    def job_map(self) -> dict[str, list[str]]:
+        return {
+            f.name: f.read_text().splitlines()
+            for f in sorted(self.map.iterdir())
+            if not f.name.startswith(".")
+        }
+
+    def acl(self, path: Path) -> str:
+        return subprocess.run(
+            ["getfacl", "-cn", str(path)], capture_output=True, text=True, check=True
+        ).stdout
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    require_tool("setfacl", "acl")
+    if os.geteuid() != 0:
+        pytest.skip("the prolog's ACLs name other users: run as root, as slurmd does")
+    n = Node(tmp_path)
+    probe = subprocess.run(["setfacl", "-m", "u:65534:r", str(tmp_path)], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"no POSIX ACLs on {tmp_path}: {probe.stderr.decode().strip()}")
+    yield n
+    n.sock.close()
+
+
+def test_prolog_and_epilog_over_overlapping_jobs(node: Node) -> None:
+    node.script("trainmon-prolog.sh", 41, SLURM_JOB_GPUS="0,1")
+    node.script("trainmon-prolog.sh", 42, CUDA_VISIBLE_DEVICES="1,3.1")  # MIG instance 3.1
+    node.script("trainmon-prolog.sh", 42, CUDA_VISIBLE_DEVICES="1")  # run twice: no duplicate
+    # dcgm-exporter's --hpc-job-mapping-dir: a file per GPU index, a job id per line.
+    assert node.job_map() == {"0": ["41"], "1": ["41", "42"], "3.1": ["42"]}
+    assert all(f.stat().st_mode & 0o777 == 0o644 for f in node.map.iterdir())
+    # The job's user may connect; the mask is the socket's group bits, as the exporter set them.
+    assert "user:65534:rw-" in node.acl(node.sock_path) and "mask::rw-" in node.acl(node.sock_path)
+    assert "default:user:65534:rw-" in node.acl(node.run)
+    node.script("trainmon-epilog.sh", 41)
+    assert node.job_map() == {"1": ["42"], "3.1": ["42"]}
+    assert "user:65534:rw-" in node.acl(node.sock_path)  # job 42 of the same user still runs
+    node.script("trainmon-epilog.sh", 42)
+    assert node.job_map() == {}
+    assert "65534" not in node.acl(node.sock_path) + node.acl(node.run)
+
+
+def test_a_new_socket_inherits_the_grant(node: Node) -> None:
+    """After an exporter restart the new socket carries the running job's grant."""
+    node.script("trainmon-prolog.sh", 7, SLURM_JOB_GPUS="0")
+    node.sock.close()
+    node.sock_path.unlink()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as again:
+        os.fchmod(again.fileno(), 0o600)  # as the exporter binds: owner-only, then its mode
+        again.bind(str(node.sock_path))
+        assert "user:65534:rw-\t#effective:---" in node.acl(node.sock_path)
+        os.chmod(node.sock_path, 0o660)
+        acl = node.acl(node.sock_path)
+        assert "user:65534:rw-" in acl and "mask::rw-" in acl, acl
+
+
+def test_the_grant_never_widens_an_owner_only_socket(tmp_path: Path, node: Node) -> None:
+    os.chmod(node.sock_path, 0o600)
+    node.script("trainmon-prolog.sh", 8)
+    assert "user:65534:rw-\t#effective:---" in node.acl(node.sock_path)
+
+
+def test_prolog_never_fails(node: Node) -> None:
+    """Missing pieces are logged, never an exit status that would drain the node."""
+    node.script("trainmon-prolog.sh", 9, SLURM_JOB_GPUS="GPU-0a1b,2")
+    assert node.job_map() == {"2": ["9"]}
+    shutil.rmtree(node.run)
+    node.script("trainmon-prolog.sh", 10, SLURM_JOB_GPUS="0")
+    node.script("trainmon-epilog.sh", 10)
+    node.script("trainmon-prolog.sh", 11, SLURM_JOB_UID="")
+    assert node.job_map() == {"2": ["9"]}
+
+
+def test_task_prolog_exports_the_socket(tmp_path: Path) -> None:
+    defaults = tmp_path / "defaults"
+    defaults.write_text("TRAINMON_SOCKET=/run/site/trainmon.sock\n")
+    base = {"PATH": os.environ["PATH"], "TRAINMON_SLURM_DEFAULTS": str(defaults)}
+
+    def lines(**env: str) -> str:
+        args = ["sh", str(SLURM / "trainmon-task-prolog.sh")]
+        return subprocess.run(args, env={**base, **env}, capture_output=True, text=True).stdout
+
+    assert lines() == "export TRAINMON_SOCKET=/run/site/trainmon.sock\n"
+    assert lines(TRAINMON_SLURM_DEFAULTS="/nonexistent") == (
+        "export TRAINMON_SOCKET=/run/trainmon/trainmon.sock\n"
+    )
+    assert lines(TRAINMON_SOCKET="/home/me/t.sock") == ""  # the job's own choice stays
