@@ -81,8 +81,20 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds(pid: int) -> float:
-    """utime + stime of ``pid`` from ``/proc/PID/stat`` (seconds; 0 when it is gone)."""
+    """CPU time of ``pid`` in seconds (0 when it is gone).
+
+    The sum over its live threads of ``/proc/PID/task/TID/schedstat``'s first field (time on
+    CPU, nanoseconds): ``/proc/PID/stat``'s utime + stime count in clock ticks (10 ms), far too
+    coarse for a service that spends tens of microseconds per step. Falls back to ticks where
+    schedstat is missing.
+    """
+    total = 0
     try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                total += int((task / "schedstat").read_text().split()[0])
+        if total:
+            return total / 1e9
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return 0.0
@@ -344,10 +356,15 @@ def available(tool: str) -> str | None:
 
 
 @contextlib.contextmanager
-def services(tools: list[str]) -> Iterator[tuple[dict[str, str], list[int]]]:
-    """Start the trainmon exporter and the Pushgateway when a tool needs them."""
+def services(tools: list[str]) -> Iterator[tuple[dict[str, str], dict[str, int]]]:
+    """Start the trainmon exporter and the Pushgateway when a tool needs them.
+
+    Yields the environment the workers need and, per tool, the pid of the service that tool
+    talks to: a service's CPU time is charged to its own tool only (the exporter to
+    ``trainmon``, the gateway to ``pushgateway``), never to the others running beside it.
+    """
     env: dict[str, str] = {}
-    pids: list[int] = []
+    pids: dict[str, int] = {}
     stack = contextlib.ExitStack()
     with stack:
         if "trainmon" in tools:
@@ -356,7 +373,7 @@ def services(tools: list[str]) -> Iterator[tuple[dict[str, str], list[int]]]:
             ex = stack.enter_context(LocalExporter())
             assert ex.proc is not None
             env["TRAINMON_SOCKET"] = ex.socket
-            pids.append(ex.proc.pid)
+            pids["trainmon"] = ex.proc.pid
         if "pushgateway" in tools:
             assert PUSHGATEWAY is not None
             port = free_port()
@@ -373,7 +390,7 @@ def services(tools: list[str]) -> Iterator[tuple[dict[str, str], list[int]]]:
                     break
                 time.sleep(0.1)
             env["PUSHGATEWAY"] = f"127.0.0.1:{port}"
-            pids.append(gw.pid)
+            pids["pushgateway"] = gw.pid
         yield env, pids
 
 
@@ -427,7 +444,8 @@ def main() -> int:
             for tool in order:
                 cmd = [sys.executable, __file__, "--worker", tool]
                 cmd += ["--rounds", str(args.rounds), "--block", str(args.block)]
-                cmd += ["--helper-pids", ",".join(map(str, pids))]
+                if tool in pids:
+                    cmd += ["--helper-pids", str(pids[tool])]
                 if args.smoke:
                     cmd.append("--smoke")
                 out = subprocess.run(
