@@ -212,7 +212,9 @@ class Run:
         self._lock = threading.RLock()
         self._wake = threading.Event()
         self._flusher: threading.Thread | None = None
-        self._wake_each = True  # until the flusher runs; then only with a flush_interval of 0
+        # Queue length at which log() wakes the flusher: 1 until the flusher runs (the first
+        # step is sent at once), then MAX_PENDING, or 1 again with a flush_interval of 0.
+        self._wake_at = 1
         if not self._closed:
             _live_runs.add(self)
             atexit.register(self._atexit)
@@ -249,26 +251,36 @@ class Run:
         if self._closed:
             return
         try:
+            # The common case (plain floats and ints) reads as few attributes as it can: each
+            # is a cache miss right after optimizer.step().
+            # A Python loop over __class__ beats _PLAIN.issuperset(map(type, values)) here:
+            # in situ (cold caches) it saves about 1.5 us of the 12 (benchmarks/client_log.py).
             values = metrics.values()
-            if not _PLAIN.issuperset(map(type, values)):
+            pending = self._pending
+            for value in values:
+                cls = value.__class__
+                if cls is not float and cls is not int:
+                    break
+            else:
+                cls = None
+            if cls is None:
+                pending.append((step, t0, metrics))
+                total = sum(values)
+            else:
                 with self._lock:
                     metrics = self._snapshot(metrics)
                 values = metrics.values()
-            pending = self._pending
-            pending.append((step, t0, metrics))
-            total = sum(values)
-            if self._waiting and self._lock.acquire(False):  # the flusher resolves otherwise
-                try:
-                    if self._resolve(block=False):
-                        total = _NAN  # a device value that just arrived is not finite
-                finally:
-                    self._lock.release()
-            if (
-                total - total != 0.0  # a NaN or an infinity: send it now
-                or len(pending) >= MAX_PENDING
-                or self._wake_each  # the first step (the exporter learns the rank now), or
-                # every step when flush_interval is 0
-            ):
+                pending.append((step, t0, metrics))
+                total = sum(values)
+                if self._waiting and self._lock.acquire(False):  # the flusher resolves otherwise
+                    try:
+                        if self._resolve(block=False):
+                            total = _NAN  # a device value that just arrived is not finite
+                    finally:
+                        self._lock.release()
+            # A NaN or an infinity is sent now; so is a full queue, and the first step (the
+            # exporter learns the rank then), or every step with a flush_interval of 0.
+            if total - total != 0.0 or len(pending) >= self._wake_at:
                 self._wake_flusher()
         except Exception:  # never raise into the training loop
             self._internal_errors += 1
@@ -584,7 +596,7 @@ class Run:
                 target=self._flush_loop, name=f"trainmon-flush-{self.rank}", daemon=True
             )
             self._flusher = thread
-            self._wake_each = self.flush_interval <= 0.0
+            self._wake_at = 1 if self.flush_interval <= 0.0 else MAX_PENDING
             thread.start()
         self._wake.set()
 
