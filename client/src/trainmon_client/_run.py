@@ -212,9 +212,9 @@ class Run:
         self._lock = threading.RLock()
         self._wake = threading.Event()
         self._flusher: threading.Thread | None = None
-        # Queue length at which log() wakes the flusher: 1 until the flusher runs (the first
-        # step is sent at once), then MAX_PENDING, or 1 again with a flush_interval of 0.
-        self._wake_at = 1
+        # Queue length at which log() wakes the flusher: 0 (every call) until the flusher runs
+        # (the first step is sent at once), then MAX_PENDING, or 0 with a flush_interval of 0.
+        self._wake_at = 0
         if not self._closed:
             _live_runs.add(self)
             atexit.register(self._atexit)
@@ -272,12 +272,12 @@ class Run:
                 values = metrics.values()
                 pending.append((step, t0, metrics))
                 total = sum(values)
-                if self._waiting and self._lock.acquire(False):  # the flusher resolves otherwise
-                    try:
-                        if self._resolve(block=False):
-                            total = _NAN  # a device value that just arrived is not finite
-                    finally:
-                        self._lock.release()
+            if self._waiting and self._lock.acquire(False):  # the flusher resolves otherwise
+                try:
+                    if self._resolve(block=False):
+                        total = _NAN  # a device value that just arrived is not finite
+                finally:
+                    self._lock.release()
             # A NaN or an infinity is sent now; so is a full queue, and the first step (the
             # exporter learns the rank then), or every step with a flush_interval of 0.
             if total - total != 0.0 or len(pending) >= self._wake_at:
@@ -596,7 +596,7 @@ class Run:
                 target=self._flush_loop, name=f"trainmon-flush-{self.rank}", daemon=True
             )
             self._flusher = thread
-            self._wake_at = 1 if self.flush_interval <= 0.0 else MAX_PENDING
+            self._wake_at = 0 if self.flush_interval <= 0.0 else MAX_PENDING
             thread.start()
         self._wake.set()
 
