@@ -39,6 +39,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/callbacks.py
 	$(BIN)/python benchmarks/detection/run.py
 	$(BIN)/python benchmarks/peers.py
+	$(BIN)/python benchmarks/scrape.py
 
 clean:
 	rm -rf $(VENV)

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import html
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -18,11 +19,12 @@ from dataclasses import dataclass
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse
 from prometheus_client import CollectorRegistry, disable_created_metrics
-from prometheus_client.exposition import choose_encoder
+from prometheus_client.exposition import choose_encoder, generate_latest
 
 from trainmon_exporter import __version__
 from trainmon_exporter.api import GpusResponse, RankView, RunsResponse, gpu_snapshot, snapshot
 from trainmon_exporter.collectors import CollectorContext, ScrapeCollector, build_collectors
+from trainmon_exporter.exposition import TextExposition
 from trainmon_exporter.ingest import IngestMetrics, IngestServer
 from trainmon_exporter.logsetup import LogMetrics, report_pending
 from trainmon_exporter.nvml import (
@@ -177,10 +179,20 @@ def create_app(
     )
     app.state.exporter = ex
 
+    text = TextExposition()
+    text_lock = threading.Lock()
+
     @app.get("/metrics", include_in_schema=False)
     def metrics(request: Request) -> Response:
-        """Prometheus exposition (text 0.0.4, or OpenMetrics when asked for)."""
+        """Prometheus exposition (text 0.0.4, or OpenMetrics when asked for).
+
+        The text format comes from :class:`TextExposition` (prometheus-client's bytes, with
+        each series' label text kept between scrapes); OpenMetrics from prometheus-client.
+        """
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+        if encoder is generate_latest:
+            with text_lock:
+                return Response(text.render(ex.registry), media_type=content_type)
         return Response(encoder(ex.registry), media_type=content_type)
 
     @app.get("/healthz")
