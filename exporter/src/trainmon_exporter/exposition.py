@@ -42,7 +42,7 @@ def _help_text(documentation: str) -> str:
 
 
 def _label_value(v: str) -> str:
-    return v.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
+    return v.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
 def _prefix(name: str, labels: dict[str, str]) -> str:
