@@ -52,6 +52,7 @@ def per_step_cost(n_steps: int = 50_000) -> float:
     server = IngestServer(Path("/unused"), store, IngestMetrics(CollectorRegistry()))
     conn = Connection.__new__(Connection)
     conn.state, conn.names, conn.capped, conn.finished, conn.closed = None, {}, set(), False, False
+    conn.peer_pid = conn.peer_uid = conn.peer_gid = None
     hello = {k: None for k in P.HELLO_FIELDS} | {
         "run": "b",
         "rank": 0,
@@ -61,6 +62,7 @@ def per_step_cost(n_steps: int = 50_000) -> float:
         "pid": 1,
         "client_version": "x",
         "started_at": 0.0,
+        "dtype": "bf16",
     }
     names = b"".join(P.encode_name(64 + i, f"m{i}") for i in range(5))
     server.handle_packet(conn, P.packet_header() + P.encode_hello(hello) + names)

@@ -174,7 +174,7 @@ def _rank_view(
 def snapshot(
     store: Store, gpus: GpuSnapshot = NOT_STARTED, peak_flops: float | None = None
 ) -> RunsResponse:
-    """Every run with its ranks, sorted by run then rank (one lock hold).
+    """Every run with its ranks, sorted by run then rank (the lock held a few ranks at a time).
 
     ``gpus`` is the NVML sampler's latest pass (for the rank ↔ GPU join and MFU);
     ``peak_flops`` the MFU override setting.
@@ -184,12 +184,13 @@ def snapshot(
     pids = gpus.process_memory()
     runs: dict[str, list[RankView]] = {}
     owners: dict[str, int | None] = {}
-    with store.lock:
-        for (run, _rank), s in sorted(store.ranks.items()):
-            runs.setdefault(run, []).append(
-                _rank_view(s, now, store.window_s, by_uuid, pids, peak_flops)
-            )
-            owners.setdefault(run, s.owner_uid)
+    for s in store.iter_ranks():
+        runs.setdefault(s.run, []).append(
+            _rank_view(s, now, store.window_s, by_uuid, pids, peak_flops)
+        )
+        owners.setdefault(s.run, s.owner_uid)
+    for views in runs.values():
+        views.sort(key=lambda v: v.rank)
     return RunsResponse(
         time=now,
         runs=[
@@ -199,7 +200,7 @@ def snapshot(
                 owner_uid=owners[r],
                 ranks=ranks,
             )
-            for r, ranks in runs.items()
+            for r, ranks in sorted(runs.items())
         ],
     )
 

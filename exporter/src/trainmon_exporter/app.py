@@ -15,9 +15,11 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
+import anyio.to_thread
 from fastapi import FastAPI, Request, Response
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from prometheus_client import CollectorRegistry, disable_created_metrics
 from prometheus_client.exposition import choose_encoder, generate_latest
 
@@ -25,7 +27,8 @@ from trainmon_exporter import __version__
 from trainmon_exporter.api import GpusResponse, RankView, RunsResponse, gpu_snapshot, snapshot
 from trainmon_exporter.collectors import CollectorContext, ScrapeCollector, build_collectors
 from trainmon_exporter.exposition import TextExposition
-from trainmon_exporter.ingest import IngestMetrics, IngestServer
+from trainmon_exporter.httplimits import GatedResponse, HttpStats, ScrapeGate
+from trainmon_exporter.ingest import IngestMetrics, IngestServer, connection_cap
 from trainmon_exporter.logsetup import LogMetrics, report_pending
 from trainmon_exporter.nvml import (
     FAILED,
@@ -54,6 +57,8 @@ class Exporter:
     scrape: ScrapeCollector
     started: float
     gpus: GpuSampler | None = None
+    http_stats: HttpStats | None = None
+    scrape_gate: ScrapeGate | None = None
 
 
 class GpusRequiredError(RuntimeError):
@@ -78,10 +83,14 @@ def build_exporter(
         buckets=settings.step_duration_buckets,
         window_s=settings.rate_window_seconds,
         ttl_s=settings.series_ttl_seconds,
+        max_series=settings.max_series,
+        max_operations=settings.max_operations,
     )
     registry = CollectorRegistry(auto_describe=False)
     metrics = IngestMetrics(registry)
     registry.register(LogMetrics())  # type: ignore[arg-type]
+    http_stats = HttpStats()
+    registry.register(http_stats)  # type: ignore[arg-type]
     gpus = None
     if settings.collectors.gpu or settings.collectors.rank_gpu:
         gpus = GpuSampler(
@@ -102,8 +111,15 @@ def build_exporter(
         allowed_uids=settings.allowed_uids,
         allowed_gids=settings.allowed_gids,
         listener=listener,
+        max_connections=connection_cap(
+            settings.ingest_max_connections, settings.http_limit_concurrency
+        ),
+        hello_timeout=settings.ingest_hello_timeout_seconds,
+        idle_timeout=settings.ingest_idle_timeout_seconds,
+        max_bytes_per_second=settings.ingest_max_bytes_per_second,
     )
-    return Exporter(settings, store, registry, ingest, scrape, time.time(), gpus)
+    gate = ScrapeGate(settings.http_max_concurrent_scrapes, http_stats)
+    return Exporter(settings, store, registry, ingest, scrape, time.time(), gpus, http_stats, gate)
 
 
 async def _sweep(store: Store) -> None:
@@ -179,29 +195,47 @@ def create_app(
     )
     app.state.exporter = ex
 
+    gate = ex.scrape_gate
+    assert gate is not None
     text = TextExposition()
     text_lock = threading.Lock()
 
+    def render_text(registry: Any) -> bytes:
+        with text_lock:  # one cache: concurrent scrapes take turns formatting
+            return text.render(registry)
+
     @app.get("/metrics", include_in_schema=False)
-    def metrics(request: Request) -> Response:
+    async def metrics(request: Request) -> Response:
         """Prometheus exposition (text 0.0.4, or OpenMetrics when asked for).
 
-        The text format comes from :class:`TextExposition` (prometheus-client's bytes, with
-        each series' label text kept between scrapes); OpenMetrics from prometheus-client.
+        Collected in a worker thread; at most ``http_max_concurrent_scrapes`` at once (503
+        past it), each holding its slot until its body is written. The text format comes from
+        :class:`TextExposition` (prometheus-client's bytes, each series' label text kept
+        between scrapes); OpenMetrics from prometheus-client.
         """
-        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
-        if encoder is generate_latest:
-            with text_lock:
-                return Response(text.render(ex.registry), media_type=content_type)
-        return Response(encoder(ex.registry), media_type=content_type)
+        if not gate.enter():
+            return PlainTextResponse(
+                "too many concurrent scrapes (http_max_concurrent_scrapes)\n",
+                status_code=503,
+                headers={"Retry-After": "1"},
+            )
+        try:
+            encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+            if encoder is generate_latest:
+                encoder = render_text
+            body = await anyio.to_thread.run_sync(encoder, ex.registry)
+        except BaseException:
+            gate.leave()
+            raise
+        return GatedResponse(gate, body, media_type=content_type)
 
     @app.get("/healthz")
-    def healthz() -> dict[str, str]:
-        """Liveness: the process answers HTTP."""
+    async def healthz() -> dict[str, str]:
+        """Liveness: the process answers HTTP (on the event loop: no worker thread needed)."""
         return {"status": "ok"}
 
     @app.get("/readyz")
-    def readyz() -> JSONResponse:
+    async def readyz() -> JSONResponse:
         """Readiness: 200 while the ingest socket listens *and* its path still leads to it.
 
         503 with ``reason`` when the socket is not listening, or its file was deleted or

@@ -115,8 +115,10 @@ def _serve(settings: Settings, listener: IngestSocket) -> int:
             return _fail(f"require_gpus is set but NVML is unusable: {snap.error}{hint}")
         probe.stop()
     from trainmon_exporter.app import create_app
+    from trainmon_exporter.httplimits import HttpStats, protocol_class
 
     app = create_app(settings, listener=listener)
+    stats = app.state.exporter.http_stats
     config = uvicorn.Config(
         app,
         log_level=settings.log_level,
@@ -124,6 +126,14 @@ def _serve(settings: Settings, listener: IngestSocket) -> int:
         lifespan="on",
         access_log=False,
         timeout_graceful_shutdown=5,
+        # uvicorn's h11 protocol plus a header timeout, eviction and a write timeout
+        http=protocol_class(
+            settings.http_header_timeout_seconds,
+            settings.http_write_timeout_seconds,
+            stats if stats is not None else HttpStats(),
+        ),
+        limit_concurrency=settings.http_limit_concurrency,
+        timeout_keep_alive=settings.http_timeout_keep_alive_seconds,
     )
     server = uvicorn.Server(config)
     host, port = http_sock.getsockname()[:2]

@@ -2,8 +2,21 @@
 
 ``asyncio.start_unix_server`` only speaks ``SOCK_STREAM``; trainmon uses ``SOCK_SEQPACKET``
 (message boundaries kept, EOF the moment a trainer dies), so the server drives non-blocking
-sockets with ``loop.add_reader`` directly. Each readable event drains up to
-``_BURST`` packets, so one busy rank cannot starve the others or the HTTP server.
+sockets directly (polled, or with ``loop.add_reader``).
+
+Limits (each a setting, each refusal counted in ``trainmon_ingest_connections_refused_total``):
+at most ``max_connections`` open connections (more are accepted and closed at once, so the
+listen queue drains and the exporter keeps file descriptors for HTTP); a HELLO within
+``hello_timeout`` seconds of connecting; optionally an idle timeout; and when ``accept()`` fails
+for lack of file descriptors (EMFILE, ENFILE) or memory, accepting pauses with an exponential
+back-off instead of spinning on a listening socket that stays readable.
+
+Fair draining: one turn reads at most ``_TURN_PACKETS`` packets or ``_TURN_BYTES`` bytes from a
+connection, then moves on to the next one and yields to the event loop (HTTP) at least every
+``_SLICE_S`` seconds; each connection may also deliver at most ``max_bytes_per_second`` (a token
+bucket). One connection sending valid packets flat out therefore costs a bounded share of the
+loop and never delays other trainers or ``/healthz``; what it cannot deliver stays in its own
+socket buffer (its client counts the drops).
 
 Bad input never raises out of here: every refused packet, record or value increments
 ``trainmon_ingest_messages_invalid_total{reason}`` or ``trainmon_ingest_values_dropped_total``.
@@ -14,24 +27,40 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import resource
 import socket
 import struct
+import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from trainmon_client import _protocol as P
 from trainmon_exporter.sockfile import IngestSocket, SocketInUseError
-from trainmon_exporter.state import RankState, Store
+from trainmon_exporter.state import SERIES_PER_LAYER, SERIES_PER_OPERATION, RankState, Store
 
 __all__ = ["IngestMetrics", "IngestServer", "SocketInUseError"]
 
 log = logging.getLogger("trainmon_exporter.ingest")
 
-_BURST = 64
-_POLL_BURST = 4096  # packets per connection per poll tick: far above any client's rate
+_ACCEPT_BURST = 64  # connections accepted per readable event of the listening socket
+_TURN_PACKETS = 16
+"""Packets read from one connection per turn before the next connection's turn."""
+_TURN_BYTES = 128 * 1024
+"""Bytes read from one connection per turn (about 10 ms of decoding at the ~80 ns per byte that
+benchmarks/ingest.py measures)."""
+_SLICE_S = 0.005
+"""Longest run of turns (s) before the drain yields to the event loop."""
+_ACCEPT_BACKOFF_MIN_S = 0.05
+_ACCEPT_BACKOFF_MAX_S = 1.0
+_FD_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+"""``accept()`` errors that mean "out of descriptors or memory": pause and retry later."""
+FD_RESERVE = 64
+"""File descriptors kept free beyond trainer connections and HTTP connections (listening
+sockets, the lock file, NVML, log files, Python's own)."""
 _RECV_BYTES = P.MAX_PACKET_BYTES + 1  # one byte more than allowed: a full read means oversized
 
 INVALID_REASONS = (
@@ -50,17 +79,35 @@ INVALID_REASONS = (
     "name_cap",
     "not_owner",
     "peer_not_allowed",
+    "series_budget",
 )
 """``reason`` values of ``trainmon_ingest_messages_invalid_total`` (all exported from 0);
 ``name_cap`` counts NAME records past MAX_NAMES_PER_CONNECTION; ``not_owner`` a HELLO from a
 uid other than the one that opened the run; ``peer_not_allowed`` a HELLO from a process outside
-``allowed_uids``/``allowed_gids``."""
+``allowed_uids``/``allowed_gids``; ``series_budget`` a HELLO of a new rank when ``max_series``
+is spent and no disconnected rank is left to evict."""
 MAX_NAMES_PER_CONNECTION = 4096
 """Names one connection may bind (custom metrics, operations, layers): a memory bound. The
 client binds at most 1,024 custom names plus its layers and operations."""
-DROP_REASONS = ("unknown_field", "custom_cap", "layer_cap", "layer_rank", "unknown_hello_key")
+DROP_REASONS = (
+    "unknown_field",
+    "custom_cap",
+    "layer_cap",
+    "layer_rank",
+    "unknown_hello_key",
+    "operation_cap",
+    "series_budget",
+)
 """``reason`` values of ``trainmon_ingest_values_dropped_total``; ``layer_rank`` counts layers
-of a rank outside ``layer_ranks``, analysed but not exported as series."""
+of a rank outside ``layer_ranks``, analysed but not exported as series; ``operation_cap``
+operations (``Run.track``) past ``max_operations`` per rank; ``series_budget`` values under a
+new name (custom metric, evaluation value, operation, layer) refused because the exposition's
+series budget ``max_series`` is spent."""
+CONNECTION_REFUSALS = ("max_connections", "fd_limit", "hello_timeout", "idle_timeout")
+"""``reason`` values of ``trainmon_ingest_connections_refused_total``: ``max_connections``
+(accepted and closed at once: the cap was reached), ``fd_limit`` (one failed ``accept()``:
+EMFILE, ENFILE, ENOBUFS or ENOMEM; accepting pauses), ``hello_timeout`` (closed: no HELLO in
+time), ``idle_timeout`` (closed: nothing received for ``ingest_idle_timeout_seconds``)."""
 RECORD_TYPES = {
     P.HELLO: "hello",
     P.NAME: "name",
@@ -167,12 +214,29 @@ class IngestMetrics:
             "Trainer connections open now.",
             registry=registry,
         )
+        self.refused_connections = Counter(
+            "trainmon_ingest_connections_refused",
+            "Trainer connections refused or closed by the exporter, by reason: "
+            "max_connections (ingest_max_connections open: accepted and closed at once), "
+            "fd_limit (accept() failed for lack of file descriptors or memory, per attempt; "
+            "accepting pauses), hello_timeout (no HELLO within ingest_hello_timeout_seconds), "
+            "idle_timeout (silent for ingest_idle_timeout_seconds).",
+            ["reason"],
+            registry=registry,
+        )
+        self.connection_limit = Gauge(
+            "trainmon_ingest_max_connections",
+            "Trainer connections the exporter accepts at once: ingest_max_connections, "
+            "lowered to fit the open-file limit (RLIMIT_NOFILE) if needed.",
+            registry=registry,
+        )
         for t in RECORD_TYPES.values():
             self.messages.labels(t)
         for r in INVALID_REASONS:
             self.invalid.labels(r)
         for r in DROP_REASONS:
             self.dropped_values.labels(r)
+        self._refused = {r: self.refused_connections.labels(r) for r in CONNECTION_REFUSALS}
         self._invalid = {r: self.invalid.labels(r) for r in INVALID_REASONS}
         self._types = {k: self.messages.labels(v) for k, v in RECORD_TYPES.items()}
 
@@ -181,14 +245,19 @@ class Connection:
     """One trainer connection and the names it bound."""
 
     __slots__ = (
+        "allowance",
         "capped",
         "closed",
         "fd",
         "finished",
+        "last_mono",
         "names",
+        "opened_mono",
+        "paused",
         "peer_gid",
         "peer_pid",
         "peer_uid",
+        "refilled_mono",
         "sock",
         "state",
     )
@@ -196,6 +265,9 @@ class Connection:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.fd = sock.fileno()
+        self.opened_mono = self.last_mono = self.refilled_mono = time.monotonic()
+        self.allowance = float(_TURN_BYTES)  # bytes it may still deliver (token bucket)
+        self.paused = False  # reader mode: over its rate, not registered with the loop
         self.peer_pid, self.peer_uid, self.peer_gid = peer_credentials(sock)
         self.state: RankState | None = None
         self.names: dict[int, str] = {}
@@ -232,6 +304,45 @@ def peer_groups(sock: socket.socket) -> tuple[int, ...]:
     return struct.unpack(f"{len(raw) // 4}I", raw[: len(raw) // 4 * 4])
 
 
+def connection_cap(requested: int, other_fds: int) -> int:
+    """Trainer connections that fit the open-file limit, raising the soft limit if it helps.
+
+    Every connection holds one descriptor. The soft ``RLIMIT_NOFILE`` is raised (up to the hard
+    limit, as Go programs such as Prometheus do at start) to ``requested + other_fds +``
+    :data:`FD_RESERVE`; if that does not fit, the cap is lowered so accepting trainers never
+    leaves HTTP without descriptors, and a warning says so.
+
+    Args:
+        requested: ``ingest_max_connections``.
+        other_fds: descriptors other users need (HTTP connections).
+
+    Returns:
+        The cap to use (at least 1).
+    """
+    need = requested + other_fds + FD_RESERVE
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and soft < need:
+            target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+            if target > soft:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+                soft = target
+    except (OSError, ValueError):  # not permitted, or no such limit here
+        return requested
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return requested
+    cap = max(1, soft - other_fds - FD_RESERVE)
+    log.warning(
+        "ingest_max_connections %d lowered to %d: the open-file limit is %d (raise LimitNOFILE "
+        "or ulimit -n to at least %d)",
+        requested,
+        cap,
+        soft,
+        need,
+    )
+    return cap
+
+
 class IngestServer:
     """Listens on a ``SOCK_SEQPACKET`` Unix socket and feeds a :class:`Store`.
 
@@ -248,6 +359,14 @@ class IngestServer:
         listener: a socket already created by :meth:`IngestSocket.create` (the CLI creates
             it before serving HTTP, so start-up errors are one line); None creates it in
             :meth:`start`.
+        max_connections: open connections at most; more are accepted and closed at once
+            (``max_connections``).
+        hello_timeout: seconds a connection may stay open without a HELLO
+            (``hello_timeout``).
+        idle_timeout: seconds a connection with a HELLO may stay silent before it is closed
+            (``idle_timeout``; the rank is marked disconnected, not crashed); 0: never.
+        max_bytes_per_second: bytes one connection may deliver per second (token bucket);
+            the rest waits in its socket buffer.
     """
 
     def __init__(
@@ -262,6 +381,10 @@ class IngestServer:
         allowed_uids: Iterable[int] = (),
         allowed_gids: Iterable[int] = (),
         listener: IngestSocket | None = None,
+        max_connections: int = 1024,
+        hello_timeout: float = 10.0,
+        idle_timeout: float = 0.0,
+        max_bytes_per_second: float = 4 * 2**20,
     ) -> None:
         self.path = path
         self.group = group
@@ -269,7 +392,13 @@ class IngestServer:
         self.allowed_gids = frozenset(allowed_gids)
         self._listener = listener
         self.poll_interval = poll_interval
-        self._poller: asyncio.Task[None] | None = None
+        self.max_connections = max_connections
+        self.hello_timeout = hello_timeout
+        self.idle_timeout = idle_timeout
+        self.rate = max_bytes_per_second
+        # Burst a connection may deliver at once: one poll tick's worth, at least 2 turns.
+        self.burst = max(2.0 * _TURN_BYTES, max_bytes_per_second * max(poll_interval, 0.1))
+        self._tasks: list[asyncio.Task[None]] = []
         self.store = store
         self.metrics = metrics
         self.mode = mode
@@ -277,6 +406,9 @@ class IngestServer:
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._conns: dict[int, Connection] = {}
+        self._accept_paused: asyncio.TimerHandle | None = None
+        self._accept_backoff = _ACCEPT_BACKOFF_MIN_S
+        metrics.connection_limit.set(max_connections)
 
     # --------------------------------------------------------------------------- lifecycle
 
@@ -294,7 +426,8 @@ class IngestServer:
         self._sock = sock
         self._loop.add_reader(sock.fileno(), self._accept)
         if self.poll_interval > 0:
-            self._poller = self._loop.create_task(self._poll())
+            self._tasks.append(self._loop.create_task(self._poll()))
+        self._tasks.append(self._loop.create_task(self._watch_timeouts()))
         self.listening = True
         log.info("ingest listening on %s", self.path)
 
@@ -302,9 +435,12 @@ class IngestServer:
         """Stop accepting, close every connection (no crash is recorded) and unlink the file."""
         self.listening = False
         loop = self._loop
-        if self._poller is not None:
-            self._poller.cancel()
-            self._poller = None
+        for task in self._tasks:
+            task.cancel()
+        self._tasks = []
+        if self._accept_paused is not None:
+            self._accept_paused.cancel()
+            self._accept_paused = None
         for conn in list(self._conns.values()):
             self._close(conn, record=False)
         if self._sock is not None:
@@ -325,23 +461,82 @@ class IngestServer:
 
     def _accept(self) -> None:
         assert self._sock is not None and self._loop is not None
-        for _ in range(_BURST):
+        for _ in range(_ACCEPT_BURST):
             try:
                 sock, _addr = self._sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as exc:  # EMFILE and friends: keep serving the others
-                log.error("accept failed: %s", exc)
+            except OSError as exc:
+                if exc.errno in _FD_ERRNOS:
+                    self._pause_accepting(exc)
+                else:  # ECONNABORTED and the like: that one connection is gone
+                    log.warning("accept failed: %s", exc)
                 return
+            self._accept_backoff = _ACCEPT_BACKOFF_MIN_S
+            if len(self._conns) >= self.max_connections:
+                sock.close()  # the client sees EOF at once; the listen queue keeps draining
+                self.metrics._refused["max_connections"].inc()
+                log.warning(
+                    "refused a trainer connection: %d connections open (ingest_max_connections)",
+                    len(self._conns),
+                )
+                continue
             sock.setblocking(False)
             conn = Connection(sock)
             self._conns[conn.fd] = conn
             self.metrics.connections_total.inc()
             self.metrics.connections.inc()
             if self.poll_interval <= 0:
-                self._loop.add_reader(conn.fd, self._readable, conn)
-            else:
-                self._readable(conn)  # the HELLO is usually there already
+                self._loop.add_reader(conn.fd, self._on_readable, conn)
+            self._drain(conn)  # the HELLO is usually there already
+
+    def _pause_accepting(self, exc: OSError) -> None:
+        """Out of descriptors: stop watching the listening socket for a while (no busy loop)."""
+        assert self._sock is not None and self._loop is not None
+        self.metrics._refused["fd_limit"].inc()
+        delay = self._accept_backoff
+        self._accept_backoff = min(delay * 2, _ACCEPT_BACKOFF_MAX_S)
+        log.warning(
+            "accept failed: %s (%d trainer connections open); pausing accepts for %.2f s",
+            exc.strerror or exc,
+            len(self._conns),
+            delay,
+        )
+        self._loop.remove_reader(self._sock.fileno())
+        self._accept_paused = self._loop.call_later(delay, self._resume_accepting)
+
+    def _resume_accepting(self) -> None:
+        self._accept_paused = None
+        if self._sock is not None and self._loop is not None and self.listening:
+            self._loop.add_reader(self._sock.fileno(), self._accept)
+
+    async def _watch_timeouts(self) -> None:
+        """Close connections past the HELLO deadline or the idle timeout (about 4 checks each)."""
+        limits = [t for t in (self.hello_timeout, self.idle_timeout) if t > 0]
+        period = min([1.0, *(t / 4 for t in limits)])
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for conn in list(self._conns.values()):
+                if conn.state is None:
+                    if self.hello_timeout > 0 and now - conn.opened_mono >= self.hello_timeout:
+                        self.metrics._refused["hello_timeout"].inc()
+                        log.warning(
+                            "closed a trainer connection (pid %s, uid %s): no HELLO within %g s",
+                            conn.peer_pid,
+                            conn.peer_uid,
+                            self.hello_timeout,
+                        )
+                        self._close(conn, record=False)
+                elif self.idle_timeout > 0 and now - conn.last_mono >= self.idle_timeout:
+                    self.metrics._refused["idle_timeout"].inc()
+                    log.warning(
+                        "closed the connection of run %s rank %d: silent for %g s",
+                        conn.state.run,
+                        conn.state.rank,
+                        self.idle_timeout,
+                    )
+                    self._close(conn, record=False, idle=True)
 
     async def _poll(self) -> None:
         """Drain every connection each ``poll_interval`` seconds.
@@ -353,36 +548,98 @@ class IngestServer:
         """
         while True:
             await asyncio.sleep(self.poll_interval)
-            for conn in list(self._conns.values()):
+            await self._drain_all()
+
+    async def _drain_all(self) -> None:
+        """Round-robin turns over every connection until each is empty or out of allowance.
+
+        Yields to the event loop every :data:`_SLICE_S` seconds of work, so HTTP requests are
+        served in between however much data is waiting.
+        """
+        pending = list(self._conns.values())
+        slice_end = time.perf_counter() + _SLICE_S
+        while pending:
+            again = []
+            for conn in pending:
                 try:
-                    self._readable(conn, burst=_POLL_BURST)
+                    if self._drain(conn):
+                        again.append(conn)
                 except Exception:  # one bad connection must not stop the others
                     log.exception("ingest failed on a connection")
                     self._close(conn, record=True)
+                if time.perf_counter() >= slice_end:
+                    await asyncio.sleep(0)
+                    slice_end = time.perf_counter() + _SLICE_S
+            pending = again
 
-    def _readable(self, conn: Connection, burst: int = _BURST) -> None:
-        for _ in range(burst):
+    def _on_readable(self, conn: Connection) -> None:
+        """Reader mode (``poll_interval`` 0): one turn per readable event."""
+        try:
+            self._drain(conn)
+        except Exception:
+            log.exception("ingest failed on a connection")
+            self._close(conn, record=True)
+            return
+        if not conn.closed and conn.allowance <= 0 and self._loop is not None:
+            # Over its rate: stop watching it until the bucket has refilled one turn.
+            conn.paused = True
+            self._loop.remove_reader(conn.fd)
+            self._loop.call_later(_TURN_BYTES / self.rate, self._unpause, conn)
+
+    def _unpause(self, conn: Connection) -> None:
+        if not conn.closed and conn.paused and self._loop is not None:
+            conn.paused = False
+            self._loop.add_reader(conn.fd, self._on_readable, conn)
+
+    def _drain(self, conn: Connection) -> bool:
+        """One turn: read and apply at most :data:`_TURN_PACKETS` / :data:`_TURN_BYTES`.
+
+        Returns True when the turn ended on its budget with allowance left (more may wait);
+        False when the socket is empty, closed, or the connection is over its rate.
+        """
+        now = time.monotonic()
+        conn.allowance = min(self.burst, conn.allowance + (now - conn.refilled_mono) * self.rate)
+        conn.refilled_mono = now
+        budget = min(float(_TURN_BYTES), conn.allowance)
+        got = False
+        on_budget = True  # the turn ended on its budget, not on an empty socket
+        for _ in range(_TURN_PACKETS):
             if conn.closed:
-                return
+                return False
+            if budget <= 0:
+                break
             try:
                 data = conn.sock.recv(_RECV_BYTES)
             except (BlockingIOError, InterruptedError):
-                return
+                on_budget = False
+                break
             except OSError as exc:
                 if exc.errno != errno.ECONNRESET:
                     log.debug("recv failed: %s", exc)
                 self._close(conn, record=True)
-                return
+                return False
             if not data:
                 self._close(conn, record=True)
-                return
+                return False
+            got = True
+            n = len(data)
+            budget -= n
+            conn.allowance -= n
             self.handle_packet(conn, data)
+        if got:
+            conn.last_mono = now
+        return on_budget and not conn.closed and conn.allowance > 0
 
-    def _close(self, conn: Connection, *, record: bool) -> None:
+    def _close(self, conn: Connection, *, record: bool, idle: bool = False) -> None:
+        """Close ``conn`` and update its rank.
+
+        ``record``: the trainer went away (a crash unless it finished); ``idle``: the exporter
+        closed a silent connection (disconnected, not crashed); neither: shutdown.
+        """
         if conn.closed:
             return
         conn.closed = True
-        if self._loop is not None and self.poll_interval <= 0:
+        if self._loop is not None and self.poll_interval <= 0 and not conn.paused:
             self._loop.remove_reader(conn.fd)
         conn.sock.close()
         self._conns.pop(conn.fd, None)
@@ -391,6 +648,9 @@ class IngestServer:
             with self.store.lock:
                 if record:
                     conn.state.disconnect(conn.finished)
+                elif idle:
+                    conn.state.connected = False
+                    conn.state.disconnected_mono = time.monotonic()
                 else:  # exporter shutting down: not the trainer's fault
                     conn.state.connected = False
             if record and not conn.finished:
@@ -437,6 +697,7 @@ class IngestServer:
                 if state is None:
                     raise _Refused("no_hello")
                 head, ids, values = P.decode_step(payload)
+                n_custom = len(state.custom)
                 unknown, capped = state.observe_step(
                     head,
                     ids,
@@ -449,6 +710,8 @@ class IngestServer:
                     self.metrics.dropped_values.labels("unknown_field").inc(unknown)
                 if capped:
                     self.metrics.dropped_values.labels("custom_cap").inc(capped)
+                if len(state.custom) > n_custom:  # new names: series of the global budget
+                    self._budget(state.custom, len(state.custom) - n_custom, 1)
                 return _APPLIED
             if rtype == P.NAME:
                 if conn.state is None:
@@ -489,6 +752,7 @@ class IngestServer:
             (step, _when, checks, seconds), codes, ids, values = P.decode_layers(payload)
             names = [conn.names.get(i) for i in ids]
             export = state.rank in self.store.layer_ranks
+            n_layers = len(state.layers)
             unknown, capped = state.observe_layers(
                 names, codes, values, self.store.max_layers, export
             )
@@ -498,7 +762,9 @@ class IngestServer:
                 self.metrics.dropped_values.labels("layer_cap").inc(capped)
             if not export and len(names) > unknown + capped:
                 self.metrics.dropped_values.labels("layer_rank").inc(len(names) - unknown - capped)
-            state.ops["watch"] = [seconds, float(checks), 0.0]
+            if len(state.layers) > n_layers:
+                self._budget(state.layers, len(state.layers) - n_layers, SERIES_PER_LAYER)
+            self._operation(state, "watch", [seconds, float(checks), 0.0])
             return _APPLIED
         if rtype == P.CHECKPOINT:
             step, when, seconds = P.decode_checkpoint(payload)
@@ -511,7 +777,7 @@ class IngestServer:
             if name is None:
                 self.metrics.dropped_values.labels("unknown_field").inc()
                 return _REFUSED
-            state.ops[name] = [seconds, float(count), 1.0 if active else 0.0]
+            self._operation(state, name, [seconds, float(count), 1.0 if active else 0.0])
             return _APPLIED
         step, _when, ids, values = P.decode_eval(payload)
         val_loss = None
@@ -522,17 +788,40 @@ class IngestServer:
             name = conn.names.get(fid)
             if name is None:
                 self.metrics.dropped_values.labels("unknown_field").inc()
-            elif (
-                name in state.eval_values or len(state.eval_values) < self.store.max_custom_metrics
-            ):
+            elif name in state.eval_values:
+                state.eval_values[name] = v
+            elif len(state.eval_values) >= self.store.max_custom_metrics:
+                self.metrics.dropped_values.labels("custom_cap").inc()
+            elif self.store.take_series(1):
                 state.eval_values[name] = v
             else:
-                self.metrics.dropped_values.labels("custom_cap").inc()
+                self.metrics.dropped_values.labels("series_budget").inc()
         state.eval_step = step
         if val_loss is not None:
             state.eval_values["val_loss"] = val_loss
         state.analytics.observe_eval(val_loss)
         return _APPLIED
+
+    def _operation(self, state: RankState, name: str, value: list[float]) -> None:
+        """Set operation ``name`` of ``state``; a new name needs room under both caps."""
+        if name not in state.ops:
+            if len(state.ops) >= self.store.max_operations:
+                self.metrics.dropped_values.labels("operation_cap").inc()
+                return
+            if not self.store.take_series(SERIES_PER_OPERATION):
+                self.metrics.dropped_values.labels("series_budget").inc()
+                return
+        state.ops[name] = value
+
+    def _budget(self, table: dict[str, Any], added: int, cost: int) -> None:
+        """Charge ``added`` entries just inserted into ``table`` to the series budget.
+
+        Each costs ``cost`` series; the newest that do not fit are removed again and counted.
+        """
+        while added and not self.store.take_series(added * cost):
+            table.popitem()  # dicts keep insertion order: the newest name goes
+            added -= 1
+            self.metrics.dropped_values.labels("series_budget").inc()
 
     def _allowed(self, conn: Connection) -> bool:
         """Whether the allow-lists (if any) admit the connected process."""
@@ -592,6 +881,13 @@ _APPLIED = object()
 _REFUSED = object()
 _CLOSE = object()
 _FATAL = frozenset(
-    {"bad_hello", "duplicate_rank", "too_many_ranks", "not_owner", "peer_not_allowed"}
+    {
+        "bad_hello",
+        "duplicate_rank",
+        "too_many_ranks",
+        "not_owner",
+        "peer_not_allowed",
+        "series_budget",
+    }
 )
 """Refusals of a HELLO: the connection has no identity, so it is closed."""

@@ -113,6 +113,73 @@ class Settings(BaseSettings):
         "never wakes the exporter, which keeps the client's flush cheap; 0 reads each packet "
         "as it arrives instead.",
     )
+    ingest_max_connections: int = Field(
+        1024,
+        ge=1,
+        description="Most trainer connections open at once; more are accepted and closed at "
+        'once (trainmon_ingest_connections_refused_total{reason="max_connections"}). '
+        "Lowered at start to fit the open-file limit, keeping descriptors for HTTP.",
+    )
+    ingest_hello_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="A connection that has not sent its HELLO this long after connecting is "
+        "closed (reason hello_timeout). The client sends it with the connect.",
+    )
+    ingest_idle_timeout_seconds: float = Field(
+        0.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="Close a trainer connection silent for this long (s; reason "
+        "idle_timeout; the rank shows disconnected, not crashed, and the client reconnects at "
+        "its next send). 0, the default, never does: a trainer stuck in a collective is "
+        "silent too, and must stay connected for the hang alert.",
+    )
+    ingest_max_bytes_per_second: float = Field(
+        4 * 2**20,
+        gt=0,
+        allow_inf_nan=False,
+        description="Most bytes one trainer connection may deliver per second (about 20,000 "
+        "steps of 10 fields); more waits in its socket buffer, so one flooding client cannot "
+        "starve the others or HTTP.",
+    )
+    http_limit_concurrency: int = Field(
+        64,
+        ge=4,
+        description="Most HTTP connections at once (uvicorn limit_concurrency). A new "
+        "connection at the limit closes the oldest one with no request in progress (idle or "
+        "half-sent); when every one has a request in progress, new requests get 503.",
+    )
+    http_timeout_keep_alive_seconds: int = Field(
+        5,
+        ge=1,
+        description="An idle keep-alive HTTP connection closes after this long (s; uvicorn "
+        "timeout_keep_alive).",
+    )
+    http_header_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="An HTTP connection must complete its request head within this long of "
+        "connecting or of its previous response (s), else it is closed (uvicorn has no such "
+        "timeout of its own).",
+    )
+    http_write_timeout_seconds: float = Field(
+        15.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="A response the client leaves unread this long (s) aborts its connection "
+        "and frees the buffered body. Above Prometheus' default 10 s scrape timeout.",
+    )
+    http_max_concurrent_scrapes: int = Field(
+        4,
+        ge=1,
+        description="Most /metrics requests in progress at once (each holds one exposition "
+        "in memory until written); more get 503 at once "
+        '(trainmon_http_requests_refused_total{reason="scrape_limit"}). An HA pair of '
+        "Prometheus servers scrapes twice per interval.",
+    )
     series_ttl_seconds: float = Field(
         600.0,
         gt=0,
@@ -129,6 +196,21 @@ class Settings(BaseSettings):
     )
     max_custom_metrics: int = Field(
         256, ge=0, description="Most distinct custom metric names per rank; more are refused."
+    )
+    max_operations: int = Field(
+        64,
+        ge=1,
+        description="Most distinct operation names (Run.track, and watch) per rank; more are "
+        'refused (trainmon_ingest_values_dropped_total{reason="operation_cap"}).',
+    )
+    max_series: int = Field(
+        50_000,
+        ge=1000,
+        description="Series budget of every rank together in the exposition (an estimate per "
+        "rank, custom metric, evaluation value, operation and layer). A new name past it is "
+        'refused (trainmon_ingest_values_dropped_total{reason="series_budget"}) and a new '
+        "rank evicts disconnected ones first. 50,000 series is about 5 MB and well under a "
+        "second per scrape (docs/exporter.md).",
     )
     layer_ranks: str = Field(
         "0",

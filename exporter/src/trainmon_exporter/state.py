@@ -11,8 +11,8 @@ import statistics
 import threading
 import time
 from bisect import bisect_left
-from collections import deque
-from collections.abc import Container
+from collections import OrderedDict, deque
+from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +25,19 @@ custom metric, so each series exists at 0 from a rank's first message."""
 STATUSES = ("running", "finished", "failed", "crashed")
 MIN_RATE_SPAN_S = 0.5
 """Rates need steps spanning at least this long (s); shorter spans say nothing useful."""
+SERIES_PER_RANK = 100
+"""Series one rank costs in the exposition before any custom metric, operation, evaluation
+value or layer: the rank budget of docs/scaling.md#cardinality-budget (103, measured with every
+feature and one tracked operation) less that operation's 3."""
+SERIES_PER_LAYER = len(P.LAYER_STATS) + len(P.LAYER_QUANTILES)
+"""Series one exported layer costs at most (each statistic and gradient quantile)."""
+SERIES_PER_OPERATION = 3
+"""Series one tracked operation costs (seconds, count, active)."""
+EVICTION_ORDER = ("finished", "failed", "crashed", "running")
+"""Statuses of disconnected ranks in the order they are evicted to make room for a new one
+(``running``: closed by the exporter, e.g. idle or at shutdown); oldest first within each."""
+RANK_CHUNK = 8
+"""Ranks a scrape reads per hold of :attr:`Store.lock` (see :meth:`Store.iter_ranks`)."""
 
 
 @dataclass(slots=True)
@@ -266,10 +279,20 @@ class Store:
         layer_ranks: Container[int] = range(1),
         window_s: float,
         ttl_s: float,
+        max_series: int = 1 << 62,
+        max_operations: int = 64,
     ) -> None:
         self.lock = threading.Lock()
         self.ranks: dict[tuple[str, int], RankState] = {}
         self.max_ranks = max_ranks
+        self.max_series = max_series
+        self.max_operations = max_operations
+        self.series_used = 0  # estimate of the rank series exported (see series_of)
+        self.evicted: dict[str, int] = dict.fromkeys(EVICTION_ORDER, 0)
+        # run -> (owner uid, monotonic time the record lapses): runs whose every rank was
+        # evicted keep their owner until the series TTL, so their id cannot be taken over.
+        self.owners: OrderedDict[str, tuple[int | None, float]] = OrderedDict()
+        self.max_owner_records = 4 * max_ranks
         self.max_custom_metrics = max_custom_metrics
         self.max_layers = max_layers
         self.layer_ranks = layer_ranks  # ranks whose layers are exported as series
@@ -278,6 +301,76 @@ class Store:
         self.ttl_s = ttl_s
         self.expired_total = 0
         self.analytics = analytics or AnalyticsSettings()
+
+    def iter_ranks(self, chunk: int = RANK_CHUNK) -> Iterator[RankState]:
+        """Every rank state, holding :attr:`lock` for at most ``chunk`` ranks at a time.
+
+        For scrapes and the JSON API: the caller copies what it needs from each state as it
+        gets it (the lock is held meanwhile), and between chunks the lock is free, so ingest
+        waits at most one chunk's worth (about a millisecond), never a whole scrape. Ranks
+        added meanwhile appear in the next scrape; one removed meanwhile may appear once more.
+        Consume it in full (a ``for`` loop; an early ``break`` releases the lock when the
+        generator is closed).
+        """
+        with self.lock:
+            states = list(self.ranks.values())
+        for i in range(0, len(states), chunk):
+            with self.lock:
+                yield from states[i : i + chunk]
+            time.sleep(0)  # let a waiting ingest thread take the lock (and the GIL) now
+
+    @staticmethod
+    def series_of(state: RankState) -> int:
+        """Series ``state`` costs in the exposition (an upper-bound estimate)."""
+        return (
+            SERIES_PER_RANK
+            + len(state.custom)
+            + len(state.eval_values)
+            + SERIES_PER_OPERATION * len(state.ops)
+            + SERIES_PER_LAYER * len(state.layers)
+        )
+
+    def take_series(self, n: int) -> bool:
+        """Reserve ``n`` series of the global budget (``max_series``); False if they don't fit."""
+        if self.series_used + n > self.max_series:
+            return False
+        self.series_used += n
+        return True
+
+    def recount_series(self) -> int:
+        """Recompute :attr:`series_used` from every state (corrects drift); call under lock."""
+        self.series_used = sum(self.series_of(s) for s in self.ranks.values())
+        return self.series_used
+
+    def _evict_one(self) -> bool:
+        """Drop the disconnected rank first in :data:`EVICTION_ORDER`; False if none is."""
+        victim: RankState | None = None
+        best: tuple[int, float] | None = None
+        for s in self.ranks.values():
+            if s.connected:
+                continue
+            order = EVICTION_ORDER.index(s.status) if s.status in EVICTION_ORDER else 3
+            key = (order, s.disconnected_mono or 0.0)
+            if best is None or key < best:
+                victim, best = s, key
+        if victim is None:
+            return False
+        self._remove(victim.key, victim)
+        bucket = victim.status if victim.status in self.evicted else "running"
+        self.evicted[bucket] += 1
+        return True
+
+    def _remove(self, key: tuple[str, int], state: RankState) -> None:
+        """Forget a rank; if it was its run's last, remember the run's owner until the TTL."""
+        del self.ranks[key]
+        self.series_used = max(0, self.series_used - self.series_of(state))
+        if self.run_state(state.run) is None:
+            lapse = (state.disconnected_mono or time.monotonic()) + self.ttl_s
+            if lapse > time.monotonic():
+                self.owners[state.run] = (state.owner_uid, lapse)
+                self.owners.move_to_end(state.run)
+                while len(self.owners) > self.max_owner_records:
+                    self.owners.popitem(last=False)
 
     def run_state(self, run: str) -> RankState | None:
         """Any one rank of ``run`` (they share its owner), or None when it has no state."""
@@ -300,6 +393,11 @@ class Store:
         holder = state if state is not None else self.run_state(hello["run"])
         if holder is not None and holder.owner_uid != uid:
             return "not_owner"
+        if holder is None and hello["run"] in self.owners:
+            owner, lapse = self.owners[hello["run"]]
+            if lapse > time.monotonic() and owner != uid:
+                return "not_owner"  # its ranks were evicted; the id is still its owner's
+            del self.owners[hello["run"]]
         if state is not None:
             if state.connected:
                 return "duplicate_rank"
@@ -313,8 +411,12 @@ class Store:
             for k in P.HELLO_FIELDS[2:]:  # everything but run and rank
                 setattr(state, k, hello[k])
             return state
-        if len(self.ranks) >= self.max_ranks:
-            return "too_many_ranks"
+        while len(self.ranks) >= self.max_ranks:
+            if not self._evict_one():  # finished and crashed ranks make room first
+                return "too_many_ranks"
+        while not self.take_series(SERIES_PER_RANK):
+            if not self._evict_one():
+                return "series_budget"
         state = RankState(
             **{k: hello[k] for k in P.HELLO_FIELDS},
             buckets=self.buckets,
@@ -338,6 +440,12 @@ class Store:
             for k in dead:
                 del self.ranks[k]
             self.expired_total += len(dead)
+            while self.owners:
+                run, (_uid, lapse) = next(iter(self.owners.items()))
+                if lapse > now_mono:
+                    break
+                del self.owners[run]
+            self.recount_series()
         return len(dead)
 
     def check_conditions(self, now: float, rates: bool = True) -> list[tuple[RankState, str]]:

@@ -15,7 +15,7 @@ from trainmon_exporter.collectors import CollectorContext, register
 
 @register("exporter")
 class ExporterCollector:
-    """``trainmon_build_info``, tracked ranks and expired ranks."""
+    """``trainmon_build_info``, tracked, expired and evicted ranks, and the series estimate."""
 
     name = "exporter"
 
@@ -33,6 +33,8 @@ class ExporterCollector:
         with self.store.lock:
             n = len(self.store.ranks)
             expired = self.store.expired_total
+            evicted = dict(self.store.evicted)
+            series = self.store.series_used
         ranks = GaugeMetricFamily(
             "trainmon_exporter_ranks", "(run, rank) pairs whose series are exported now."
         )
@@ -42,4 +44,19 @@ class ExporterCollector:
             "(run, rank) pairs dropped after series_ttl_seconds without a connection.",
         )
         exp.add_metric([], float(expired))
-        return [info, ranks, exp]
+        ev = CounterMetricFamily(
+            "trainmon_exporter_ranks_evicted",
+            "Disconnected (run, rank) pairs dropped before series_ttl_seconds to make room for a "
+            "new rank (max_ranks or max_series reached), by the status they ended with; "
+            "finished and failed go first, then crashed, then running (closed by the exporter).",
+            labels=["status"],
+        )
+        for status, count in evicted.items():
+            ev.add_metric([status], float(count))
+        used = GaugeMetricFamily(
+            "trainmon_exporter_series",
+            "Estimated series of every rank in the exposition, against the max_series budget "
+            "(per rank, custom metric, evaluation value, operation and exported layer).",
+        )
+        used.add_metric([], float(series))
+        return [info, ranks, exp, ev, used]

@@ -304,30 +304,29 @@ class HealthCollector:
             "Last value of each metric reported with Run.eval (capped like custom metrics).",
             labels=[*RL, "name"],
         )
-        with self.store.lock:
-            for s in self.store.ranks.values():
-                a = s.analytics
-                labels = [s.run, str(s.rank)]
-                for fam, fn in gauges:
-                    v = fn(s, a)
-                    if v is not None:
-                        fam.add_metric(labels, v)
-                for cfam, cfn in counters:
-                    cfam.add_metric(labels, float(cfn(s, a)))
-                for sev in SEVERITIES:
-                    loss_spikes.add_metric([*labels, sev], float(a.loss_spikes[sev]))
-                    grad_spikes.add_metric([*labels, sev], float(a.grad_spikes[sev]))
-                rates = s.rates(now, self.window_s)
-                if rates is not None:
-                    mon_ratio.add_metric(labels, rates[3])
-                    over_budget.add_metric(labels, 1.0 if rates[3] > self.budget else 0.0)
-                for op, (secs, count, active) in s.ops.items():
-                    op_seconds.add_metric([*labels, op], secs)
-                    op_count.add_metric([*labels, op], count)
-                    op_active.add_metric([*labels, op], active)
-                for name, v in s.eval_values.items():
-                    if v is not None and name != "val_loss":
-                        eval_value.add_metric([*labels, name], v)
+        for s in self.store.iter_ranks():
+            a = s.analytics
+            labels = [s.run, str(s.rank)]
+            for fam, fn in gauges:
+                v = fn(s, a)
+                if v is not None:
+                    fam.add_metric(labels, v)
+            for cfam, cfn in counters:
+                cfam.add_metric(labels, float(cfn(s, a)))
+            for sev in SEVERITIES:
+                loss_spikes.add_metric([*labels, sev], float(a.loss_spikes[sev]))
+                grad_spikes.add_metric([*labels, sev], float(a.grad_spikes[sev]))
+            rates = s.rates(now, self.window_s)
+            if rates is not None:
+                mon_ratio.add_metric(labels, rates[3])
+                over_budget.add_metric(labels, 1.0 if rates[3] > self.budget else 0.0)
+            for op, (secs, count, active) in s.ops.items():
+                op_seconds.add_metric([*labels, op], secs)
+                op_count.add_metric([*labels, op], count)
+                op_active.add_metric([*labels, op], active)
+            for name, v in s.eval_values.items():
+                if v is not None and name != "val_loss":
+                    eval_value.add_metric([*labels, name], v)
         out: list[Metric] = [fam for fam, _ in gauges]
         out += [fam for fam, _ in counters]
         out += [loss_spikes, grad_spikes, mon_ratio, over_budget]

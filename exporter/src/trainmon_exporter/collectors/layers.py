@@ -54,16 +54,15 @@ class LayersCollector:
             labels=[*labels, "percentile"],
         )
         qcodes = [(P.QUANTILE_CODE0 + i, f"{q * 100:g}") for i, q in enumerate(P.LAYER_QUANTILES)]
-        with self.store.lock:
-            for s in self.store.ranks.values():
-                for layer, row in s.layers.items():
-                    lv = [s.run, str(s.rank), layer]
-                    for code, fam in fams:
-                        v = row.get(code)
-                        if v is not None and v == v:
-                            fam.add_metric(lv, v)
-                    for code, q in qcodes:
-                        v = row.get(code)
-                        if v is not None and v == v:
-                            percentile.add_metric([*lv, q], v)
+        for s in self.store.iter_ranks():
+            for layer, row in s.layers.items():
+                lv = [s.run, str(s.rank), layer]
+                for code, fam in fams:
+                    v = row.get(code)
+                    if v is not None and v == v:
+                        fam.add_metric(lv, v)
+                for code, q in qcodes:
+                    v = row.get(code)
+                    if v is not None and v == v:
+                        percentile.add_metric([*lv, q], v)
         return [fam for _, fam in fams] + [percentile]

@@ -110,20 +110,19 @@ class RankGpuCollector:
             labels=RL,
         )
         now = time.time()
-        with self.store.lock:
-            for s in self.store.ranks.values():
-                labels = [s.run, str(s.rank)]
-                pid = s.peer_pid or s.pid
-                if pid in pids:
-                    memory.add_metric(labels, pids[pid])
-                rates = s.rates(now, self.window_s)
-                m, _ = state_mfu(s, None if rates is None else rates[0], gpus, self.override)
-                if m.model_flops is not None:
-                    achieved.add_metric(labels, m.model_flops)
-                if m.peak is not None:
-                    peak.add_metric(labels, m.peak)
-                if m.mfu is not None:
-                    mfu.add_metric(labels, m.mfu)
-                if m.reason:
-                    unavailable.add_metric([*labels, m.reason], 1.0)
+        for s in self.store.iter_ranks():
+            labels = [s.run, str(s.rank)]
+            pid = s.peer_pid or s.pid
+            if pid in pids:
+                memory.add_metric(labels, pids[pid])
+            rates = s.rates(now, self.window_s)
+            m, _ = state_mfu(s, None if rates is None else rates[0], gpus, self.override)
+            if m.model_flops is not None:
+                achieved.add_metric(labels, m.model_flops)
+            if m.peak is not None:
+                peak.add_metric(labels, m.peak)
+            if m.mfu is not None:
+                mfu.add_metric(labels, m.mfu)
+            if m.reason:
+                unavailable.add_metric([*labels, m.reason], 1.0)
         return [achieved, peak, mfu, unavailable, memory]

@@ -230,46 +230,45 @@ class TrainingCollector:
         )
         runs: dict[str, int] = {}
         buckets = self.store.buckets
-        with self.store.lock:
-            for s in self.store.ranks.values():
-                labels = [s.run, str(s.rank)]
-                runs[s.run] = max(runs.get(s.run, 0), s.world_size)
-                for fam, fn in gauges:
-                    v = fn(s)
-                    if v is not None:
-                        fam.add_metric(labels, v)
-                for cfam, cfn in counters:
-                    cfam.add_metric(labels, cfn(s))
-                for ofam, key in optional:
-                    v = s.values.get(key)
-                    if v is not None:
-                        ofam.add_metric(labels, v)
-                rank_info.add_metric(
-                    [
-                        s.run,
-                        str(s.rank),
-                        str(s.local_rank),
-                        str(s.world_size),
-                        s.hostname,
-                        s.gpu_uuid or "",
-                        s.client_version,
-                        s.dtype,
-                    ],
-                    1.0,
-                )
-                rates = s.rates(now, self.window_s)
-                if rates is not None:
-                    tps.add_metric(labels, rates[0])
-                    sps.add_metric(labels, rates[1])
-                    ovr.add_metric(labels, rates[2])
-                step_hist.add_metric(labels, _cumulative(buckets, s.hist_counts), s.hist_sum)
-                for field in NONFINITE_FIELDS:
-                    nonfinite.add_metric([*labels, field], float(s.nonfinite[field]))
-                dropped.add_metric([*labels, "disconnected"], float(s.dropped_disconnected))
-                dropped.add_metric([*labels, "backpressure"], float(s.dropped_backpressure))
-                for name, v in s.custom.items():
-                    if v is not None:  # None: name bound, no value yet
-                        custom.add_metric([*labels, name], v)
+        for s in self.store.iter_ranks():
+            labels = [s.run, str(s.rank)]
+            runs[s.run] = max(runs.get(s.run, 0), s.world_size)
+            for fam, fn in gauges:
+                v = fn(s)
+                if v is not None:
+                    fam.add_metric(labels, v)
+            for cfam, cfn in counters:
+                cfam.add_metric(labels, cfn(s))
+            for ofam, key in optional:
+                v = s.values.get(key)
+                if v is not None:
+                    ofam.add_metric(labels, v)
+            rank_info.add_metric(
+                [
+                    s.run,
+                    str(s.rank),
+                    str(s.local_rank),
+                    str(s.world_size),
+                    s.hostname,
+                    s.gpu_uuid or "",
+                    s.client_version,
+                    s.dtype,
+                ],
+                1.0,
+            )
+            rates = s.rates(now, self.window_s)
+            if rates is not None:
+                tps.add_metric(labels, rates[0])
+                sps.add_metric(labels, rates[1])
+                ovr.add_metric(labels, rates[2])
+            step_hist.add_metric(labels, _cumulative(buckets, s.hist_counts), s.hist_sum)
+            for field in NONFINITE_FIELDS:
+                nonfinite.add_metric([*labels, field], float(s.nonfinite[field]))
+            dropped.add_metric([*labels, "disconnected"], float(s.dropped_disconnected))
+            dropped.add_metric([*labels, "backpressure"], float(s.dropped_backpressure))
+            for name, v in s.custom.items():
+                if v is not None:  # None: name bound, no value yet
+                    custom.add_metric([*labels, name], v)
         for run, world in runs.items():
             run_info.add_metric([run, str(world)], 1.0)
             world_size.add_metric([run], float(world))

@@ -1,0 +1,225 @@
+"""Shared pieces of the attack and soak benchmarks: a real exporter subprocess with a chosen
+open-file limit, a ``/healthz`` prober, raw trainer packets, and process measurements (psutil).
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import resource
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from trainmon_client import _protocol as P
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Exporter:
+    """``python -m trainmon_exporter`` with an optional RLIMIT_NOFILE (soft = hard)."""
+
+    def __init__(self, *args: str, nofile: int | None = None) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="tm-b-", dir="/tmp"))
+        self.socket = str(self.dir / "t.sock")
+        self.port = free_port()
+        self.log_bytes = 0
+        self.log_lines = 0
+        cmd = [sys.executable, "-m", "trainmon_exporter", "--socket", self.socket]
+        cmd += ["--listen", f"127.0.0.1:{self.port}", "--log-level", "warning", *args]
+
+        def limit() -> None:
+            if nofile is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=limit
+        )
+        self._reader = threading.Thread(target=self._drain, daemon=True)
+        self._reader.start()
+        self.ps = psutil.Process(self.proc.pid)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if get(self.port, "/readyz", timeout=1)[0] == 200:
+                    break
+            except OSError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("exporter did not start")
+            time.sleep(0.1)
+
+    def _drain(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.log_bytes += len(line)
+            self.log_lines += 1
+
+    def cpu_seconds(self) -> float:
+        t = self.ps.cpu_times()
+        return float(t.user + t.system)
+
+    def rss_mib(self) -> float:
+        return float(self.ps.memory_info().rss) / 2**20
+
+    def metric(self, prefix: str, timeout: float = 30) -> float | None:
+        """Sum of the samples whose line starts with ``prefix`` (None: scrape failed)."""
+        try:
+            status, body = get(self.port, "/metrics", timeout=timeout)
+        except OSError:
+            return None
+        if status != 200:
+            return None
+        total = None
+        for line in body.decode().splitlines():
+            if line.startswith(prefix):
+                total = (total or 0.0) + float(line.rsplit(" ", 1)[1])
+        return total
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> Exporter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def get(port: int, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    """One GET on a fresh connection: ``(status, body)``; raises OSError on failure."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        c.request("GET", path)
+        r = c.getresponse()
+        return r.status, r.read()
+    finally:
+        c.close()
+
+
+class Prober(threading.Thread):
+    """GET ``path`` every ``interval`` s on a fresh connection; records latency and failures."""
+
+    def __init__(self, port: int, path: str = "/healthz", interval: float = 0.05) -> None:
+        super().__init__(daemon=True)
+        self.port, self.path, self.interval = port, path, interval
+        self.latencies: list[float] = []
+        self.failures = 0
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            t0 = time.perf_counter()
+            try:
+                status, _ = get(self.port, self.path, timeout=5)
+                ok = status == 200
+            except OSError:
+                ok = False
+            dt = time.perf_counter() - t0
+            if ok:
+                self.latencies.append(dt)
+            else:
+                self.failures += 1
+            self._halt.wait(max(0.0, self.interval - dt))
+
+    def stop(self) -> Prober:
+        self._halt.set()
+        self.join(10)
+        return self
+
+    def summary(self) -> str:
+        return latency_summary(self.latencies, self.failures)
+
+
+def latency_summary(lat: list[float], failures: int = 0) -> str:
+    if not lat:
+        return f"no answer ({failures} failed)"
+    q = statistics.quantiles(lat, n=100, method="inclusive") if len(lat) > 1 else [lat[0]] * 99
+    return (
+        f"p50 {statistics.median(lat) * 1e3:.1f} ms, p99 {q[98] * 1e3:.1f} ms, "
+        f"max {max(lat) * 1e3:.1f} ms ({len(lat)} ok, {failures} failed/timed out)"
+    )
+
+
+def hello(run: str, rank: int = 0, world_size: int = 1) -> bytes:
+    fields: dict[str, Any] = {k: None for k in P.HELLO_FIELDS} | {
+        "run": run,
+        "rank": rank,
+        "local_rank": rank,
+        "world_size": world_size,
+        "hostname": "bench",
+        "pid": os.getpid(),
+        "client_version": "bench",
+        "started_at": time.time(),
+        "dtype": "bf16",
+    }
+    return P.encode_hello(fields)
+
+
+def step_records(first: int, n: int, n_custom: int = 0) -> bytes:
+    """``n`` STEP records from step ``first`` with loss/lr and ``n_custom`` custom ids 64..."""
+    nf = 2 + n_custom
+    s = P.step_struct(nf)
+    ids = (1, 2, *range(P.FIRST_CUSTOM_ID, P.FIRST_CUSTOM_ID + n_custom))
+    vals = (1.0, 1e-3, *([0.5] * n_custom))
+    now = time.time()
+    out = []
+    for i in range(first, first + n):
+        out.append(
+            s.pack(
+                P.STEP,
+                P.step_payload_length(nf),
+                i,
+                i + 1,
+                now,
+                0.1,
+                float(i),
+                float(i),
+                0.0,
+                0,
+                0,
+                0,
+                *ids,
+                *vals,
+            )
+        )
+    return b"".join(out)
+
+
+def raw_connect(path: str, timeout: float | None = 5.0) -> socket.socket:
+    """A SOCK_SEQPACKET connection; a full listen queue (EAGAIN) is retried until ``timeout``."""
+    deadline = time.monotonic() + (timeout or 0.0)
+    while True:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        s.settimeout(timeout)
+        try:
+            s.connect(path)
+            return s
+        except BlockingIOError:
+            s.close()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
+        except OSError:
+            s.close()
+            raise

@@ -1,0 +1,238 @@
+"""Limits of the HTTP side: connections, slow clients and concurrent scrapes.
+
+uvicorn (0.54, h11) gives ``limit_concurrency`` (past it, a new request is answered 503) and
+``timeout_keep_alive`` (an idle connection *after* a response closes), but no timeout for a
+request head that never completes: a client that connects and sends half a request holds its
+connection and file descriptor forever, and with ``limit_concurrency`` set, enough of them make
+every request, ``/healthz`` included, a 503. :func:`protocol_class` adds what is missing, as a
+subclass of uvicorn's own h11 protocol:
+
+- **header timeout**: a connection must complete its request head within
+  ``header_timeout`` seconds of connecting (or of its previous response); else it is closed.
+- **eviction**: when a new connection brings the count to ``limit_concurrency``, the oldest
+  connection with no request in progress (idle keep-alive, or half-sent) is closed to make
+  room, so a probe always gets in while slow clients only push each other out.
+- **write timeout**: a response the client has not read for ``write_timeout`` seconds (the
+  transport stayed paused over its buffer's high-water mark) aborts the connection and frees
+  the buffered body: an unread ``/metrics`` answer cannot pin memory. The kernel's share is
+  capped too (:data:`SEND_BUFFER_BYTES`).
+
+Each close is counted in ``trainmon_http_connections_closed_total{reason}``. Concurrent
+``/metrics`` requests are bounded separately (:class:`ScrapeGate`): past ``max_scrapes`` a
+request gets 503 at once, counted in ``trainmon_http_requests_refused_total{reason}``; a
+scrape holds its slot until its body is written (or the connection dies), so the bodies held
+in memory are bounded too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.metrics_core import Metric
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+log = logging.getLogger("trainmon_exporter.http")
+
+CLOSE_REASONS = ("header_timeout", "evicted", "write_timeout")
+"""``reason`` values of ``trainmon_http_connections_closed_total``."""
+REFUSE_REASONS = ("scrape_limit",)
+"""``reason`` values of ``trainmon_http_requests_refused_total``."""
+SEND_BUFFER_BYTES = 256 * 1024
+"""Kernel send buffer of each HTTP connection (``SO_SNDBUF``, which also stops Linux growing
+it to ``tcp_wmem``'s 4 MiB): what an unread response can leave in the kernel. The rest waits in
+the transport, where the write timeout can free it. 256 KiB still moves 250 MB/s at a 1 ms
+round trip."""
+
+
+class HttpStats:
+    """Counters of the HTTP limits (thread-safe), exported by :meth:`collect`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.closed = dict.fromkeys(CLOSE_REASONS, 0)
+        self.refused = dict.fromkeys(REFUSE_REASONS, 0)
+
+    def close(self, reason: str) -> None:
+        """Count a connection the exporter closed for ``reason``."""
+        with self._lock:
+            self.closed[reason] += 1
+
+    def refuse(self, reason: str) -> None:
+        """Count a request answered 503 for ``reason``."""
+        with self._lock:
+            self.refused[reason] += 1
+
+    def collect(self) -> Iterable[Metric]:
+        """Both counter families, every reason from 0."""
+        closed = CounterMetricFamily(
+            "trainmon_http_connections_closed",
+            "HTTP connections the exporter closed, by reason: header_timeout (no complete "
+            "request head within http_header_timeout_seconds), evicted (oldest connection "
+            "without a request in progress, closed to stay under http_limit_concurrency), "
+            "write_timeout (response unread for http_write_timeout_seconds).",
+            labels=["reason"],
+        )
+        refused = CounterMetricFamily(
+            "trainmon_http_requests_refused",
+            "HTTP requests answered 503 at once, by reason: scrape_limit (more than "
+            "http_max_concurrent_scrapes /metrics requests in progress).",
+            labels=["reason"],
+        )
+        with self._lock:
+            for r, n in self.closed.items():
+                closed.add_metric([r], float(n))
+            for r, n in self.refused.items():
+                refused.add_metric([r], float(n))
+        return [closed, refused]
+
+
+def protocol_class(
+    header_timeout: float, write_timeout: float, stats: HttpStats
+) -> type[asyncio.Protocol]:
+    """Return uvicorn's h11 protocol with a header timeout, eviction and a write timeout.
+
+    Pass it as ``uvicorn.Config(http=...)``; ``limit_concurrency`` comes from the config.
+    """
+
+    class LimitedH11Protocol(H11Protocol):
+        _opened = 0.0
+        _head_timer: asyncio.TimerHandle | None = None
+        _write_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._opened = self.loop.time()
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                try:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
+                except OSError:
+                    pass
+            self._arm_head_timer()
+            self._evict_if_full()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._cancel_timers()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            cycle = self.cycle
+            super().data_received(data)
+            if self.cycle is not cycle:  # a request head arrived complete
+                self._cancel_head_timer()
+
+        def on_response_complete(self) -> None:
+            self._arm_head_timer()  # the next request's head is due within the timeout too
+            cycle = self.cycle
+            super().on_response_complete()
+            if self.cycle is not cycle:  # a pipelined request started at once
+                self._cancel_head_timer()
+
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            if self._write_timer is None:
+                self._write_timer = self.loop.call_later(write_timeout, self._on_write_timeout)
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            if self._write_timer is not None:
+                self._write_timer.cancel()
+                self._write_timer = None
+
+        # ------------------------------------------------------------------ helpers
+
+        def _busy(self) -> bool:
+            return self.cycle is not None and not self.cycle.response_complete
+
+        def _arm_head_timer(self) -> None:
+            self._cancel_head_timer()
+            self._head_timer = self.loop.call_later(header_timeout, self._on_head_timeout)
+
+        def _cancel_head_timer(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _cancel_timers(self) -> None:
+            self._cancel_head_timer()
+            if self._write_timer is not None:
+                self._write_timer.cancel()
+                self._write_timer = None
+
+        def _on_head_timeout(self) -> None:
+            self._head_timer = None
+            if self._busy() or self.transport.is_closing():
+                return
+            stats.close("header_timeout")
+            log.info("closed an HTTP connection: no complete request in %g s", header_timeout)
+            self.transport.abort()
+
+        def _on_write_timeout(self) -> None:
+            self._write_timer = None
+            if self.transport.is_closing() and not self.flow.write_paused:
+                return
+            stats.close("write_timeout")
+            log.info("closed an HTTP connection: response unread for %g s", write_timeout)
+            self.transport.abort()  # drops the buffered body; connection_lost frees the cycle
+
+        def _evict_if_full(self) -> None:
+            limit = self.config.limit_concurrency
+            if limit is None:
+                return
+            live = [c for c in self.connections if not c.transport.is_closing()]
+            excess = len(live) - (limit - 1)
+            if excess <= 0:
+                return
+            idle = sorted(
+                (c for c in live if c is not self and not getattr(c, "_busy", lambda: True)()),
+                key=lambda c: getattr(c, "_opened", 0.0),
+            )
+            for victim in idle[:excess]:
+                stats.close("evicted")
+                victim.transport.abort()
+
+    return LimitedH11Protocol
+
+
+class ScrapeGate:
+    """At most ``limit`` ``/metrics`` requests in progress (event-loop thread only)."""
+
+    def __init__(self, limit: int, stats: HttpStats) -> None:
+        self.limit = limit
+        self.stats = stats
+        self.active = 0
+
+    def enter(self) -> bool:
+        """Take a slot; False (and counted) when all are taken."""
+        if self.active >= self.limit:
+            self.stats.refuse("scrape_limit")
+            return False
+        self.active += 1
+        return True
+
+    def leave(self) -> None:
+        """Give a slot back."""
+        self.active -= 1
+
+
+class GatedResponse(Response):
+    """A response that gives its :class:`ScrapeGate` slot back once its body is written."""
+
+    def __init__(self, gate: ScrapeGate, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.gate = gate
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Send, then release the slot (also when the client went away)."""
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.gate.leave()

@@ -1,0 +1,533 @@
+"""Connection and resource limits: what hostile or broken clients cannot do to the exporter.
+
+Idle connections, a missing HELLO, exhausted file descriptors, a flooding trainer, slow HTTP
+clients, concurrent scrapes and series blow-ups each meet a limit (a setting) and a counter,
+while ``/healthz`` keeps answering and real trainers keep getting through.
+"""
+
+from __future__ import annotations
+
+import errno
+import http.client
+import json
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+import pytest
+
+from trainmon_client import _protocol as P
+from trainmon_exporter import Settings
+from trainmon_exporter.collectors import CollectorContext
+from trainmon_exporter.collectors.training import TrainingCollector
+from trainmon_exporter.state import SERIES_PER_RANK, Store
+
+from ..conftest import (
+    ExporterProcess,
+    InProcessExporter,
+    child_env,
+    connect,
+    free_port,
+    raw_connect,
+    sample,
+    short_tmpdir,
+    wait_for,
+)
+from .test_ingest import HELLO, dropped, hello, invalid, pkt, step
+
+
+def refused(metrics: dict[Any, float], reason: str) -> float:
+    return sample(metrics, "trainmon_ingest_connections_refused_total", reason=reason) or 0.0
+
+
+def connect_retrying(path: str, timeout: float = 10.0) -> socket.socket:
+    """A raw connection; a full listen queue (EAGAIN) is retried."""
+    deadline = time.monotonic() + timeout
+    while True:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        s.setblocking(False)
+        try:
+            s.connect(path)
+            s.setblocking(True)
+            return s
+        except BlockingIOError:
+            s.close()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.002)
+
+
+def http_status(port: int, path: str) -> int:
+    """One GET on a fresh connection (http.client: no client set-up cost in the timing)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        c.request("GET", path)
+        r = c.getresponse()
+        r.read()
+        return r.status
+    finally:
+        c.close()
+
+
+def healthz_latencies(get: Callable[[], int], seconds: float, every: float = 0.05) -> list[float]:
+    out = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        t0 = time.perf_counter()
+        assert get() == 200
+        out.append(time.perf_counter() - t0)
+        time.sleep(every)
+    return out
+
+
+def assert_fast(lat: list[float]) -> None:
+    """/healthz within 100 ms (median); no answer over 1 s even on a loaded CI machine."""
+    assert statistics.median(lat) < 0.1, lat
+    assert max(lat) < 1.0, lat
+
+
+# --------------------------------------------------------------------------- trainer connections
+
+
+def test_connections_over_the_cap_are_refused_and_idle_ones_time_out(
+    make_exporter: Callable[..., InProcessExporter],
+) -> None:
+    ex = make_exporter(ingest_max_connections=5, ingest_hello_timeout_seconds=0.5)
+    socks = [connect_retrying(ex.socket) for _ in range(20)]
+    m = wait_for(lambda: (m := ex.metrics()) and refused(m, "max_connections") == 15 and m)
+    assert sample(m, "trainmon_ingest_open_connections") == 5
+    assert sample(m, "trainmon_ingest_max_connections") == 5
+    closed = 0
+    for s in socks:  # refused ones read EOF at once
+        s.settimeout(0.01)
+        try:
+            closed += s.recv(10) == b""
+        except TimeoutError:
+            pass
+    assert closed == 15
+    # The 5 held connections never say HELLO: closed after the deadline, counted.
+    m = wait_for(lambda: (m := ex.metrics()) and refused(m, "hello_timeout") == 5 and m)
+    assert sample(m, "trainmon_ingest_open_connections") == 0
+    assert ex.client.get("/healthz").status_code == 200
+    run = connect(ex, "after")
+    run.log(1, loss=1.0)
+    wait_for(lambda: (r := ex.rank("after", 0)) and r["step"] == 1)
+    run.finish()
+    for s in socks:
+        s.close()
+
+
+def test_idle_timeout_disconnects_without_calling_it_a_crash(
+    make_exporter: Callable[..., InProcessExporter],
+) -> None:
+    ex = make_exporter(ingest_idle_timeout_seconds=0.3)
+    s = raw_connect(ex.socket)
+    s.send(pkt(hello(run="quiet"), step(1)))
+    wait_for(lambda: refused(ex.metrics(), "idle_timeout") == 1)
+    r = ex.rank("quiet", 0)
+    assert r is not None and not r["up"] and r["status"] == "running"
+    m = ex.metrics()
+    assert sample(m, "trainmon_run_crashes_total", run="quiet", rank="0") == 0
+    s.close()
+
+
+class FailingAccept:
+    """The listening socket as it behaves when the process is out of descriptors."""
+
+    def __init__(self, real: socket.socket) -> None:
+        self.real = real
+        self.calls = 0
+
+    def fileno(self) -> int:
+        return self.real.fileno()
+
+    def accept(self) -> Any:
+        self.calls += 1
+        raise OSError(errno.EMFILE, "Too many open files")
+
+
+def test_emfile_pauses_accepting_with_backoff_instead_of_spinning(
+    exporter: InProcessExporter,
+) -> None:
+    server = exporter.app.state.exporter.ingest
+    real = server._sock
+    failing = FailingAccept(real)
+    server._sock = failing
+    pending = raw_connect(exporter.socket)  # waits in the listen queue: the socket is readable
+    time.sleep(1.0)
+    # A busy loop calls accept() tens of thousands of times a second; the back-off 50 ms,
+    # doubling to 1 s, about five times.
+    assert 1 <= failing.calls <= 10, failing.calls
+    assert refused(exporter.metrics(), "fd_limit") == failing.calls
+    assert exporter.client.get("/healthz").status_code == 200
+    server._sock = real  # descriptors are free again: the queued trainer gets in
+    pending.send(pkt(hello(run="queued"), step(1)))
+    wait_for(lambda: exporter.rank("queued", 0), timeout=5)
+    pending.close()
+
+
+def _nofile(n: int) -> Callable[[], None]:
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
+
+    return limit
+
+
+@pytest.mark.slow
+def test_idle_connections_beyond_the_fd_limit_leave_the_exporter_serving() -> None:
+    d = short_tmpdir()
+    ex = ExporterProcess(d / "t.sock", free_port())
+    cmd = [sys.executable, "-m", "trainmon_exporter", "--socket", ex.socket]
+    cmd += ["--listen", f"127.0.0.1:{ex.port}", "--ingest-hello-timeout-seconds", "3"]
+    ex.proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=child_env(),
+        preexec_fn=_nofile(256),
+    )
+    try:
+        wait_for(ex.ready, timeout=20)
+        proc = psutil.Process(ex.proc.pid)
+        socks = [connect_retrying(ex.socket) for _ in range(400)]  # beyond 256 descriptors
+        cpu0 = sum(proc.cpu_times()[:2])
+        lat = healthz_latencies(lambda: http_status(ex.port, "/healthz"), 2.0)
+        cpu = sum(proc.cpu_times()[:2]) - cpu0
+        assert cpu < 0.6, f"exporter used {cpu:.2f} s of CPU in 2 s: a busy loop?"
+        assert_fast(lat)
+        m = ex.metrics()
+        cap = sample(m, "trainmon_ingest_max_connections")
+        assert cap is not None and cap < 256  # lowered to the open-file limit
+        assert sample(m, "trainmon_ingest_open_connections") == cap
+        assert refused(m, "max_connections") == 400 - cap
+        assert (sample(m, "process_open_fds") or 0) < 256
+        for s in socks:
+            s.close()
+        wait_for(lambda: sample(ex.metrics(), "trainmon_ingest_open_connections") == 0)
+        run = connect(ex, "after")
+        run.log(1, loss=1.0)
+        wait_for(lambda: any(r["run"] == "after" for r in ex.runs()["runs"]))
+        run.finish()
+    finally:
+        out = ex.stop()
+        import shutil
+
+        shutil.rmtree(d, ignore_errors=True)
+    assert out.count("\n") < 100, out[-2000:]  # the log stays bounded
+
+
+# --------------------------------------------------------------------------- fair draining
+
+FLOODER = """
+import json, socket, sys, time
+from trainmon_client import _protocol as P
+hello = json.loads(sys.argv[3])
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.connect(sys.argv[1])
+s.send(P.packet_header() + P.encode_hello(hello))
+st = P.step_struct(2)
+n = P.step_payload_length(2)
+packet = P.packet_header() + b"".join(
+    st.pack(P.STEP, n, i, i, 1.0, 0.1, 0.0, 0.0, 0.0, 0, 0, 0, 1, 2, 1.0, 1e-3)
+    for i in range(1, 600)
+)
+print("flooding", flush=True)
+end = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    s.send(packet)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("poll", ["0.1", "0"])
+def test_a_flooding_connection_starves_neither_trainers_nor_http(
+    exporter_process: Callable[..., ExporterProcess], poll: str
+) -> None:
+    ex = exporter_process("--ingest-poll-interval-seconds", poll).start()
+    flooder = subprocess.Popen(
+        [sys.executable, "-c", FLOODER, ex.socket, "4", json.dumps(HELLO | {"run": "flood"})],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
+    assert flooder.stdout is not None and flooder.stdout.readline() == "flooding\n"
+    run = connect(ex, "normal", flush_interval=0.05)
+    sent = [0]
+
+    def train() -> None:
+        for i in range(1, 201):  # 100 steps/s for 2 s
+            run.log(i, loss=1.0, tokens=10)
+            sent[0] = i
+            time.sleep(0.01)
+
+    t = threading.Thread(target=train)
+    t.start()
+    lat = healthz_latencies(lambda: http_status(ex.port, "/healthz"), 2.0)
+    t.join()
+    run.finish()
+    flooder.communicate(timeout=30)
+    assert_fast(lat)
+    assert sum(run.dropped.values()) == 0
+    m = wait_for(
+        lambda: (
+            (m := ex.metrics())
+            and sample(m, "trainmon_train_steps_total", run="normal", rank="0") == 200
+            and m
+        )
+    )
+    assert (sample(m, "trainmon_ingest_messages_total", type="step") or 0) > 1000  # it flooded
+
+
+# --------------------------------------------------------------------------- HTTP
+
+
+@pytest.mark.slow
+def test_half_sent_http_requests_neither_pile_up_nor_stop_healthz(
+    exporter_process: Callable[..., ExporterProcess],
+) -> None:
+    ex = exporter_process(
+        "--http-limit-concurrency", "16", "--http-header-timeout-seconds", "1"
+    ).start()
+    proc = psutil.Process(ex.proc.pid)  # type: ignore[union-attr]
+    slow = []
+    for _ in range(100):
+        s = socket.create_connection(("127.0.0.1", ex.port))
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        slow.append(s)
+    lat = healthz_latencies(lambda: http_status(ex.port, "/healthz"), 1.5)
+    assert_fast(lat)
+    held = [c for c in proc.net_connections("tcp") if c.status == "ESTABLISHED"]
+    assert len(held) <= 16
+    m = ex.metrics()
+    closed = "trainmon_http_connections_closed_total"
+    assert (sample(m, closed, reason="evicted") or 0) + (
+        sample(m, closed, reason="header_timeout") or 0
+    ) >= 100 - 16
+    # A half-sent request alone is closed after the header timeout.
+    s = socket.create_connection(("127.0.0.1", ex.port))
+    s.sendall(b"GET /healthz HTTP/1.1\r\n")
+    s.settimeout(5)
+    t0 = time.monotonic()
+    assert s.recv(100) == b""
+    assert 0.5 < time.monotonic() - t0 < 4
+    for c in [*slow, s]:
+        c.close()
+
+
+READERS = """
+import sys, threading, urllib.error, urllib.request
+url, n = sys.argv[1], int(sys.argv[2])
+stop = threading.Event()
+codes = []
+def read():
+    while not stop.is_set():
+        try:
+            with urllib.request.urlopen(url, timeout=30) as r:
+                r.read()
+                codes.append(r.status)
+        except urllib.error.HTTPError as e:
+            codes.append(e.code)
+threads = [threading.Thread(target=read) for _ in range(n)]
+for t in threads:
+    t.start()
+sys.stdin.readline()
+stop.set()
+for t in threads:
+    t.join()
+print(*codes)
+"""
+
+
+def _fill(path: str, ranks: int, names: int) -> list[socket.socket]:
+    socks = []
+    for r in range(ranks):
+        s = raw_connect(path)
+        ids = tuple(range(P.FIRST_CUSTOM_ID, P.FIRST_CUSTOM_ID + names))
+        records = [hello(run=f"r{r}")] + [P.encode_name(i, f"metric_{i}") for i in ids]
+        s.send(pkt(*records))
+        try:
+            s.send(pkt(step(1, ids, tuple(float(i) for i in ids))))
+        except OSError:  # the HELLO was refused and the connection closed
+            pass
+        socks.append(s)
+    return socks
+
+
+@pytest.mark.slow
+def test_concurrent_and_unread_scrapes_are_bounded_and_ingest_keeps_applying(
+    exporter_process: Callable[..., ExporterProcess],
+) -> None:
+    ex = exporter_process(
+        "--http-max-concurrent-scrapes", "2", "--http-write-timeout-seconds", "1"
+    ).start()
+    socks = _fill(ex.socket, 64, 250)
+    wait_for(lambda: len(ex.runs()["runs"]) == 64)
+    lazy = []
+    for _ in range(4):  # request /metrics and never read the answer
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(("127.0.0.1", ex.port))
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        lazy.append(s)
+    # Four readers in a process of their own (their parsing must not slow this one's probes).
+    readers = subprocess.Popen(
+        [sys.executable, "-c", READERS, ex.url + "/metrics", "4"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
+    run = connect(ex, "normal", flush_interval=0.05)
+    for i in range(1, 101):
+        run.log(i, loss=1.0)
+        time.sleep(0.02)
+    lat = healthz_latencies(lambda: http_status(ex.port, "/healthz"), 1.0)
+    out, _ = readers.communicate("stop\n", timeout=60)
+    codes = [int(c) for c in out.split()]
+    assert_fast(lat)
+    runs = {r["run"]: r for r in ex.runs()["runs"]}
+    assert runs["normal"]["ranks"][0]["step"] == 100  # ingest kept applying meanwhile
+    assert 200 in codes and 503 in codes
+    m = ex.metrics()
+    assert (sample(m, "trainmon_http_requests_refused_total", reason="scrape_limit") or 0) > 0
+    assert (sample(m, "trainmon_http_connections_closed_total", reason="write_timeout") or 0) > 0
+    run.finish()
+    for s in socks + lazy:
+        s.close()
+
+
+# --------------------------------------------------------------------------- scrapes vs the lock
+
+
+def test_a_scrape_never_holds_the_store_lock_for_long() -> None:
+    store = Store(max_ranks=2000, max_custom_metrics=256, buckets=(1.0,), window_s=30, ttl_s=60)
+    for r in range(1500):
+        s = store.attach(HELLO | {"run": f"r{r}"})
+        assert not isinstance(s, str)
+        s.custom = {f"m{i}": float(i) for i in range(100)}
+    collector = TrainingCollector(CollectorContext(Settings(), store))
+    done = threading.Event()
+    t0 = time.perf_counter()
+
+    def scrape() -> None:
+        list(collector.collect())
+        done.set()
+
+    threading.Thread(target=scrape).start()
+    waits = []
+    while not done.is_set():
+        w0 = time.perf_counter()
+        with store.lock:  # what ingest does for every packet
+            waits.append(time.perf_counter() - w0)
+        time.sleep(0.001)
+    took = time.perf_counter() - t0
+    assert took > 0.3, "the scrape was too quick to tell anything"
+    assert max(waits) < took / 3, (max(waits), took)
+
+
+# --------------------------------------------------------------------------- series and names
+
+
+def test_operations_are_capped_per_rank(make_exporter: Callable[..., InProcessExporter]) -> None:
+    ex = make_exporter(max_operations=8)
+    s = raw_connect(ex.socket)
+    records = [hello(run="ops")]
+    for i in range(300):  # one id rebound to 300 names, each tracked
+        records += [P.encode_name(100, f"op{i}"), P.encode_track(100, False, 1.0, 1)]
+    s.send(pkt(*records))
+    wait_for(lambda: dropped(ex, "operation_cap") == 292)
+    text = ex.metrics_text()
+    assert text.count("trainmon_monitoring_operations_total{") == 8
+    s.close()
+
+
+def test_the_series_budget_bounds_the_whole_exposition(
+    make_exporter: Callable[..., InProcessExporter],
+) -> None:
+    ex = make_exporter(max_series=2000)
+    socks = _fill(ex.socket, 10, 250)  # 10 x (100 + 250) = 3,500 series wanted
+    m = wait_for(lambda: (m := ex.metrics()) and dropped(ex, "series_budget") > 0 and m)
+    used = sample(m, "trainmon_exporter_series")
+    assert used is not None and used <= 2000
+    customs = sum(1 for k in m if k[0] == "trainmon_train_custom_value")
+    ranks = len({dict(k[1]).get("run") for k in m if k[0] == "trainmon_run_up"})
+    assert 0 < ranks < 10 and ranks * SERIES_PER_RANK + customs <= 2000
+    # Once the budget is spent by connected ranks, a new rank is refused too.
+    wait_for(lambda: invalid(ex, "series_budget") == 10 - ranks)
+    for s in socks:
+        s.close()
+
+
+# --------------------------------------------------------------------------- eviction
+
+
+def test_finished_then_crashed_ranks_make_room_for_live_ones(
+    make_exporter: Callable[..., InProcessExporter],
+) -> None:
+    ex = make_exporter(max_ranks=2)
+    done = raw_connect(ex.socket)
+    done.send(pkt(hello(run="done"), step(1), P.encode_finish(P.FINISH_OK, 2.0)))
+    crashed = raw_connect(ex.socket)
+    crashed.send(pkt(hello(run="crashed"), step(1)))
+    wait_for(lambda: ex.rank("done", 0) and ex.rank("crashed", 0))
+    crashed.close()  # first to disconnect, but crashed ranks go after finished ones
+    wait_for(lambda: (r := ex.rank("crashed", 0)) and r["status"] == "crashed")
+    done.close()
+    wait_for(lambda: (r := ex.rank("done", 0)) and not r["up"])
+    live = []
+    for run in ("new1", "new2"):
+        s = raw_connect(ex.socket)
+        s.send(pkt(hello(run=run), step(1)))
+        live.append(s)
+        wait_for(lambda run=run: ex.rank(run, 0))  # type: ignore[misc]
+        if run == "new1":
+            assert ex.rank("done", 0) is None and ex.rank("crashed", 0) is not None
+    assert ex.rank("crashed", 0) is None
+    m = ex.metrics()
+    assert sample(m, "trainmon_exporter_ranks_evicted_total", status="finished") == 1
+    assert sample(m, "trainmon_exporter_ranks_evicted_total", status="crashed") == 1
+    # Every pair connected now: a third live rank is refused, nobody is evicted.
+    s = raw_connect(ex.socket)
+    s.send(pkt(hello(run="new3"), step(1)))
+    wait_for(lambda: invalid(ex, "too_many_ranks") == 1)
+    for c in [*live, s]:
+        c.close()
+
+
+def test_an_evicted_run_stays_its_owners_until_the_ttl() -> None:
+    store = Store(max_ranks=1, max_custom_metrics=8, buckets=(1.0,), window_s=30, ttl_s=60)
+    a = store.attach(HELLO | {"run": "mine"}, uid=1000)
+    assert not isinstance(a, str)
+    a.disconnect(finished=False)  # crashed
+    b = store.attach(HELLO | {"run": "other"}, uid=1000)  # evicts "mine"
+    assert not isinstance(b, str) and store.evicted["crashed"] == 1
+    assert ("mine", 0) not in store.ranks
+    b.disconnect(finished=True)
+    assert store.attach(HELLO | {"run": "mine"}, uid=2000) == "not_owner"
+    c = store.attach(HELLO | {"run": "mine"}, uid=1000)  # its owner may resume it
+    assert not isinstance(c, str) and c.owner_uid == 1000
+    # After the TTL the record lapses and the id is free again.
+    c.disconnect(finished=True)
+    x = store.attach(HELLO | {"run": "x"}, uid=5)  # evicts "mine" again
+    assert not isinstance(x, str) and store.owners["mine"][0] == 1000
+    x.disconnect(finished=True)
+    store.owners["mine"] = (1000, time.monotonic() - 1)
+    d = store.attach(HELLO | {"run": "mine"}, uid=2000)
+    assert not isinstance(d, str) and d.owner_uid == 2000
+
+
+def test_owner_records_are_bounded() -> None:
+    store = Store(max_ranks=1, max_custom_metrics=8, buckets=(1.0,), window_s=30, ttl_s=60)
+    for i in range(50):
+        s = store.attach(HELLO | {"run": f"r{i}"}, uid=1000)
+        assert not isinstance(s, str)
+        s.disconnect(finished=True)
+    assert len(store.owners) <= store.max_owner_records == 4
