@@ -118,9 +118,12 @@ def test_hello_then_batched_steps_with_cumulative_totals(listener: Listener) -> 
     wait_for(lambda: run.connected, timeout=5)
     for i in range(1, 5):
         run.log(i, loss=3.0 - i * 0.1, lr=1e-3, tokens=100, samples=2, grad_norm=0.5)
-    run.finish()
     listener.accept()
-    recs = listener.records()
+    recs: list[tuple[int, Any]] = []
+    reader = threading.Thread(target=lambda: recs.extend(listener.records(2.0)))
+    reader.start()  # reads while finish() waits for its records to be read
+    run.finish()
+    reader.join()
     assert recs[0][0] == P.HELLO
     hello = recs[0][1]
     assert set(hello) == set(P.HELLO_FIELDS)

@@ -224,6 +224,7 @@ class Run:
         # connection, sent on the current one, and how many of those the exporter was seen to
         # have read (the socket's send queue was empty while the connection was up).
         self._sent_total = 0
+        self._finish_deadline = math.inf
         self._sent_conn = 0
         self._confirmed_conn = 0
         self._refused = 0
@@ -314,6 +315,13 @@ class Run:
         Called automatically at interpreter exit (``atexit``) and by ``with`` blocks. The
         exporter then reports the rank as finished (``failed=True``, or an exception leaving a
         ``with`` block or the interpreter, marks it as failed) instead of crashed.
+
+        Returns within :data:`FINISH_TIMEOUT_S` (1 s) of the call, plus the time to encode what
+        is queued and to wait for device copies in flight, whatever the exporter does: it
+        waits for socket buffer space, then for the exporter to read what was sent, and stops
+        at that one deadline. Records it could not send in time count as ``backpressure``;
+        records sent but not seen read by then (or on a connection that ended) as
+        ``in_flight`` (see :attr:`dropped`).
         """
         with self._lock:
             if self._closed:
@@ -323,6 +331,7 @@ class Run:
                 if self._sock is None:
                     self._next_connect = 0.0  # one last attempt, whatever the backoff
                 self._flush(_perf(), finish=P.FINISH_FAILED if failed else P.FINISH_OK)
+                self._await_read()
             except Exception:
                 self._internal_errors += 1
                 log.debug("trainmon_client: finish() failed internally", exc_info=True)
@@ -1005,7 +1014,7 @@ class Run:
             # Off the hot path: wait (briefly) for room rather than lose the FINISH record,
             # which is how the exporter tells a finished rank from a crashed one; one deadline
             # for everything left, however many packets.
-            deadline = _perf() + FINISH_TIMEOUT_S
+            deadline = self._finish_deadline = _perf() + FINISH_TIMEOUT_S
             flags = _SEND_FLAGS & ~getattr(socket, "MSG_DONTWAIT", 0)
         for i, (packet, n) in enumerate(packets):
             if finish is not None:
@@ -1042,6 +1051,7 @@ class Run:
         except (BlockingIOError, InterruptedError, TimeoutError):
             self._dropped_backpressure += n
             self._resend_names = True  # the packet may have carried NAME records
+            return True
         except OSError as exc:
             if exc.errno in (errno.ENOBUFS, errno.EMSGSIZE):
                 self._dropped_backpressure += n
@@ -1077,6 +1087,21 @@ class Run:
             self._connection_lost(now)
         elif outq == 0:
             self._confirmed_conn = self._sent_conn
+
+    def _await_read(self) -> None:
+        """``finish()``: wait until the exporter has read everything sent, or the deadline.
+
+        What it has not read by then is counted ``in_flight``: an exporter that is frozen (or
+        about to die) would lose it with no one the wiser.
+        """
+        deadline = self._finish_deadline
+        while self._sock is not None and self._confirmed_conn < self._sent_conn:
+            if _perf() >= deadline:
+                self._dropped_in_flight += self._sent_conn - self._confirmed_conn
+                self._confirmed_conn = self._sent_conn
+                return
+            time.sleep(0.001)
+            self._check_connection(_perf())
 
     def _connection_lost(self, now: float) -> None:
         """The connection ended: what it carried that was never seen read is ``in_flight``."""
