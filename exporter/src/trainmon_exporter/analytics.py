@@ -210,13 +210,14 @@ class RollingStats:
         return math.sqrt(max(self._sumsq / n - m * m, 0.0))
 
 
-WARMUP_OUTLIER_FACTOR = 1e3
-"""Before ``min_history_steps`` losses are in (no z-score yet), a loss more than this many
-times the EMA's magnitude away from it stays out of the EMA."""
+OUTLIER_FACTOR = 1e3
+"""A loss more than this many times the EMA's magnitude away from it is kept out of the EMA and
+the rolling window like a spike (also before ``min_history_steps``, when no z-score exists, and
+below the mean, which the one-sided z-score does not judge)."""
 
 
 def _outlier(x: float, ref: float) -> bool:
-    return abs(x - ref) > WARMUP_OUTLIER_FACTOR * max(abs(ref), 1e-12)
+    return abs(x - ref) > OUTLIER_FACTOR * max(abs(ref), 1e-12)
 
 
 class SpikeResult(NamedTuple):
@@ -383,14 +384,16 @@ class RankAnalytics:
                 self.event(f"loss_spike_{severity}", loss)
             mean = stats.mean()
             self.loss_ratio = loss / mean if len(stats) and mean != 0 else math.nan
-            self._loss_streak = self._keep(stats, loss, severity, self._loss_streak)
             d = cfg.ema_decay
+            # A value absurdly far from the EMA (either way, or before spikes are judged) is
+            # kept out like a spike: one outlier must not poison the window or the EMA.
+            if severity is None and self.ema is not None and _outlier(loss, self.ema):
+                severity = "absurd"
+            self._loss_streak = self._keep(stats, loss, severity, self._loss_streak)
             if severity is not None and self._loss_streak < cfg.spike_persist_steps:
                 pass  # a spike stays out of the EMA as it stays out of the window
             elif self.ema is None:
                 self.ema = loss
-            elif len(stats) <= cfg.min_history_steps and _outlier(loss, self.ema):
-                pass  # before spikes are judged: one absurd value must not poison the EMA
             else:
                 self.ema = d * self.ema + (1.0 - d) * loss
             self.trend.append((step, self.ema))
