@@ -52,11 +52,15 @@ class Listener:
             pass
         return out
 
-    def records(self, timeout: float = 0.3) -> list[tuple[int, Any]]:
+    def records(self, timeout: float = 0.3, totals: bool = False) -> list[tuple[int, Any]]:
+        """Decoded records; TOTALS (last in every packet the client sends) only with ``totals``."""
         out: list[tuple[int, Any]] = []
         for pkt in self.packets(timeout):
             for rtype, payload in P.iter_records(pkt):
-                if rtype == P.HELLO:
+                if rtype == P.TOTALS:
+                    if totals:
+                        out.append((rtype, P.decode_totals(payload)))
+                elif rtype == P.HELLO:
                     out.append((rtype, P.decode_hello(payload)))
                 elif rtype == P.NAME:
                     out.append((rtype, P.decode_name(payload)))
@@ -114,9 +118,12 @@ def test_hello_then_batched_steps_with_cumulative_totals(listener: Listener) -> 
     wait_for(lambda: run.connected, timeout=5)
     for i in range(1, 5):
         run.log(i, loss=3.0 - i * 0.1, lr=1e-3, tokens=100, samples=2, grad_norm=0.5)
-    run.finish()
     listener.accept()
-    recs = listener.records()
+    recs: list[tuple[int, Any]] = []
+    reader = threading.Thread(target=lambda: recs.extend(listener.records(2.0)))
+    reader.start()  # reads while finish() waits for its records to be read
+    run.finish()
+    reader.join()
     assert recs[0][0] == P.HELLO
     hello = recs[0][1]
     assert set(hello) == set(P.HELLO_FIELDS)
@@ -139,7 +146,8 @@ def test_hello_then_batched_steps_with_cumulative_totals(listener: Listener) -> 
     _, ids, values = steps[-1]
     assert dict(zip(ids, values, strict=True)) == {1: pytest.approx(2.6), 2: 1e-3, 3: 0.5}
     assert recs[-1] == (P.FINISH, (P.FINISH_OK, pytest.approx(time.time(), abs=5)))
-    assert run.dropped == {"disconnected": 0, "backpressure": 0}
+    assert run.dropped == {"disconnected": 0, "backpressure": 0, "encode_error": 0, "in_flight": 0}
+    assert run.sent == 5
 
 
 def test_steps_are_batched_into_few_packets(listener: Listener) -> None:

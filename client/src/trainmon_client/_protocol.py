@@ -35,6 +35,15 @@ A packet is at most :data:`MAX_PACKET_BYTES` bytes. Record types:
 ``LAYERS`` (8)
     :data:`LAYERS_HEADER` then ``n_stats`` stat codes (u8), ``n_layers`` layer NAME ids (u16)
     and ``n_layers x n_stats`` values (f64, row per layer): one ``Run.watch`` check.
+``TOTALS`` (9)
+    :data:`TOTALS_BODY`: the client's delivery accounting, last in every packet that carries
+    data. With it the exporter tells records it never received from records it applied (the
+    gap is ``sent_connection`` less what it applied from that connection). Added without a
+    version bump: an exporter that predates it counts one ``unknown_type`` per packet and
+    applies the rest, so upgrade exporters before clients.
+
+*Data records* are STEP, EVAL, TRACK, CHECKPOINT and LAYERS: what the client's sent and
+dropped totals count.
 
 All counters in STEP are cumulative since the client process started (never deltas), so a
 dropped packet or an exporter restart loses no totals.
@@ -65,6 +74,9 @@ EVAL: Final = 5
 TRACK: Final = 6
 CHECKPOINT: Final = 7
 LAYERS: Final = 8
+TOTALS: Final = 9
+DATA_RECORDS: Final = frozenset({STEP, EVAL, TRACK, CHECKPOINT, LAYERS})
+"""Record types the client's sent and dropped totals count (one each)."""
 
 STEP_HEADER: Final = struct.Struct("<QQdddddQQQ")
 """STEP payload header: step, steps_total, time, step_time, tokens_total, samples_total,
@@ -129,6 +141,34 @@ LAYERS_HEADER: Final = struct.Struct("<QdQdHB")
 """LAYERS payload header: optimizer step u64, time f64, checks_total u64 (watch checks so
 far), seconds_total f64 (their cumulative cost), n_layers u16, n_stats u8."""
 NAME_ID: Final = struct.Struct("<H")
+TOTALS_BODY: Final = struct.Struct("<7Q")
+"""TOTALS payload, cumulative counts of data records since the client process started (u64):
+
+- ``sent_connection``: records handed to the kernel on *this* connection, the packet that
+  carries this record included (0 again after every reconnect).
+- ``sent_total``: records handed to the kernel over every connection.
+- ``dropped_disconnected``: dropped with no exporter connected (or the send failed for good).
+- ``dropped_backpressure``: dropped because the socket buffer was full (or ``finish()`` ran
+  out of its deadline).
+- ``dropped_encode_error``: steps that could not be encoded (a value out of range).
+- ``dropped_in_flight``: records sent on a connection that ended before the exporter was seen
+  to read them (the client's socket queue never drained after they were sent): an upper bound
+  of what an exporter that was frozen, killed or restarted never read.
+- ``refused_values``: as ``refused_values_total`` in STEP.
+"""
+
+
+class Totals(NamedTuple):
+    """A decoded :data:`TOTALS_BODY` (meaning: see there)."""
+
+    sent_connection: int
+    sent_total: int
+    dropped_disconnected: int
+    dropped_backpressure: int
+    dropped_encode_error: int
+    dropped_in_flight: int
+    refused_values: int
+
 
 FINISH_OK: Final = 0
 FINISH_FAILED: Final = 1
@@ -268,6 +308,26 @@ def encode_fields(rtype: int, head: bytes, ids: list[int], values: list[float]) 
     n = len(ids)
     body = head + struct.pack(f"<{n}{FIELD_ID}{n}{FIELD_VALUE}", *ids, *values)
     return RECORD_HEADER.pack(rtype, len(body)) + body
+
+
+def encode_totals(totals: Totals) -> bytes:
+    """Encode a TOTALS record (record header included).
+
+    Raises:
+        struct.error: a count outside 0 .. 2**64 - 1.
+    """
+    return RECORD_HEADER.pack(TOTALS, TOTALS_BODY.size) + TOTALS_BODY.pack(*totals)
+
+
+def decode_totals(payload: memoryview) -> Totals:
+    """Decode a TOTALS payload.
+
+    Raises:
+        ProtocolError: ``truncated``.
+    """
+    if len(payload) != TOTALS_BODY.size:
+        raise ProtocolError("truncated", "TOTALS")
+    return Totals._make(TOTALS_BODY.unpack_from(payload, 0))
 
 
 def encode_track(field_id: int, active: bool, seconds_total: float, count: int) -> bytes:

@@ -17,12 +17,15 @@ from __future__ import annotations
 import atexit
 import contextlib
 import errno
+import fcntl
 import logging
 import math
 import operator
 import os
+import select
 import socket
 import sys
+import termios
 import threading
 import time
 import weakref
@@ -57,7 +60,11 @@ _PLAIN = frozenset({float, int})
 MAX_PENDING = 256
 """Records queued by ``log()`` before a flush is forced, whatever the interval."""
 FINISH_TIMEOUT_S = 1.0
-"""How long ``finish()`` may wait for socket buffer space to deliver its last packet."""
+"""Total time (s) ``finish()`` may wait for socket buffer space to deliver what is left and its
+FINISH record, however many packets that is; what does not fit in time is dropped and counted
+(``backpressure``)."""
+_OUTQ = getattr(termios, "TIOCOUTQ", 0x5411)  # SIOCOUTQ: bytes the peer has not read yet
+_HUP = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0x2000)
 MAX_WAITING = 1024
 """Device-to-host copies in flight at most; beyond it a CUDA tensor is read with ``float()``."""
 
@@ -65,10 +72,16 @@ MAX_WAITING = 1024
 def _as_step(step: Any) -> int | None:
     """A valid step number (0 to 2**64 - 1), or None.
 
-    Accepts an int, a NumPy or tensor integer, or an integral float.
+    Accepts an int, a NumPy or tensor integer, or an integral float. Refuses strings (``'5'``)
+    and booleans (``True``, NumPy and tensor booleans), which convert to numbers but are not
+    step numbers.
     """
     if type(step) is int:
         return step if 0 <= step <= _MAX_STEP else None
+    if isinstance(step, (str, bytes, bytearray, bool)) or "bool" in str(
+        getattr(step, "dtype", type(step).__name__)
+    ):
+        return None
     try:
         value = operator.index(step)
     except Exception:
@@ -205,6 +218,15 @@ class Run:
         self._flush_seconds = 0.0  # CPU seconds of the flusher thread's flushes
         self._dropped_disconnected = 0
         self._dropped_backpressure = 0
+        self._dropped_encode = 0
+        self._dropped_in_flight = 0
+        # Delivery accounting of data records (see TOTALS in _protocol): sent over every
+        # connection, sent on the current one, and how many of those the exporter was seen to
+        # have read (the socket's send queue was empty while the connection was up).
+        self._sent_total = 0
+        self._finish_deadline = math.inf
+        self._sent_conn = 0
+        self._confirmed_conn = 0
         self._refused = 0
         self._internal_errors = 0
         # Guards everything but the hot path's queue: the encoder state, the buffer, the socket
@@ -293,6 +315,13 @@ class Run:
         Called automatically at interpreter exit (``atexit``) and by ``with`` blocks. The
         exporter then reports the rank as finished (``failed=True``, or an exception leaving a
         ``with`` block or the interpreter, marks it as failed) instead of crashed.
+
+        Returns within :data:`FINISH_TIMEOUT_S` (1 s) of the call, plus the time to encode what
+        is queued and to wait for device copies in flight, whatever the exporter does: it
+        waits for socket buffer space, then for the exporter to read what was sent, and stops
+        at that one deadline. Records it could not send in time count as ``backpressure``;
+        records sent but not seen read by then (or on a connection that ended) as
+        ``in_flight`` (see :attr:`dropped`).
         """
         with self._lock:
             if self._closed:
@@ -302,6 +331,7 @@ class Run:
                 if self._sock is None:
                     self._next_connect = 0.0  # one last attempt, whatever the backoff
                 self._flush(_perf(), finish=P.FINISH_FAILED if failed else P.FINISH_OK)
+                self._await_read()
             except Exception:
                 self._internal_errors += 1
                 log.debug("trainmon_client: finish() failed internally", exc_info=True)
@@ -554,12 +584,25 @@ class Run:
     def dropped(self) -> dict[str, int]:
         """Data records (steps, evaluations, checkpoints, tracked operations) dropped, by reason.
 
-        ``disconnected``: no exporter was reachable; ``backpressure``: the socket buffer was full.
+        ``disconnected``: no exporter was reachable; ``backpressure``: the socket buffer was
+        full, or :meth:`finish` ran out of its deadline; ``encode_error``: a step with a value
+        that cannot be encoded (e.g. an int beyond a float's range); ``in_flight``: records
+        sent on a connection that ended before the exporter was seen to read them (the socket's
+        send queue had not drained): an upper bound of what a frozen, killed or restarted
+        exporter never read. Every record logged is either in :attr:`sent`, here, or still
+        queued; bad values and steps are in :attr:`refused` instead.
         """
         return {
             "disconnected": self._dropped_disconnected,
             "backpressure": self._dropped_backpressure,
+            "encode_error": self._dropped_encode,
+            "in_flight": self._dropped_in_flight,
         }
+
+    @property
+    def sent(self) -> int:
+        """Data records handed to the kernel, over every connection (TOTALS ``sent_total``)."""
+        return self._sent_total
 
     @property
     def refused(self) -> int:
@@ -762,33 +805,53 @@ class Run:
             if plan is None:
                 plan = self._plan(keys)
             vals = list(metrics.values())
-            if plan.tokens_index >= 0:
-                self._tokens += vals[plan.tokens_index]
-            elif plan.batch_index >= 0 and plan.seq_index >= 0:
-                self._tokens += vals[plan.batch_index] * vals[plan.seq_index]
-            if plan.samples_index >= 0:
-                self._samples += vals[plan.samples_index]
-            elif plan.batch_index >= 0:
-                self._samples += vals[plan.batch_index]
-            fields = vals if plan.value_index is None else [vals[i] for i in plan.value_index]
-            self._refused += plan.refused
+            tokens, samples = self._tokens, self._samples
+            refused = plan.refused
+            try:
+                if plan.tokens_index >= 0:
+                    add = vals[plan.tokens_index]
+                elif plan.batch_index >= 0 and plan.seq_index >= 0:
+                    add = vals[plan.batch_index] * vals[plan.seq_index]
+                else:
+                    add = 0
+                if 0 <= add < math.inf:  # NaN, negative or infinite: never into the total
+                    tokens += add
+                else:
+                    refused += 1
+                if plan.samples_index >= 0:
+                    add = vals[plan.samples_index]
+                elif plan.batch_index >= 0:
+                    add = vals[plan.batch_index]
+                else:
+                    add = 0
+                if 0 <= add < math.inf:
+                    samples += add
+                else:
+                    refused += 1
+                fields = vals if plan.value_index is None else [vals[i] for i in plan.value_index]
+                record = plan.struct_pack(
+                    P.STEP,
+                    plan.payload_length,
+                    step,
+                    self._steps + 1,
+                    t0 + to_wall,
+                    t0 - self._prev_t,
+                    tokens,
+                    samples,
+                    self._overhead + self._flush_seconds,
+                    self._dropped_disconnected,
+                    self._dropped_backpressure,
+                    self._refused + refused,
+                    *plan.ids,
+                    *fields,
+                )
+            except Exception:  # e.g. an int beyond a float's range: this step only
+                self._dropped_encode += 1
+                log.debug("trainmon_client: a step could not be encoded", exc_info=True)
+                continue
+            self._tokens, self._samples = tokens, samples
+            self._refused += refused
             self._steps += 1
-            record = plan.struct_pack(
-                P.STEP,
-                plan.payload_length,
-                step,
-                self._steps,
-                t0 + to_wall,
-                t0 - self._prev_t,
-                self._tokens,
-                self._samples,
-                self._overhead + self._flush_seconds,
-                self._dropped_disconnected,
-                self._dropped_backpressure,
-                self._refused,
-                *plan.ids,
-                *fields,
-            )
             self._prev_t = t0
             self._add_record(record, data=True)
 
@@ -916,6 +979,7 @@ class Run:
             return None
         self._backoff = BACKOFF_MIN_S
         self._sock = sock
+        self._sent_conn = self._confirmed_conn = 0
         return sock
 
     def _flush(self, now: float, finish: int | None = None) -> None:
@@ -928,6 +992,8 @@ class Run:
             _add_allocator_stats(self._pending[-1][2])
         if self._waiting:
             self._resolve(block=finish is not None)
+        if self._sock is not None:
+            self._check_connection(now)
         if self._resend_names and self._sock is not None:
             self._resend_names = False
             for name, field_id in self._names.items():
@@ -943,12 +1009,21 @@ class Run:
         self._buf_records = 0
         self._buf_steps = 0
         flags = _SEND_FLAGS
-        if finish is not None and self._sock is not None:
+        deadline = math.inf
+        if finish is not None:
             # Off the hot path: wait (briefly) for room rather than lose the FINISH record,
-            # which is how the exporter tells a finished rank from a crashed one.
-            self._sock.settimeout(FINISH_TIMEOUT_S)
+            # which is how the exporter tells a finished rank from a crashed one; one deadline
+            # for everything left, however many packets.
+            deadline = self._finish_deadline = _perf() + FINISH_TIMEOUT_S
             flags = _SEND_FLAGS & ~getattr(socket, "MSG_DONTWAIT", 0)
         for i, (packet, n) in enumerate(packets):
+            if finish is not None:
+                left = deadline - _perf()
+                if left <= 0.0:
+                    self._dropped_backpressure += sum(m for _, m in packets[i:])
+                    return
+                if self._sock is not None:
+                    self._sock.settimeout(left)
             if not self._send(packet, n, now, flags):
                 self._dropped_disconnected += sum(m for _, m in packets[i + 1 :])
                 return
@@ -962,22 +1037,78 @@ class Run:
                 return False
             sock = self._sock
             assert sock is not None
+        totals = P.Totals(
+            self._sent_conn + n,
+            self._sent_total + n,
+            self._dropped_disconnected,
+            self._dropped_backpressure,
+            self._dropped_encode,
+            self._dropped_in_flight,
+            self._refused,
+        )
         try:
-            sock.send(packet, flags)
+            sock.send(packet + P.encode_totals(totals), flags)
         except (BlockingIOError, InterruptedError, TimeoutError):
             self._dropped_backpressure += n
             self._resend_names = True  # the packet may have carried NAME records
+            return True
         except OSError as exc:
             if exc.errno in (errno.ENOBUFS, errno.EMSGSIZE):
                 self._dropped_backpressure += n
                 self._resend_names = True
                 return True
             log.debug("trainmon_client: send failed (%s); reconnecting", exc)
-            self._close_socket()
-            self._next_connect = now + self._backoff
+            self._connection_lost(now)
             self._dropped_disconnected += n
             return False
+        self._sent_conn += n
+        self._sent_total += n
         return True
+
+    def _check_connection(self, now: float) -> None:
+        """Before a flush: note what the exporter has read, or notice that it went away.
+
+        An empty send queue (``SIOCOUTQ``) while the peer is still there means the exporter
+        has read every packet sent so far. The queue is read *before* the hang-up check: the
+        kernel flags the hang-up before it discards the queue, so a 0 seen on a live socket
+        is never a discarded queue.
+        """
+        sock = self._sock
+        assert sock is not None
+        try:
+            raw = fcntl.ioctl(sock.fileno(), _OUTQ, b"\0\0\0\0")
+            outq = int.from_bytes(raw, sys.byteorder, signed=True)
+            poller = select.poll()
+            poller.register(sock, _HUP)
+            gone = any(ev & _HUP for _fd, ev in poller.poll(0))
+        except OSError:
+            gone, outq = True, -1
+        if gone:
+            self._connection_lost(now)
+        elif outq == 0:
+            self._confirmed_conn = self._sent_conn
+
+    def _await_read(self) -> None:
+        """``finish()``: wait until the exporter has read everything sent, or the deadline.
+
+        What it has not read by then is counted ``in_flight``: an exporter that is frozen (or
+        about to die) would lose it with no one the wiser.
+        """
+        deadline = self._finish_deadline
+        while self._sock is not None and self._confirmed_conn < self._sent_conn:
+            if _perf() >= deadline:
+                self._dropped_in_flight += self._sent_conn - self._confirmed_conn
+                self._confirmed_conn = self._sent_conn
+                return
+            time.sleep(0.001)
+            self._check_connection(_perf())
+
+    def _connection_lost(self, now: float) -> None:
+        """The connection ended: what it carried that was never seen read is ``in_flight``."""
+        self._dropped_in_flight += self._sent_conn - self._confirmed_conn
+        self._sent_conn = self._confirmed_conn = 0
+        self._close_socket()
+        self._next_connect = now + self._backoff
 
     def _close_socket(self) -> None:
         if self._sock is not None:

@@ -188,8 +188,12 @@ class RollingStats:
         self._sumsq += x * x
         self._since_exact += 1
         if self._since_exact >= self.size:
-            self._sum = math.fsum(self.values)
-            self._sumsq = math.fsum(v * v for v in self.values)
+            try:
+                self._sum = math.fsum(self.values)
+                self._sumsq = math.fsum(v * v for v in self.values)
+            except OverflowError:  # finite extremes (1e308): plain sums overflow to inf instead
+                self._sum = sum(self.values)
+                self._sumsq = sum(v * v for v in self.values)
             self._since_exact = 0
 
     def mean(self) -> float:
@@ -204,6 +208,16 @@ class RollingStats:
             return math.nan
         m = self._sum / n
         return math.sqrt(max(self._sumsq / n - m * m, 0.0))
+
+
+OUTLIER_FACTOR = 1e3
+"""A loss more than this many times the EMA's magnitude away from it is kept out of the EMA and
+the rolling window like a spike (also before ``min_history_steps``, when no z-score exists, and
+below the mean, which the one-sided z-score does not judge)."""
+
+
+def _outlier(x: float, ref: float) -> bool:
+    return abs(x - ref) > OUTLIER_FACTOR * max(abs(ref), 1e-12)
 
 
 class SpikeResult(NamedTuple):
@@ -370,9 +384,18 @@ class RankAnalytics:
                 self.event(f"loss_spike_{severity}", loss)
             mean = stats.mean()
             self.loss_ratio = loss / mean if len(stats) and mean != 0 else math.nan
-            self._loss_streak = self._keep(stats, loss, severity, self._loss_streak)
             d = cfg.ema_decay
-            self.ema = loss if self.ema is None else d * self.ema + (1.0 - d) * loss
+            # A value absurdly far from the EMA (either way, or before spikes are judged) is
+            # kept out like a spike: one outlier must not poison the window or the EMA.
+            if severity is None and self.ema is not None and _outlier(loss, self.ema):
+                severity = "absurd"
+            self._loss_streak = self._keep(stats, loss, severity, self._loss_streak)
+            if severity is not None and self._loss_streak < cfg.spike_persist_steps:
+                pass  # a spike stays out of the EMA as it stays out of the window
+            elif self.ema is None:
+                self.ema = loss
+            else:
+                self.ema = d * self.ema + (1.0 - d) * loss
             self.trend.append((step, self.ema))
         if grad_norm is not None and math.isfinite(grad_norm) and grad_norm > 0.0:
             stats = self.grad_stats
@@ -541,7 +564,7 @@ class RankAnalytics:
             self.event("update_ratio_low")
         norms = [row.get(1) for _, row in rows]
         logs = [
-            math.log(a / b)
+            math.log(a) - math.log(b)  # a / b of finite extremes under- or overflows
             for a, b in itertools.pairwise(norms)
             if a is not None
             and b is not None
@@ -552,13 +575,17 @@ class RankAnalytics:
         ]
         if not logs:
             return
-        self.gain_mean = math.exp(sum(logs) / len(logs))
+        self.gain_mean = math.exp(min(sum(logs) / len(logs), 709.0))  # exp(709.8) overflows
         if len(self._gain_history) < cfg.gain_baseline_checks:
             self._gain_history.append(self.gain_mean)
             self.gain_baseline = statistics.median(self._gain_history)
         drift = self.gain_mean / self.gain_baseline if self.gain_baseline else None
         self.gain_drift = drift
-        drifted = drift is not None and abs(math.log(drift)) > math.log(cfg.gain_drift_factor)
+        drifted = (
+            drift is not None
+            and drift > 0.0
+            and abs(math.log(drift)) > math.log(cfg.gain_drift_factor)
+        )
         if drifted and not self._gain_drifted:
             self.gain_drifts += 1
             self.event("grad_gain_drift", drift)

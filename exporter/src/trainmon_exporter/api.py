@@ -123,8 +123,16 @@ def _rank_view(
         health.append("straggler")
     if m.mfu is not None and m.mfu > 1.0:  # no GPU beats its dense peak: an input is wrong
         health.append("MFU above 100 %: check flops per token, tokens per step and the peak")
-    if s.dropped_disconnected or s.dropped_backpressure:
-        health.append(f"client dropped {s.dropped_disconnected + s.dropped_backpressure} messages")
+    lost = (
+        s.dropped_disconnected
+        + s.dropped_backpressure
+        + s.dropped_encode_error
+        + s.dropped_in_flight
+    )
+    if lost:
+        health.append(f"client dropped {lost} messages")
+    if s.unapplied_total:
+        health.append(f"{s.unapplied_total} messages sent here were never applied")
     return RankView(
         rank=s.rank,
         local_rank=s.local_rank,
@@ -153,7 +161,12 @@ def _rank_view(
         values={k: _num(v) for k, v in s.values.items()},
         custom={k: _num(v) for k, v in s.custom.items()},
         nonfinite=dict(s.nonfinite),
-        dropped={"disconnected": s.dropped_disconnected, "backpressure": s.dropped_backpressure},
+        dropped={
+            "disconnected": s.dropped_disconnected,
+            "backpressure": s.dropped_backpressure,
+            "encode_error": s.dropped_encode_error,
+            "in_flight": s.dropped_in_flight,
+        },
         refused_values=s.refused_values,
         crashes=s.crashes,
         health=health,

@@ -28,6 +28,7 @@ import asyncio
 import errno
 import logging
 import resource
+import select
 import socket
 import struct
 import time
@@ -80,12 +81,18 @@ INVALID_REASONS = (
     "not_owner",
     "peer_not_allowed",
     "series_budget",
+    "empty",
+    "internal_error",
 )
 """``reason`` values of ``trainmon_ingest_messages_invalid_total`` (all exported from 0);
-``name_cap`` counts NAME records past MAX_NAMES_PER_CONNECTION; ``not_owner`` a HELLO from a
-uid other than the one that opened the run; ``peer_not_allowed`` a HELLO from a process outside
-``allowed_uids``/``allowed_gids``; ``series_budget`` a HELLO of a new rank when ``max_series``
-is spent and no disconnected rank is left to evict."""
+``no_hello`` also counts each record that followed a refused HELLO in its packet (the
+connection is closed after that packet); ``empty`` a zero-length packet (the connection stays
+open); ``internal_error`` a record whose application raised an exception the exporter did not
+foresee (logged with its traceback; the record is dropped, the rest of the packet applies and
+the rank stays connected); ``name_cap`` counts NAME records past MAX_NAMES_PER_CONNECTION;
+``not_owner`` a HELLO from a uid other than the one that opened the run; ``peer_not_allowed``
+a HELLO from a process outside ``allowed_uids``/``allowed_gids``; ``series_budget`` a HELLO
+of a new rank when ``max_series`` is spent and no disconnected rank is left to evict."""
 MAX_NAMES_PER_CONNECTION = 4096
 """Names one connection may bind (custom metrics, operations, layers): a memory bound. The
 client binds at most 1,024 custom names plus its layers and operations."""
@@ -97,12 +104,15 @@ DROP_REASONS = (
     "unknown_hello_key",
     "operation_cap",
     "series_budget",
+    "bad_counter",
 )
 """``reason`` values of ``trainmon_ingest_values_dropped_total``; ``layer_rank`` counts layers
 of a rank outside ``layer_ranks``, analysed but not exported as series; ``operation_cap``
 operations (``Run.track``) past ``max_operations`` per rank; ``series_budget`` values under a
 new name (custom metric, evaluation value, operation, layer) refused because the exposition's
-series budget ``max_series`` is spent."""
+series budget ``max_series`` is spent; ``bad_counter`` a cumulative total of a STEP (tokens,
+samples, client overhead) that was NaN, infinite, negative or lower than the previous one
+without a client restart: the total keeps its previous value."""
 CONNECTION_REFUSALS = ("max_connections", "fd_limit", "hello_timeout", "idle_timeout")
 """``reason`` values of ``trainmon_ingest_connections_refused_total``: ``max_connections``
 (accepted and closed at once: the cap was reached), ``fd_limit`` (one failed ``accept()``:
@@ -117,6 +127,7 @@ RECORD_TYPES = {
     P.TRACK: "track",
     P.CHECKPOINT: "checkpoint",
     P.LAYERS: "layers",
+    P.TOTALS: "totals",
 }
 
 
@@ -246,10 +257,12 @@ class Connection:
 
     __slots__ = (
         "allowance",
+        "applied",
         "capped",
         "closed",
         "fd",
         "finished",
+        "gap",
         "last_mono",
         "names",
         "opened_mono",
@@ -273,6 +286,8 @@ class Connection:
         self.names: dict[int, str] = {}
         self.finished = False
         self.closed = False
+        self.applied = 0  # data records of this connection applied
+        self.gap = 0  # records its client reported sent here and never applied, counted so far
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int | None, int | None, int | None]:
@@ -619,8 +634,16 @@ class IngestServer:
                 self._close(conn, record=True)
                 return False
             if not data:
-                self._close(conn, record=True)
-                return False
+                if _peer_gone(conn.sock):
+                    self._close(conn, record=True)
+                    return False
+                # A zero-length packet: SOCK_SEQPACKET delivers it as a 0-byte read, like EOF.
+                self.metrics.packets.inc()
+                self.metrics._invalid["empty"].inc()
+                got = True
+                budget -= 1
+                conn.allowance -= 1
+                continue
             got = True
             n = len(data)
             budget -= n
@@ -672,12 +695,21 @@ class IngestServer:
         with self.store.lock:
             try:
                 for rtype, payload in P.iter_records(data):
-                    outcome = self._record(conn, rtype, payload)
+                    if close:  # after a refused HELLO: nothing more applies
+                        m._invalid["no_hello"].inc()
+                        continue
+                    try:
+                        outcome = self._record(conn, rtype, payload)
+                    except Exception:  # a bug or a value nobody foresaw: this record only
+                        m._invalid["internal_error"].inc()
+                        log.exception("ingest: a %s record raised", RECORD_TYPES.get(rtype, rtype))
+                        continue
                     if outcome is _APPLIED:
                         counts[rtype] = counts.get(rtype, 0) + 1
+                        if rtype in _DATA:
+                            conn.applied += 1
                     elif outcome is _CLOSE:
                         close = True
-                        break
             except P.ProtocolError as exc:
                 m._invalid[exc.reason].inc()
         for rtype, n in counts.items():
@@ -710,8 +742,16 @@ class IngestServer:
                     self.metrics.dropped_values.labels("unknown_field").inc(unknown)
                 if capped:
                     self.metrics.dropped_values.labels("custom_cap").inc(capped)
+                if state.bad_counters:
+                    self.metrics.dropped_values.labels("bad_counter").inc(state.bad_counters)
+                    state.bad_counters = 0
                 if len(state.custom) > n_custom:  # new names: series of the global budget
                     self._budget(state.custom, len(state.custom) - n_custom, 1)
+                return _APPLIED
+            if rtype == P.TOTALS:
+                if conn.state is None:
+                    raise _Refused("no_hello")
+                self._totals(conn, conn.state, P.decode_totals(payload))
                 return _APPLIED
             if rtype == P.NAME:
                 if conn.state is None:
@@ -802,6 +842,19 @@ class IngestServer:
         state.analytics.observe_eval(val_loss)
         return _APPLIED
 
+    def _totals(self, conn: Connection, state: RankState, totals: P.Totals) -> None:
+        """Apply a TOTALS record: the client's accounting, and the gap of this connection.
+
+        The gap is what the client says it sent on this connection less what this exporter
+        applied from it (records it refused or dropped, or that never arrived); its growth is
+        added to the rank's ``unapplied_total``.
+        """
+        state.observe_totals(totals)
+        gap = totals.sent_connection - conn.applied
+        if gap > conn.gap:
+            state.unapplied_total += gap - conn.gap
+            conn.gap = gap
+
     def _operation(self, state: RankState, name: str, value: list[float]) -> None:
         """Set operation ``name`` of ``state``; a new name needs room under both caps."""
         if name not in state.ops:
@@ -877,6 +930,25 @@ class _Refused(Exception):
         self.reason = reason
 
 
+_HUP = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0x2000)
+
+
+def _peer_gone(sock: socket.socket) -> bool:
+    """Whether a 0-byte read was the end of the connection rather than an empty packet.
+
+    ``SOCK_SEQPACKET`` reads both as ``b""``; only the peer's shutdown raises ``POLLHUP`` /
+    ``POLLRDHUP``.
+    """
+    poller = select.poll()
+    poller.register(sock, select.POLLIN | _HUP)
+    try:
+        events = poller.poll(0)
+    except OSError:
+        return True
+    return any(ev & _HUP for _fd, ev in events)
+
+
+_DATA = P.DATA_RECORDS
 _APPLIED = object()
 _REFUSED = object()
 _CLOSE = object()

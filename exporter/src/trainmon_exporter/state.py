@@ -25,9 +25,9 @@ custom metric, so each series exists at 0 from a rank's first message."""
 STATUSES = ("running", "finished", "failed", "crashed")
 MIN_RATE_SPAN_S = 0.5
 """Rates need steps spanning at least this long (s); shorter spans say nothing useful."""
-SERIES_PER_RANK = 100
+SERIES_PER_RANK = 104
 """Series one rank costs in the exposition before any custom metric, operation, evaluation
-value or layer: the rank budget of docs/scaling.md#cardinality-budget (103, measured with every
+value or layer: the rank budget of docs/scaling.md#cardinality-budget (107, measured with every
 feature and one tracked operation) less that operation's 3."""
 SERIES_PER_LAYER = len(P.LAYER_STATS) + len(P.LAYER_QUANTILES)
 """Series one exported layer costs at most (each statistic and gradient quantile)."""
@@ -89,6 +89,13 @@ class RankState:
     dropped_disconnected: int = 0
     dropped_backpressure: int = 0
     refused_values: int = 0
+    # Delivery accounting (TOTALS records): the client's cumulative figures, and the records
+    # it reported sent on a connection to this exporter that this exporter never applied.
+    sent_total: int = 0
+    dropped_encode_error: int = 0
+    dropped_in_flight: int = 0
+    unapplied_total: int = 0
+    bad_counters: int = 0  # cumulative totals refused since ingest last read (and reset) it
     values: dict[str, float] = field(default_factory=dict)
     custom: dict[str, float | None] = field(default_factory=dict)
     nonfinite: dict[str, int] = field(default_factory=lambda: dict.fromkeys(NONFINITE_FIELDS, 0))
@@ -127,6 +134,7 @@ class RankState:
         """
         (step, steps, when, step_time, tokens, samples, overhead, d_disc, d_bp, refused) = head
         restarted = steps < self.steps_total
+        tokens, samples, overhead = self._checked_totals(restarted, tokens, samples, overhead)
         if restarted:
             self.window.clear()  # the client restarted: its totals started over
         new_tokens = tokens if restarted else tokens - self.tokens_total
@@ -180,6 +188,38 @@ class RankState:
                 self.analytics.event("nonfinite_custom", v)
         self.analytics.observe_step(step, loss, grad_norm, step_time, new_tokens, mem)
         return unknown, capped
+
+    def _checked_totals(
+        self, restarted: bool, tokens: float, samples: float, overhead: float
+    ) -> tuple[float, float, float]:
+        """The cumulative totals of a STEP that may be applied.
+
+        Each one that is NaN, infinite, negative, or below its previous value without a client
+        restart keeps its previous value (one poisoned step cannot poison a counter) and is
+        counted in :attr:`bad_counters`.
+        """
+        out = []
+        for new, old in (
+            (tokens, self.tokens_total),
+            (samples, self.samples_total),
+            (overhead, self.overhead_total),
+        ):
+            floor = 0.0 if restarted else old
+            if floor <= new < math.inf:
+                out.append(new)
+            else:
+                self.bad_counters += 1
+                out.append(0.0 if restarted else old)
+        return out[0], out[1], out[2]
+
+    def observe_totals(self, totals: P.Totals) -> None:
+        """Apply a TOTALS record's cumulative client figures (the gap is the caller's)."""
+        self.sent_total = totals.sent_total
+        self.dropped_disconnected = totals.dropped_disconnected
+        self.dropped_backpressure = totals.dropped_backpressure
+        self.dropped_encode_error = totals.dropped_encode_error
+        self.dropped_in_flight = totals.dropped_in_flight
+        self.refused_values = totals.refused_values
 
     def observe_layers(
         self,

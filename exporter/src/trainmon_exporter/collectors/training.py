@@ -131,6 +131,19 @@ _COUNTERS: tuple[tuple[str, str, Callable[[RankState], float]], ...] = (
         lambda s: s.overhead_total,
     ),
     (
+        "trainmon_client_sent_messages",
+        "Steps, evaluations, checkpoints, tracked operations and watch checks the client "
+        "handed to its socket, over every connection (client TOTALS record, cumulative).",
+        lambda s: float(s.sent_total),
+    ),
+    (
+        "trainmon_ingest_messages_unapplied",
+        "Records the client reported sent on its connections to this exporter that this "
+        "exporter never applied: refused, dropped or never received (client TOTALS record "
+        "sent_connection less records applied; resets with the exporter).",
+        lambda s: float(s.unapplied_total),
+    ),
+    (
         "trainmon_client_refused_values",
         "Values (or whole steps) the client refused: bad "
         "name, non-scalar value, bad step number, over its name cap.",
@@ -219,7 +232,9 @@ class TrainingCollector:
         dropped = CounterMetricFamily(
             "trainmon_client_dropped_messages",
             "Steps, evaluations, checkpoints and tracked operations the client could not "
-            "deliver: reason=disconnected (no exporter reachable) or backpressure (buffer full).",
+            "deliver: reason=disconnected (no exporter reachable), backpressure (buffer full "
+            "or finish() deadline), encode_error (a value out of range), in_flight (sent on a "
+            "connection that ended before the exporter read them: an upper bound).",
             labels=["run", "rank", "reason"],
         )
         custom = GaugeMetricFamily(
@@ -266,6 +281,8 @@ class TrainingCollector:
                 nonfinite.add_metric([*labels, field], float(s.nonfinite[field]))
             dropped.add_metric([*labels, "disconnected"], float(s.dropped_disconnected))
             dropped.add_metric([*labels, "backpressure"], float(s.dropped_backpressure))
+            dropped.add_metric([*labels, "encode_error"], float(s.dropped_encode_error))
+            dropped.add_metric([*labels, "in_flight"], float(s.dropped_in_flight))
             for name, v in s.custom.items():
                 if v is not None:  # None: name bound, no value yet
                     custom.add_metric([*labels, name], v)
