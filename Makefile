@@ -42,6 +42,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/peers.py
 	$(BIN)/python benchmarks/scrape.py
 	$(BIN)/python benchmarks/fuzz.py
+	$(BIN)/python benchmarks/faults.py
 
 clean:
 	rm -rf $(VENV)
