@@ -8,6 +8,7 @@ examples.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -66,7 +67,7 @@ def test_no_raw_packet_raises_in_ingest(target: Target, pkts: list[bytes]) -> No
 
 @BOUNDED
 @given(st.lists(st.one_of(step_heads_and_fields, layer_rows, floats), min_size=1, max_size=60))
-def test_record_application_never_raises(events: list[object]) -> None:
+def test_record_application_never_raises(events: list[Any]) -> None:
     """Steps, watch checks and evaluations in any order, straight into a rank's state."""
     state = new_state()
     for ev in events:
