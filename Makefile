@@ -29,7 +29,8 @@ lint: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python scripts/demo.py $(DEMO_ARGS)
 
-## make bench: the benchmarks of docs/performance.md
+## make bench: the benchmarks of docs/performance.md, and the fuzz run of docs/reliability.md
+## (benchmarks/fuzz.py --smoke: the same in seconds)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/client_log.py
 	$(BIN)/python benchmarks/training_overhead.py
@@ -40,6 +41,8 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/detection/run.py
 	$(BIN)/python benchmarks/peers.py
 	$(BIN)/python benchmarks/scrape.py
+	$(BIN)/python benchmarks/fuzz.py
+	$(BIN)/python benchmarks/faults.py
 
 clean:
 	rm -rf $(VENV)

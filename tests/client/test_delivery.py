@@ -163,3 +163,29 @@ def test_records_a_peer_discards_unread_count_as_in_flight(
     run.finish()
     assert accounted(run) == 40
     assert run.dropped["in_flight"] == 40  # none of them was ever read
+
+
+def test_records_read_before_the_peer_went_away_are_not_in_flight(listener: Listener) -> None:
+    """The send queue's byte count confirms the oldest packets as read even while newer ones
+    wait, so an exporter that dies after reading most of them costs an upper bound close to
+    what it did not read, not everything since the queue was last empty."""
+    run = make_run(listener.path, flush_interval=0.0)
+    run.log(0, loss=1.0)
+    conn = listener.accept()
+    deadline = time.monotonic() + 10
+    for i in range(1, 200):
+        run.log(i, loss=1.0)
+        while run.sent < i + 1 and time.monotonic() < deadline:
+            time.sleep(0.0005)  # one packet per step
+    assert run.sent == 200
+    conn.settimeout(5)
+    for _ in range(1 + 150):  # the HELLO packet and 150 steps; 50 stay unread
+        conn.recv(P.MAX_PACKET_BYTES + 1)
+    run.log(200, loss=1.0)  # its flush sees 50 packets' worth of unread bytes
+    while run.sent < 201 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    conn.close()
+    run.finish()
+    unread = 51
+    assert unread <= run.dropped["in_flight"] < 201
+    assert accounted(run) == 201

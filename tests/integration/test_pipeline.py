@@ -226,6 +226,11 @@ def test_eight_ranks_at_once(
     assert [r["rank"] for r in ranks] == list(range(8))
     for r in ranks:
         assert r["steps_total"] == 2000 and r["tokens_total"] == 2000 * 1024
-        assert r["dropped"] == {"disconnected": 0, "backpressure": 0}
+        assert r["dropped"] == {
+            "disconnected": 0,
+            "backpressure": 0,
+            "encode_error": 0,
+            "in_flight": 0,
+        }
     m = ex.metrics()
     assert sample(m, "trainmon_ingest_messages_total", type="step") == 16000

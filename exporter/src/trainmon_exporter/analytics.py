@@ -396,7 +396,8 @@ class RankAnalytics:
                 self.ema = loss
             else:
                 self.ema = d * self.ema + (1.0 - d) * loss
-            self.trend.append((step, self.ema))
+            if self.ema is not None:
+                self.trend.append((step, self.ema))
         if grad_norm is not None and math.isfinite(grad_norm) and grad_norm > 0.0:
             stats = self.grad_stats
             log_norm = math.log(grad_norm)
