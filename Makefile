@@ -29,8 +29,10 @@ lint: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python scripts/demo.py $(DEMO_ARGS)
 
-## make bench: the benchmarks of docs/performance.md
+## make bench: the benchmarks of docs/performance.md (each also takes --smoke: seconds, for CI)
 bench: $(STAMP)
+	$(BIN)/python benchmarks/attacks.py
+	$(BIN)/python benchmarks/cardinality.py
 	$(BIN)/python benchmarks/client_log.py
 	$(BIN)/python benchmarks/training_overhead.py
 	$(BIN)/python benchmarks/ingest.py
