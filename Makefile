@@ -29,9 +29,11 @@ lint: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python scripts/demo.py $(DEMO_ARGS)
 
-## make bench: the benchmarks of docs/performance.md, and the fuzz run of docs/reliability.md
-## (benchmarks/fuzz.py --smoke: the same in seconds)
+## make bench: the benchmarks of docs/performance.md and docs/reliability.md (each also takes
+## --smoke: seconds, for CI)
 bench: $(STAMP)
+	$(BIN)/python benchmarks/attacks.py
+	$(BIN)/python benchmarks/cardinality.py
 	$(BIN)/python benchmarks/client_log.py
 	$(BIN)/python benchmarks/training_overhead.py
 	$(BIN)/python benchmarks/ingest.py

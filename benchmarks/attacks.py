@@ -14,6 +14,7 @@ Each attack runs against a fresh exporter subprocess while a prober GETs ``/heal
   layers)) plus 100,000 ``Run.track`` operation names: exposition size, scrape time, RSS.
 
     python benchmarks/attacks.py [idle http flood scrapes series] [--hold 8]
+    python benchmarks/attacks.py --smoke   # every attack held 0.3 s (figures not meaningful)
 """
 
 from __future__ import annotations
@@ -284,7 +285,11 @@ def series(hold: float) -> None:
         recs = []
         for i in range(100_000):
             recs += [P.encode_name(70000 % 65536, f"op{i}"), P.encode_track(70000 % 65536, 0, 1, 1)]
-        _send_records(s, recs)
+        try:
+            _send_records(s, recs)
+        except OSError as exc:  # the exporter may close a connection it judges abusive
+            refused = ex.metric("trainmon_ingest_connections_refused_total")
+            print(f"[series] exporter closed the connection ({exc}); refusals counted: {refused}")
         print(f"[series] sent in {time.perf_counter() - t:.1f} s")
         time.sleep(2.0)
         t = time.perf_counter()
@@ -309,7 +314,10 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("attacks", nargs="*", help=" ".join(ATTACKS))
     ap.add_argument("--hold", type=float, default=8.0)
+    ap.add_argument("--smoke", action="store_true", help="seconds: every attack held 0.3 s")
     args = ap.parse_args()
+    if args.smoke:
+        args.hold = 0.3
     for name in args.attacks or list(ATTACKS):
         ATTACKS[name](args.hold)
     return 0

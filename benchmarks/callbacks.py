@@ -183,7 +183,12 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--block", type=int, default=30, help="optimizer steps per block")
     ap.add_argument("--frameworks", default="hf,lightning")
+    ap.add_argument(
+        "--smoke", action="store_true", help="seconds: 2 rounds of 6 steps (figures not meaningful)"
+    )
     args = ap.parse_args()
+    if args.smoke:
+        args.rounds, args.block = 2, 6
     if args.rounds < 2 or args.block < 6:
         ap.error("--rounds >= 2 and --block >= 6")
     import logging

@@ -4,11 +4,14 @@ The session and the counting rules are in ``tests/cardinality.py``; the budget t
 ``tests/exporter/test_cardinality.py`` holds the exporter to, and the fleet table it
 publishes in docs/scaling.md, follow from these figures.
 
-    python benchmarks/cardinality.py
+    python benchmarks/cardinality.py [--smoke]
+
+It takes seconds as it is; ``--smoke`` is accepted so every benchmark has the same CI mode.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -20,6 +23,9 @@ from tests.exporter.test_cardinality import BUDGET, table  # noqa: E402
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--smoke", action="store_true", help="the same run (it takes seconds)")
+    ap.parse_args()
     f = measure()
     print(f"one exporter, {GPUS} fake H100s, one run of {RANKS} ranks ({f.total} series)")
     print(f"{'unit':<8}{'measured':>10}{'budget':>8}")

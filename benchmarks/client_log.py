@@ -50,7 +50,12 @@ def main() -> int:
         help="exporter reads each packet as it arrives (--ingest-poll-interval-seconds 0), "
         "so every flush wakes it: the design this project rejected",
     )
+    ap.add_argument(
+        "--smoke", action="store_true", help="seconds: 40 steps (figures not meaningful)"
+    )
     args = ap.parse_args()
+    if args.smoke:
+        args.steps = 40
     torch.manual_seed(0)
     tmp = Path(tempfile.mkdtemp(prefix="tm-bench-"))
     extra = ["--ingest-poll-interval-seconds", "0"] if args.event_driven else []

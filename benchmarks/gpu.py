@@ -257,8 +257,15 @@ def main() -> int:
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--real", action="store_true", help="use the host's real NVML")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="seconds: 2 GPUs, 1 s per part (figures not meaningful)",
+    )
     ap.add_argument("--sampling-only", metavar="LABEL", help=argparse.SUPPRESS)  # child of part 1
     args = ap.parse_args()
+    if args.smoke:
+        args.gpus, args.seconds = 2, 1.0
     if args.sampling_only:
         sampling(args.gpus, args.sampling_only)
         return 0

@@ -39,7 +39,14 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ranks", type=int, default=64)
     ap.add_argument("--seconds", type=float, default=40.0)
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="seconds: 2 ranks, a few evaluations (figures not meaningful)",
+    )
     args = ap.parse_args()
+    if args.smoke:
+        args.ranks, args.seconds = 2, 8.0
     if shutil.which("prometheus") is None:
         raise SystemExit("needs Debian's prometheus package")
     tmp = Path(tempfile.mkdtemp(prefix="tm-rules-"))

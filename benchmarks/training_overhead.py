@@ -44,7 +44,12 @@ def main() -> int:
         action="store_true",
         help="A/A control: arm A does not log either (shows the method's own noise and bias)",
     )
+    ap.add_argument(
+        "--smoke", action="store_true", help="seconds: 2 rounds of 4 steps (figures not meaningful)"
+    )
     args = ap.parse_args()
+    if args.smoke:
+        args.rounds, args.block = 2, 4
     if args.rounds < 2:
         ap.error("--rounds must be at least 2 (the spread needs two rounds)")
     torch.manual_seed(0)

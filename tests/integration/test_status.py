@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -105,3 +107,52 @@ def test_status_says_when_the_exporter_is_unreachable() -> None:
     assert out.returncode == 2
     assert out.stderr.startswith("trainmon status: cannot read http://127.0.0.1:9/api/v1/runs")
     assert "Traceback" not in out.stderr
+
+
+def trainmon(*args: str) -> subprocess.CompletedProcess[str]:
+    """The installed ``trainmon`` console command (its entry point), as a user runs it."""
+    code = "import sys; from trainmon_exporter.status import cli; sys.exit(cli())"
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=child_env(),
+        check=False,
+    )
+
+
+def test_trainmon_help_and_version_exit_zero() -> None:
+    out = trainmon("--help")
+    assert out.returncode == 0, out.stderr
+    assert "status" in out.stdout and "usage: trainmon" in out.stdout
+    out = trainmon("status", "--help")
+    assert out.returncode == 0 and "--url" in out.stdout and "--once" in out.stdout
+    out = trainmon("--version")
+    assert out.returncode == 0 and out.stdout.startswith("trainmon ")
+    # No command, or an unknown one, is a usage error with a message, not a traceback.
+    for args in ((), ("bogus",)):
+        out = trainmon(*args)
+        assert out.returncode == 2 and "usage: trainmon" in out.stderr, out
+        assert "Traceback" not in out.stderr
+
+
+def test_status_accepts_host_port_without_scheme(
+    exporter_process: Callable[..., ExporterProcess],
+) -> None:
+    ex = exporter_process().start()
+    with init(run="no-scheme", socket_path=ex.socket, flush_interval=0.0) as run:
+        run.log(1499, loss=2.5)
+        wait_for(lambda: any(r["run"] == "no-scheme" for r in ex.runs()["runs"]))
+        hostport = ex.url.removeprefix("http://")
+        assert "://" not in hostport
+        out = trainmon("status", "--url", hostport, "--once")
+        assert out.returncode == 0, out.stderr
+        ranks, _ = parse(out.stdout)
+        assert ranks[0]["run"] == "no-scheme" and ranks[0]["step"] == "1499"
+
+
+def test_status_refuses_other_schemes() -> None:
+    out = trainmon("status", "--url", "ftp://127.0.0.1:9478", "--once")
+    assert out.returncode == 2
+    assert "only http:// and https://" in out.stderr and "Traceback" not in out.stderr

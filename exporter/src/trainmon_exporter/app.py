@@ -190,7 +190,9 @@ def create_app(
         title="trainmon exporter",
         version=__version__,
         lifespan=lifespan,
-        docs_url="/docs",
+        # Swagger UI and ReDoc load their scripts from a CDN, so they are blank offline (most
+        # training clusters): no /docs page; the schema itself is served at /openapi.json.
+        docs_url=None,
         redoc_url=None,
     )
     app.state.exporter = ex
@@ -402,7 +404,7 @@ td:first-child,th:first-child,td:nth-child(3),td:nth-child(4),td:last-child{{tex
 {e(ex.ingest.socket_problem() or "listening")} ·
 collectors: {collectors} ·
 <a href="/metrics">/metrics</a> · <a href="/api/v1/runs">/api/v1/runs</a> ·
-<a href="/docs">API docs</a></p>
+<a href="/openapi.json">API schema (OpenAPI)</a></p>
 <table><thead><tr><th>run</th><th>rank</th><th>host</th><th>status</th><th>step</th>
 <th>loss</th><th>lr</th><th>grad norm</th><th>tokens/s</th><th>MFU</th><th>GPU</th><th>step ms</th>
 <th>client overhead %</th><th>s since step</th><th>health</th></tr></thead>

@@ -16,6 +16,7 @@ import json
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from typing import Any
@@ -185,50 +186,203 @@ def plain(runs: dict[str, Any], gpus: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def rich_view(runs: dict[str, Any], gpus: dict[str, Any], url: str) -> Any:
-    """The live view: two rich tables, problems in colour."""
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
+# The live view's columns: (key, header, priority, wraps). Lower priority numbers are kept
+# first when the terminal is narrow; a column that does not fit whole is dropped (and named in
+# the caption), never squeezed, so a number is never cut into another number. Only text columns
+# wrap, and only between words (their minimum width is their longest word).
+_RANK_VIEW = (
+    ("run", "run", 0, False),
+    ("rank", "rank", 1, False),
+    ("host", "host", 8, False),
+    ("status", "status", 2, False),
+    ("step", "step", 3, False),
+    ("loss", "loss", 4, False),
+    ("loss_ema", "loss ema", 11, False),
+    ("tokens_per_s", "tokens/s", 6, False),
+    ("mfu", "mfu", 7, False),
+    ("gpu", "gpu", 9, False),
+    ("gpu_util", "gpu util", 10, False),
+    ("gpu_mem", "gpu mem", 12, False),
+    ("anomalies", "anomalies", 5, True),
+)
+_GPU_VIEW = (
+    ("gpu", "gpu", 0, False),
+    ("name", "name", 6, True),
+    ("util", "util", 1, False),
+    ("tensor", "tensor", 7, False),
+    ("mem_used_gib", "mem GiB", 3, False),
+    ("mem_total_gib", "of GiB", 4, False),
+    ("power_w", "W", 8, False),
+    ("temp_c", "°C", 5, False),
+    ("slowdown", "slowdown", 2, True),
+    ("xids", "xids", 2, False),
+)
+# A bordered table with one space of padding each side: 3 cells per column plus one border.
+_CELL_OVERHEAD = 3
 
-    ranks = Table(title=f"trainmon · {url}", expand=True)
-    for c in RANK_COLUMNS:
-        ranks.add_column(c.replace("_", " "), overflow="fold", no_wrap=c != "anomalies")
-    for row in rank_rows(runs, gpus):
+
+def _cell_width(text: str, wraps: bool) -> int:
+    """Width a cell needs: all of it, or for a wrapping column its longest word."""
+    from rich.cells import cell_len
+
+    if wraps:
+        return max((cell_len(w) for w in text.split()), default=0)
+    return cell_len(text)
+
+
+def fit_columns(
+    spec: Sequence[tuple[str, str, int, bool]], rows: list[dict[str, str]], width: int
+) -> tuple[list[tuple[str, str, int, bool]], list[str]]:
+    """The columns of ``spec`` that fit in ``width`` terminal cells, with their widths.
+
+    Columns are taken by priority while the table's minimum width (every cell whole, text
+    wrapped between words) stays within ``width``; space left over then widens the text
+    columns up to their longest value. Returns ``(shown, dropped_headers)``, ``shown`` as
+    ``(key, header, width, wraps)`` in display order; the first column is always shown.
+    """
+
+    def need(key: str, header: str, wraps: bool) -> int:
+        return max([_cell_width(header, wraps)] + [_cell_width(r[key], wraps) for r in rows])
+
+    minimum = {key: need(key, header, wraps) for key, header, _, wraps in spec}
+    budget = width - 1  # the left border
+    keep: set[str] = set()
+    for key, _, _, _ in sorted(spec, key=lambda c: c[2]):
+        cost = minimum[key] + _CELL_OVERHEAD
+        if cost <= budget or not keep:
+            keep.add(key)
+            budget -= cost
+    widths = dict(minimum)
+    for key, header, _, wraps in sorted(spec, key=lambda c: c[2]):
+        if key in keep and wraps and budget > 0:
+            grow = min(budget, need(key, header, False) - widths[key])
+            widths[key] += max(0, grow)
+            budget -= max(0, grow)
+    shown = [(key, header, widths[key], wraps) for key, header, _, wraps in spec if key in keep]
+    dropped = [header for key, header, _, _ in spec if key not in keep]
+    return shown, dropped
+
+
+class _FittedTable:
+    """A rich renderable that picks its columns for the width it is given at render time."""
+
+    def __init__(
+        self,
+        title: str | None,
+        spec: Sequence[tuple[str, str, int, bool]],
+        rows: list[dict[str, str]],
+        styles: list[tuple[str, dict[str, str]]],
+        caption: str | None,
+    ) -> None:
+        self.title, self.spec, self.rows, self.styles, self.caption = (
+            title,
+            spec,
+            rows,
+            styles,
+            caption,
+        )
+
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        from rich.table import Table
+        from rich.text import Text
+
+        shown, dropped = fit_columns(self.spec, self.rows, options.max_width)
+        notes = [self.caption] if self.caption else []
+        if dropped:
+            notes.append(f"hidden for width: {', '.join(dropped)} (widen the terminal or --once)")
+        table = Table(title=self.title, caption=" ".join(notes) or None)
+        for _key, header, width, wraps in shown:
+            # Widths are set here, not left to rich, which would squeeze any column to fit.
+            table.add_column(
+                header, width=width, no_wrap=not wraps, overflow="fold" if wraps else "ignore"
+            )
+        for row, (style, cell_styles) in zip(self.rows, self.styles, strict=True):
+            cells = []
+            for key, _, _, _ in shown:
+                cell = Text(row[key])
+                if key in cell_styles:
+                    cell.stylize(cell_styles[key])
+                cells.append(cell)
+            table.add_row(*cells, style=style)
+        yield table
+
+
+def rich_view(runs: dict[str, Any], gpus: dict[str, Any], url: str) -> Any:
+    """The live view: two rich tables, problems in colour, columns fitted to the terminal.
+
+    At any width every number shown is whole: columns that do not fit are dropped by
+    priority (run, rank, status, step, loss and anomalies go last) and named in the caption.
+    """
+    from rich.console import Group
+
+    rows = rank_rows(runs, gpus)
+    styles = []
+    for row in rows:
         style = {"crashed": "bold red", "failed": "bold red", "finished": "dim"}.get(
             row["status"], ""
         )
-        cells = [Text(row[c]) for c in RANK_COLUMNS]
+        cell_styles = {}
         if row["anomalies"] != "ok":
-            cells[-1].stylize("yellow")
+            cell_styles["anomalies"] = "yellow"
         if row["loss"] == "NaN/Inf":
-            cells[RANK_COLUMNS.index("loss")].stylize("bold red")
-        ranks.add_row(*cells, style=style)
-    if not ranks.rows:
-        ranks.caption = "No trainer has connected yet."
-    gpu_table = Table(title="GPUs", expand=True)
-    for c in GPU_COLUMNS:
-        gpu_table.add_column(c.replace("_", " "))
-    for row in gpu_rows(gpus):
-        style = (
-            "bold red" if row["xids"] != "0" else ("yellow" if row["slowdown"] != "none" else "")
-        )
-        gpu_table.add_row(*(row[c] for c in GPU_COLUMNS), style=style)
+            cell_styles["loss"] = "bold red"
+        styles.append((style, cell_styles))
+    ranks = _FittedTable(
+        f"trainmon · {url}",
+        _RANK_VIEW,
+        rows,
+        styles,
+        None if rows else "No trainer has connected yet.",
+    )
+    grows = gpu_rows(gpus)
+    gstyles = [
+        ("bold red" if r["xids"] != "0" else ("yellow" if r["slowdown"] != "none" else ""), {})
+        for r in grows
+    ]
+    caption = None
     if not gpus.get("ok"):
         hint = f" Hint: {gpus['hint']}" if gpus.get("hint") else ""
-        gpu_table.caption = f"No GPU metrics: {gpus.get('error')}.{hint}"
-    return Group(ranks, gpu_table)
+        caption = f"No GPU metrics: {gpus.get('error')}.{hint}"
+    return Group(ranks, _FittedTable("GPUs", _GPU_VIEW, grows, gstyles, caption))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``trainmon status``; returns the exit code (2 when the exporter cannot be read)."""
-    ap = argparse.ArgumentParser(prog="trainmon status", description=__doc__.split("\n")[0])
-    ap.add_argument("--url", default=DEFAULT_URL, help=f"exporter address (default {DEFAULT_URL})")
+def normalise_url(url: str) -> str:
+    """``url`` with ``http://`` added when it has no scheme (``host:port`` is accepted).
+
+    Raises:
+        StatusError: a scheme other than http/https, or no host.
+    """
+    url = url.strip()
+    if "://" not in url:
+        url = "http://" + url
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise StatusError(f"--url {url}: only http:// and https:// are supported")
+    if not parts.hostname:
+        raise StatusError(f"--url {url}: no host (expected HOST:PORT or http://HOST:PORT)")
+    return url.rstrip("/")
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog=prog, description="Runs, ranks and GPUs of a trainmon exporter in the terminal."
+    )
+    ap.add_argument(
+        "--url",
+        default=DEFAULT_URL,
+        help=f"exporter address, HOST:PORT or http(s)://HOST:PORT (default {DEFAULT_URL})",
+    )
     ap.add_argument("--once", action="store_true", help="print one plain snapshot and exit")
     ap.add_argument("--interval", type=float, default=2.0, help="live refresh period (s)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "trainmon status") -> int:
+    """``trainmon status``; returns the exit code (2 when the exporter cannot be read)."""
+    args = _parser(prog).parse_args(argv)
     try:
-        runs, gpus = fetch(args.url)
+        url = normalise_url(args.url)
+        runs, gpus = fetch(url)
     except StatusError as exc:
         print(f"trainmon status: {exc}", file=sys.stderr)
         return 2
@@ -237,24 +391,48 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     from rich.live import Live
 
-    with Live(rich_view(runs, gpus, args.url), refresh_per_second=4, screen=False) as live:
+    with Live(rich_view(runs, gpus, url), refresh_per_second=4, screen=False) as live:
         try:
             while True:
                 time.sleep(max(0.2, args.interval))
                 try:
-                    runs, gpus = fetch(args.url)
+                    runs, gpus = fetch(url)
                 except StatusError as exc:
                     live.console.print(f"[red]{exc}[/red]")
                     continue
-                live.update(rich_view(runs, gpus, args.url))
+                live.update(rich_view(runs, gpus, url))
         except KeyboardInterrupt:
             return 0
 
 
 def cli(argv: Sequence[str] | None = None) -> int:
-    """The ``trainmon`` command: ``trainmon status ...``."""
+    """The ``trainmon`` command: ``trainmon status ...``, ``--help``, ``--version``.
+
+    Returns the exit code: 0 for ``--help``/``--version``, 2 for a missing or unknown command.
+    """
+    from trainmon_exporter import __version__
+
+    ap = argparse.ArgumentParser(
+        prog="trainmon",
+        description="trainmon command line: views of a running trainmon exporter.",
+    )
+    ap.add_argument("--version", action="version", version=f"trainmon {__version__}")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+    sub.add_parser(
+        "status",
+        help="runs, ranks and GPUs of an exporter in the terminal (live, or --once)",
+        add_help=False,  # ``trainmon status --help`` is answered by the status parser
+    )
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] != "status":
-        print("usage: trainmon status [--url URL] [--once] [--interval S]", file=sys.stderr)
+    try:
+        args, _ = ap.parse_known_args(argv[:1])
+    except SystemExit as exc:  # --help / --version (0) or an unknown command (2)
+        return int(exc.code or 0)
+    if args.command != "status":
+        ap.print_usage(sys.stderr)
+        print("trainmon: error: a command is required (trainmon status)", file=sys.stderr)
         return 2
-    return main(argv[1:])
+    try:
+        return main(argv[1:])
+    except SystemExit as exc:  # argparse: --help (0) or a bad flag (2)
+        return int(exc.code or 0)
