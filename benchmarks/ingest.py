@@ -53,6 +53,7 @@ def per_step_cost(n_steps: int = 50_000) -> float:
     conn = Connection.__new__(Connection)
     conn.state, conn.names, conn.capped, conn.finished, conn.closed = None, {}, set(), False, False
     conn.peer_pid = conn.peer_uid = conn.peer_gid = None
+    conn.applied = conn.gap = 0
     hello = {k: None for k in P.HELLO_FIELDS} | {
         "run": "b",
         "rank": 0,
