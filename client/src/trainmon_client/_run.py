@@ -1087,11 +1087,14 @@ class Run:
         try:
             raw = fcntl.ioctl(sock.fileno(), _OUTQ, b"\0\0\0\0")
             outq = int.from_bytes(raw, sys.byteorder, signed=True)
+        except OSError:  # a kernel without SIOCOUTQ on Unix sockets: nothing is confirmed
+            outq = -1
+        try:
             poller = select.poll()
             poller.register(sock, _HUP)
             gone = any(ev & _HUP for _fd, ev in poller.poll(0))
         except OSError:
-            gone, outq = True, -1
+            gone = True
         if gone:
             self._connection_lost(now)
         elif outq == 0:
