@@ -229,6 +229,7 @@ class Run:
         # have read (the socket's send queue was empty while the connection was up).
         self._sent_total = 0
         self._finish_deadline = math.inf
+        self._no_outq = False  # SIOCOUTQ failed: finish() cannot wait for reads
         self._sent_conn = 0
         self._confirmed_conn = 0
         # Packets sent on this connection since the last confirmation: (bytes, _sent_conn after).
@@ -1089,6 +1090,7 @@ class Run:
             outq = int.from_bytes(raw, sys.byteorder, signed=True)
         except OSError:  # a kernel without SIOCOUTQ on Unix sockets: nothing is confirmed
             outq = -1
+            self._no_outq = True
         try:
             poller = select.poll()
             poller.register(sock, _HUP)
@@ -1123,6 +1125,8 @@ class Run:
         """
         deadline = self._finish_deadline
         while self._sock is not None and self._confirmed_conn < self._sent_conn:
+            if self._no_outq:
+                return
             if _perf() >= deadline:
                 self._dropped_in_flight += self._sent_conn - self._confirmed_conn
                 self._confirmed_conn = self._sent_conn
