@@ -60,11 +60,14 @@ def test_a_string_or_a_bool_is_not_a_step(listener: Listener) -> None:
     np = pytest.importorskip("numpy")
     run.log(np.bool_(True), loss=1.0)
     run.log(np.int64(8), loss=1.0)
+    torch = pytest.importorskip("torch")
+    run.log(torch.tensor(True), loss=1.0)
+    run.log(torch.tensor(9), loss=1.0)
     run.finish()
     listener.accept()
-    assert [h.step for h, _, _ in steps_of(listener.records())] == [7, 8]
-    assert run.refused == 4
-    assert run.sent == 2
+    assert [h.step for h, _, _ in steps_of(listener.records())] == [7, 8, 9]
+    assert run.refused == 5
+    assert run.sent == 3
 
 
 def test_a_step_that_cannot_be_encoded_is_counted_and_the_next_one_goes(

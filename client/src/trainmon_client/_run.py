@@ -229,6 +229,7 @@ class Run:
         # have read (the socket's send queue was empty while the connection was up).
         self._sent_total = 0
         self._finish_deadline = math.inf
+        self._no_outq = False  # SIOCOUTQ failed: finish() cannot wait for reads
         self._sent_conn = 0
         self._confirmed_conn = 0
         # Packets sent on this connection since the last confirmation: (bytes, _sent_conn after).
@@ -1087,11 +1088,15 @@ class Run:
         try:
             raw = fcntl.ioctl(sock.fileno(), _OUTQ, b"\0\0\0\0")
             outq = int.from_bytes(raw, sys.byteorder, signed=True)
+        except OSError:  # a kernel without SIOCOUTQ on Unix sockets: nothing is confirmed
+            outq = -1
+            self._no_outq = True
+        try:
             poller = select.poll()
             poller.register(sock, _HUP)
             gone = any(ev & _HUP for _fd, ev in poller.poll(0))
         except OSError:
-            gone, outq = True, -1
+            gone = True
         if gone:
             self._connection_lost(now)
         elif outq == 0:
@@ -1120,6 +1125,8 @@ class Run:
         """
         deadline = self._finish_deadline
         while self._sock is not None and self._confirmed_conn < self._sent_conn:
+            if self._no_outq:
+                return
             if _perf() >= deadline:
                 self._dropped_in_flight += self._sent_conn - self._confirmed_conn
                 self._confirmed_conn = self._sent_conn

@@ -6,7 +6,9 @@ step the exporter receives, and exported as a counter. The detectors and their f
 
 - **EMA of the loss**: ``ema = d * ema + (1 - d) * loss`` with ``d = ema_decay`` (0.99). It is
   initialised from the first finite loss, and continues when a rank reconnects under the same
-  run id while the exporter still holds its state.
+  run id while the exporter still holds its state. Spikes stay out of it as they stay out of
+  the window, and so does a loss more than ``OUTLIER_FACTOR`` (1,000) times the EMA's
+  magnitude away from it, either way (robust to one absurd value such as 1e308).
 - **Rolling statistics**: mean and standard deviation of the loss and grad norm over the last
   ``window_steps`` finite values (running sums, O(1) per step).
 - **Spikes** (loss and grad norm): the one-sided z-score of a value against the *preceding*

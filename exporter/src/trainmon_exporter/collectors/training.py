@@ -145,8 +145,9 @@ _COUNTERS: tuple[tuple[str, str, Callable[[RankState], float]], ...] = (
     ),
     (
         "trainmon_client_refused_values",
-        "Values (or whole steps) the client refused: bad "
-        "name, non-scalar value, bad step number, over its name cap.",
+        "Values (or whole steps) the client refused: bad name, non-scalar value, bad step "
+        "number (a string or bool too), a NaN, infinite or negative tokens or samples "
+        "increment, over its name cap.",
         lambda s: float(s.refused_values),
     ),
     (
