@@ -15,6 +15,7 @@ Prints per fault: ``log()`` p50, p99 and worst (us), ``finish()`` (ms), and the 
 accounting: sent, dropped by reason, and whether every step is accounted for.
 
     python benchmarks/faults.py [healthy none mute frozen refused] [--steps 3000]
+    python benchmarks/faults.py --smoke     # seconds: every fault with 300 steps
 """
 
 from __future__ import annotations
@@ -138,9 +139,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("faults", nargs="*", help=" ".join(FAULTS))
     ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--smoke", action="store_true", help="seconds: every fault, 300 steps")
     args = ap.parse_args()
+    steps = 300 if args.smoke else args.steps
     for name in args.faults or FAULTS:
-        fault(name, args.steps)
+        fault(name, steps)
     return 0
 
 
