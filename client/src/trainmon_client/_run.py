@@ -37,8 +37,7 @@ from typing import Any, NamedTuple
 from trainmon_client import _protocol as P
 from trainmon_client._device import Deferred, copy_async, is_device_tensor
 from trainmon_client._env import DEFAULT_SOCKET, detect_ranks, detect_run_id
-
-__version__ = "0.1.0"
+from trainmon_client._version import __version__
 
 log = logging.getLogger("trainmon_client")
 

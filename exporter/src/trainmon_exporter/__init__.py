@@ -5,8 +5,7 @@ Public surface: :func:`create_app`, :class:`Settings` and :func:`main` (the CLI)
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
+from trainmon_exporter._version import __version__
 from trainmon_exporter.app import create_app
 from trainmon_exporter.cli import main
 from trainmon_exporter.settings import Settings

@@ -1,0 +1,1 @@
+../../../client/src/trainmon_client/_version.py
