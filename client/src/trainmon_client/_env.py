@@ -11,7 +11,33 @@ from collections.abc import Mapping
 from pathlib import Path
 
 DEFAULT_SOCKET = "/run/trainmon/trainmon.sock"
-"""Default socket path, shared with the exporter (override: ``TRAINMON_SOCKET``)."""
+"""The node-wide socket path: a root exporter's, or a service's whose directory an admin made."""
+
+
+def default_socket(env: Mapping[str, str] | None = None, euid: int | None = None) -> str:
+    """The socket path used when none is given; the client and the exporter share this rule.
+
+    1. :data:`DEFAULT_SOCKET` (``/run/trainmon/trainmon.sock``) for root, and for anyone on a
+       node where ``/run/trainmon`` exists (made by an admin, systemd's ``RuntimeDirectory``, a
+       container's mount: the shared setup);
+    2. else ``$XDG_RUNTIME_DIR/trainmon/trainmon.sock`` for a user with a runtime directory (a
+       login session): an exporter and a trainer of the same user meet there with no set-up;
+    3. else :data:`DEFAULT_SOCKET` (the exporter's error then says what to pass).
+
+    ``TRAINMON_SOCKET`` (both sides) or ``--socket`` (exporter) override it.
+
+    Args:
+        env: the environment to read (default ``os.environ``).
+        euid: the effective uid (default ``os.geteuid()``).
+    """
+    env = os.environ if env is None else env
+    euid = os.geteuid() if euid is None else euid
+    if euid == 0 or Path(DEFAULT_SOCKET).parent.is_dir():
+        return DEFAULT_SOCKET
+    runtime = env.get("XDG_RUNTIME_DIR", "").strip()
+    if runtime and os.path.isabs(runtime):
+        return os.path.join(runtime, "trainmon", "trainmon.sock")
+    return DEFAULT_SOCKET
 
 # (rank, local rank, world size) variables, first match wins: torchrun / torch.distributed,
 # Slurm (srun), Open MPI, MPICH / Intel MPI (PMI).

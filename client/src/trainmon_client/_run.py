@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 
 from trainmon_client import _protocol as P
 from trainmon_client._device import Deferred, copy_async, is_device_tensor
-from trainmon_client._env import DEFAULT_SOCKET, detect_ranks, detect_run_id
+from trainmon_client._env import default_socket, detect_ranks, detect_run_id
 from trainmon_client._version import __version__
 
 log = logging.getLogger("trainmon_client")
@@ -1215,7 +1215,9 @@ def init(
             ``TRAINMON_RUN``, ``slurm-$SLURM_JOB_ID``, ``TORCHELASTIC_RUN_ID``, or generated
             from the launcher's start time (see :func:`trainmon_client._env.detect_run_id`).
         socket_path: the exporter's Unix socket. Default: ``TRAINMON_SOCKET``, else
-            ``/run/trainmon/trainmon.sock``.
+            :func:`trainmon_client._env.default_socket`: ``/run/trainmon/trainmon.sock`` for
+            root or where ``/run/trainmon`` exists, else
+            ``$XDG_RUNTIME_DIR/trainmon/trainmon.sock`` (the exporter's default, same rule).
         rank: global rank; default from the launcher's environment (torchrun ``RANK``,
             Slurm ``SLURM_PROCID`` in tasks ``srun`` started, Open MPI, PMI), else 0.
         local_rank: rank within the node (``LOCAL_RANK``, ``SLURM_LOCALID``, ...).
@@ -1280,7 +1282,7 @@ def init(
     if gpu_uuid is None:
         gpu_uuid = _torch_gpu_uuid(local_rank)
     path = os.fspath(socket_path) if socket_path is not None else None
-    path = path or env.get("TRAINMON_SOCKET") or DEFAULT_SOCKET
+    path = path or env.get("TRAINMON_SOCKET") or default_socket(env)
     return Run(
         run_id=run_id,
         rank=rank,

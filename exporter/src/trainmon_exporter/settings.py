@@ -20,7 +20,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from trainmon_client._env import DEFAULT_SOCKET
+from trainmon_client._env import default_socket
 from trainmon_exporter.analytics import AnalyticsSettings
 
 DEFAULT_PORT = 9478
@@ -79,9 +79,11 @@ class Settings(BaseSettings):
         "(env TRAINMON_LISTEN). Use 0.0.0.0 to let a remote Prometheus scrape it.",
     )
     socket: Path = Field(
-        Path(DEFAULT_SOCKET),
+        default_factory=lambda: Path(default_socket()),
         description="Unix socket the training clients connect to (env TRAINMON_SOCKET); its "
-        "directory must be shared with the trainers.",
+        "directory must be shared with the trainers. Default: /run/trainmon/trainmon.sock for "
+        "root or where /run/trainmon exists, else $XDG_RUNTIME_DIR/trainmon/trainmon.sock (the "
+        "client's default follows the same rule).",
     )
     socket_mode: str = Field(
         "0660",
