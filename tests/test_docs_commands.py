@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -199,3 +200,36 @@ def test_runnable_commands_use_tools_ci_has() -> None:
     for cmd in RUNNABLE:
         word = cmd.bare.split()[0]
         assert word in {"printf", "chmod", "cd"} or shutil.which(word, path=path), cmd
+
+
+def exporter_flag_examples() -> list[str]:
+    """Inline examples in the docs that give an exporter flag a value (`--layer-ranks all`)."""
+    flags = help_flags("-m", "trainmon_exporter")
+    text = "\n".join(p.read_text() for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+    spans = set(re.findall(r"`(--[a-z][^`]*)`", text))
+    return sorted(
+        s
+        for s in spans
+        if shlex.split(s)[0] in flags
+        and len(shlex.split(s)) > 1
+        and not re.fullmatch(r"[A-Z:_]+", shlex.split(s)[-1])  # a placeholder (HOST:PORT)
+    )
+
+
+def test_every_exporter_flag_example_is_accepted() -> None:
+    from trainmon_exporter.cli import load_settings
+
+    examples = exporter_flag_examples()
+    assert "--layer-ranks all" in examples
+    for example in examples:
+        try:
+            load_settings(shlex.split(example))
+        except SystemExit as exc:  # argparse refused it
+            pytest.fail(f"the docs show `{example}`, which trainmon-exporter refuses ({exc})")
+
+
+def test_a_refused_example_is_caught() -> None:
+    from trainmon_exporter.cli import load_settings
+
+    with pytest.raises(SystemExit):
+        load_settings(["--nvml-processes", "false"])
