@@ -30,6 +30,8 @@ SKIP: dict[str, str] = {
     "make demo": "runs until its training finishes (minutes); scripts/demo.py is run by "
     "tests/integration with a step limit",
     "make test": "the test suite itself",
+    "make bench": "every benchmark, minutes even with --smoke; tests/benchmarks runs each one "
+    "in its --smoke mode",
     "make venv": "creates a virtual environment from the package index (network)",
     "docker ": "needs a Docker engine and images; the compose test runs the stack where one starts",
     "pip install": "installs into the environment from the network; the packaging test builds "
