@@ -59,7 +59,7 @@ def mark(kind: str, step: int) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--scenario", default="clean")
+    ap.add_argument("--scenario", help="required, except with --smoke (nan)")
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--at", type=int, default=400, help="step of the (first) injection")
     ap.add_argument("--every", type=int, default=100, help="spike: steps between bad batches")
@@ -67,10 +67,15 @@ def main() -> int:
     ap.add_argument("--run", default="detection-scenario")
     ap.add_argument("--slow-rank", type=int, default=1)
     ap.add_argument("--stall-seconds", type=float, default=90.0)
-    ap.add_argument("--smoke", action="store_true", help="seconds: 20 steps, injection at step 10")
+    ap.add_argument(
+        "--smoke", action="store_true", help="seconds: 20 steps, injection at step 10 (nan)"
+    )
     args = ap.parse_args()
     if args.smoke:
         args.steps, args.at, args.stall_seconds = 20, 10, 0.5
+        args.scenario = args.scenario or "nan"
+    if args.scenario is None:
+        ap.error("--scenario is required")
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
     data = load_corpus(300_000)

@@ -95,3 +95,12 @@ def test_make_bench_runs_every_benchmark() -> None:
     expected = {p.relative_to(ROOT).as_posix() for p in scripts() if p not in children()}
     assert expected - listed == set(), f"make bench misses {sorted(expected - listed)}"
     assert listed - expected == set(), f"make bench runs unknown scripts {listed - expected}"
+
+
+def test_performance_md_shows_how_to_run_every_benchmark() -> None:
+    doc = (ROOT / "docs" / "performance.md").read_text()
+    block = re.search(r"## Reproducing\s+```sh\n(.*?)```", doc, re.S)
+    assert block, "docs/performance.md has no Reproducing block"
+    shown = set(re.findall(r"benchmarks/[\w/]+\.py", block[1]))
+    expected = {p.relative_to(ROOT).as_posix() for p in scripts() if p not in children()}
+    assert expected - shown == set(), f"not in docs/performance.md: {sorted(expected - shown)}"

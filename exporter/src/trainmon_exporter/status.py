@@ -316,12 +316,12 @@ def rich_view(runs: dict[str, Any], gpus: dict[str, Any], url: str) -> Any:
     from rich.console import Group
 
     rows = rank_rows(runs, gpus)
-    styles = []
+    styles: list[tuple[str, dict[str, str]]] = []
     for row in rows:
         style = {"crashed": "bold red", "failed": "bold red", "finished": "dim"}.get(
             row["status"], ""
         )
-        cell_styles = {}
+        cell_styles: dict[str, str] = {}
         if row["anomalies"] != "ok":
             cell_styles["anomalies"] = "yellow"
         if row["loss"] == "NaN/Inf":
@@ -335,7 +335,7 @@ def rich_view(runs: dict[str, Any], gpus: dict[str, Any], url: str) -> Any:
         None if rows else "No trainer has connected yet.",
     )
     grows = gpu_rows(gpus)
-    gstyles = [
+    gstyles: list[tuple[str, dict[str, str]]] = [
         ("bold red" if r["xids"] != "0" else ("yellow" if r["slowdown"] != "none" else ""), {})
         for r in grows
     ]

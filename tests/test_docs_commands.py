@@ -1,0 +1,237 @@
+"""The commands in README.md and docs/ work, and every CLI flag is documented.
+
+Every line of every ``sh``/``bash`` block in the user docs is either run here, exactly as
+written (with the repository's virtual environment first on ``PATH``, so ``python``,
+``torchrun``, ``trainmon`` are the installed ones), or listed in :data:`SKIP` with the reason it
+cannot run on a CI machine. A new command in the docs fails the test until it is one or the
+other.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, child_env
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "secrets" / "README.md"]
+BLOCK = re.compile(r"^```(?:sh|bash|shell|console)\n(.*?)^```", re.S | re.M)
+
+# Commands that cannot run on a CI machine, by the start of the command, with the reason.
+SKIP: dict[str, str] = {
+    "make demo": "runs until its training finishes (minutes); scripts/demo.py is run by "
+    "tests/integration with a step limit",
+    "make test": "the test suite itself",
+    "make bench": "every benchmark, minutes even with --smoke; tests/benchmarks runs each one "
+    "in its --smoke mode",
+    "make venv": "creates a virtual environment from the package index (network)",
+    "docker ": "needs a Docker engine and images; the compose test runs the stack where one starts",
+    "pip install": "installs into the environment from the network; the packaging test builds "
+    "and installs the wheels in a clean venv",
+    "python3 -m venv /opt/": "installs into /opt (root)",
+    "trainmon-exporter --socket /run/trainmon": "a daemon on the fixed port 9478 of all "
+    "interfaces under /run (root); tests/integration starts real exporters on free ports",
+    "trainmon status": "reads an exporter on the default port 9478 (or another host); "
+    "tests/integration/test_status.py runs these commands against a real exporter",
+    "trainmon-exporter status": "reads an exporter on the default port 9478; "
+    "tests/integration/test_status.py runs it against a real exporter",
+    "prometheus ": "a Prometheus server for the whole deployment; tests/rules and "
+    "tests/integration run the shipped rules in a real Prometheus",
+    "victoria-metrics ": "a long-running storage server; tests/deploy run it on loopback",
+    "vmalert ": "needs a VictoriaMetrics and an Alertmanager at the documented addresses",
+    "torchrun --standalone --nproc_per_node=8": "eight training processes (a GPU node)",
+    "kustomize ": "edits a kustomization for a registry that does not exist here",
+    "kubectl apply": "needs a Kubernetes cluster; tests/deploy render and validate the manifests",
+    "cd deploy/kubernetes": "part of the Kubernetes block above",
+    "cp deploy/slurm/": "writes to /etc/systemd (root)",
+    "systemctl ": "needs systemd as init (root)",
+    "export MASTER_ADDR=": "inside a Slurm batch script (needs a Slurm allocation)",
+    "srun ": "inside a Slurm batch script (needs a Slurm allocation)",
+    "trainmon_slurm_sd.py ": "needs a Slurm controller (scontrol); tests/deploy run it "
+    "against a real one",
+    "nvidia-smi": "needs an NVIDIA GPU and driver",
+    ".venv/bin/python -m pytest -m gpu": "needs an NVIDIA GPU (the tests skip without one)",
+    ".venv/bin/python benchmarks/": "benchmarks take minutes; tests/benchmarks runs every one "
+    "in its --smoke mode",
+}
+
+
+@dataclass(frozen=True)
+class Command:
+    doc: str
+    line: int
+    text: str  # one shell command, continuation lines joined, comments kept
+
+    @property
+    def bare(self) -> str:
+        """The command without a trailing comment or leading environment assignments."""
+        text = re.sub(r"\s+#.*$", "", self.text).strip()
+        return re.sub(r"^(?:[A-Z_]+=\S+\s+)+", "", text)
+
+
+def doc_commands() -> list[Command]:
+    out = []
+    for doc in DOCS:
+        text = doc.read_text()
+        for block in BLOCK.finditer(text):
+            first = text[: block.start(1)].count("\n") + 1
+            lines = block[1].replace("\\\n", " ").splitlines()
+            for i, line in enumerate(lines):
+                if line.strip() and not line.lstrip().startswith("#"):
+                    out.append(Command(doc.relative_to(ROOT).as_posix(), first + i, line.strip()))
+    return out
+
+
+def skip_reason(cmd: Command) -> str | None:
+    return next((why for start, why in SKIP.items() if cmd.bare.startswith(start)), None)
+
+
+RUNNABLE = [c for c in doc_commands() if skip_reason(c) is None]
+
+
+def test_commands_are_found_and_some_run() -> None:
+    cmds = doc_commands()
+    assert len(cmds) > 20
+    assert any("train_hf_trainer.py" in c.text for c in RUNNABLE)
+    assert any(c.bare.startswith("printf") for c in RUNNABLE)
+
+
+def test_every_skip_reason_is_still_used() -> None:
+    used = {start for c in doc_commands() for start in SKIP if c.bare.startswith(start)}
+    assert set(SKIP) - used == set(), "skip entries no doc command needs any more"
+
+
+def environment() -> dict[str, str]:
+    """The user's shell after ``make venv``: the venv's ``bin`` first on ``PATH``."""
+    venv_bin = str(Path(sys.executable).parent)
+    env = child_env()
+    env["PATH"] = venv_bin + os.pathsep + env.get("PATH", "/usr/bin:/bin")
+    env.pop("TRAINMON_SOCKET", None)
+    return env
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cmd", RUNNABLE, ids=lambda c: f"{c.doc}:{c.line}")
+def test_doc_command_runs(cmd: Command, tmp_path: Path) -> None:
+    cwd = ROOT
+    if re.search(r"\bsecrets/", cmd.text):
+        # Commands that write the secrets run in a scratch copy, never on the checkout's files.
+        cwd = tmp_path
+        (tmp_path / "secrets").mkdir()
+        for sibling in RUNNABLE:  # the files a chmod in the same doc expects are written first
+            if sibling.doc == cmd.doc and sibling.line < cmd.line and "printf" in sibling.text:
+                subprocess.run(["bash", "-c", sibling.text], cwd=cwd, check=True, timeout=10)
+    out = subprocess.run(
+        ["bash", "-c", cmd.text],
+        cwd=cwd,
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, f"{cmd.doc}:{cmd.line}: {cmd.text}\n{out.stdout}\n{out.stderr}"
+    assert "Traceback" not in out.stderr, out.stderr
+    for target in re.findall(r">\s*(secrets/\S+)", cmd.text):
+        assert (cwd / target).read_text(), target
+
+
+# ---------------------------------------------------------------------------------------------
+# Every flag the CLIs accept is in the docs.
+
+
+def documented_flags() -> set[str]:
+    """Flags the docs spell out; ``--[no-]x`` documents ``--x`` and ``--no-x``."""
+    text = "\n".join(p.read_text() for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+    flags = set(re.findall(r"--[a-z][\w.-]*[\w]", text))
+    for name in re.findall(r"--\[no-\]([a-z][\w.-]*[\w])", text):
+        flags |= {f"--{name}", f"--no-{name}"}
+    # docs/detection.md documents every analytics setting by name under "--analytics.NAME".
+    detection = (ROOT / "docs" / "detection.md").read_text()
+    if "--analytics.NAME" in detection:
+        for name in re.findall(r"^\| `([a-z0-9_]+)` \|", detection, re.M):
+            flags.add("--analytics." + name.replace("_", "-"))
+    return flags
+
+
+def help_flags(*argv: str) -> set[str]:
+    out = subprocess.run(
+        [sys.executable, *argv, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=child_env(),
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    return set(re.findall(r"(?<![\w-])--[a-z][\w.-]*[\w]", out.stdout)) - {"--help"}
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("-m", "trainmon_exporter"),
+        ("-c", "import sys; from trainmon_exporter.status import cli; sys.exit(cli())"),
+        ("-c", "import sys; from trainmon_exporter.status import cli; sys.exit(cli())", "status"),
+    ],
+    ids=["trainmon-exporter", "trainmon", "trainmon status"],
+)
+def test_every_cli_flag_is_documented(argv: tuple[str, ...]) -> None:
+    flags = help_flags(*argv)
+    assert flags, "no flags parsed from --help"
+    missing = sorted(flags - documented_flags())
+    assert not missing, f"flags in --help but not in README.md or docs/: {missing}"
+
+
+def test_the_flag_check_sees_a_missing_flag() -> None:
+    assert "--no-such-flag" not in documented_flags()
+    assert {"--nvml-processes", "--no-nvml-processes"} <= documented_flags()
+
+
+def test_runnable_commands_use_tools_ci_has() -> None:
+    # bash builtins and the venv's own programs (python, torchrun) on the documented PATH
+    path = environment()["PATH"]
+    for cmd in RUNNABLE:
+        word = cmd.bare.split()[0]
+        assert word in {"printf", "chmod", "cd"} or shutil.which(word, path=path), cmd
+
+
+def exporter_flag_examples() -> list[str]:
+    """Inline examples in the docs that give an exporter flag a value (`--layer-ranks all`)."""
+    flags = help_flags("-m", "trainmon_exporter")
+    text = "\n".join(p.read_text() for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+    spans = set(re.findall(r"`(--[a-z][^`]*)`", text))
+    return sorted(
+        s
+        for s in spans
+        if shlex.split(s)[0] in flags
+        and len(shlex.split(s)) > 1
+        and not re.fullmatch(r"[A-Z:_]+", shlex.split(s)[-1])  # a placeholder (HOST:PORT)
+    )
+
+
+def test_every_exporter_flag_example_is_accepted() -> None:
+    from trainmon_exporter.cli import load_settings
+
+    examples = exporter_flag_examples()
+    assert "--layer-ranks all" in examples
+    for example in examples:
+        try:
+            load_settings(shlex.split(example))
+        except SystemExit as exc:  # argparse refused it
+            pytest.fail(f"the docs show `{example}`, which trainmon-exporter refuses ({exc})")
+
+
+def test_a_refused_example_is_caught() -> None:
+    from trainmon_exporter.cli import load_settings
+
+    with pytest.raises(SystemExit):
+        load_settings(["--nvml-processes", "false"])
