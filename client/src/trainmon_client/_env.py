@@ -39,6 +39,7 @@ def default_socket(env: Mapping[str, str] | None = None, euid: int | None = None
         return os.path.join(runtime, "trainmon", "trainmon.sock")
     return DEFAULT_SOCKET
 
+
 # (rank, local rank, world size) variables, first match wins: torchrun / torch.distributed,
 # Slurm (srun), Open MPI, MPICH / Intel MPI (PMI).
 _LAUNCHERS = (
