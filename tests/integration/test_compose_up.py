@@ -273,11 +273,7 @@ def test_a_nan_in_the_demo_pages_through_alertmanager(up: Up) -> None:
     assert up.receiver is not None
     try:
         pages = wait_for(
-            lambda: (
-                up.receiver.find("/pagerduty", "NonFinite", RUN)
-                if up.receiver
-                else []
-            ),
+            lambda: up.receiver.find("/pagerduty", "NonFinite", RUN) if up.receiver else [],
             timeout=180,
             interval=1,
         )
