@@ -39,6 +39,10 @@ SKIP: dict[str, str] = {
     "python3 -m venv /opt/": "installs into /opt (root)",
     "trainmon-exporter --socket /run/trainmon": "a daemon on the fixed port 9478 of all "
     "interfaces under /run (root); tests/integration starts real exporters on free ports",
+    "sudo install -d -o 10001": "makes /run/trainmon as root; tests/integration/test_compose_up.py "
+    "runs this line from the README before it brings the stack up",
+    "sudo chgrp 65534 secrets/": "changes a file's group (root); tests/integration/"
+    "test_compose_up.py runs the secrets commands and reads the files as nobody",
     "trainmon status": "reads an exporter on the default port 9478 (or another host); "
     "tests/integration/test_status.py runs these commands against a real exporter",
     "trainmon-exporter status": "reads an exporter on the default port 9478; "
