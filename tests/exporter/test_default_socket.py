@@ -8,6 +8,7 @@ exporter can create, so an exporter and a trainer of the same user meet with no 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -64,30 +65,18 @@ def test_the_exporter_default_is_the_clients(monkeypatch: pytest.MonkeyPatch) ->
     assert str(Settings().socket) == client_env.default_socket()
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run both sides as another user")
-@pytest.mark.skipif(
-    Path(client_env.DEFAULT_SOCKET).parent.exists(),
-    reason="this node has a node-wide /run/trainmon, which every user's default points at",
-)
-def test_a_normal_user_starts_both_sides_with_no_socket_setting() -> None:
-    top = short_tmpdir()  # pytest's own tmp_path sits under a root-only directory
-    top.chmod(0o755)
-    runtime = top / "runtime"
-    runtime.mkdir(mode=0o700)
-    os.chown(runtime, NOBODY, NOBODY)
-    env = child_env(XDG_RUNTIME_DIR=str(runtime), HOME=str(runtime))
-    env.pop("TRAINMON_SOCKET", None)
+def meet_as_nobody(env: dict[str, str], exporter_args: list[str], expected: Path) -> None:
+    """Start an exporter and a trainer as nobody with ``env``; the trainer's step arrives and
+    the exporter's start-up line names ``expected`` as the socket."""
     port = free_port()
     exporter = subprocess.Popen(
-        [sys.executable, "-c", EXPORTER, "--listen", f"127.0.0.1:{port}"],
+        [sys.executable, "-c", EXPORTER, *exporter_args, "--listen", f"127.0.0.1:{port}"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         env=env,
-        cwd=runtime,
+        cwd=env["HOME"],
     )
-    expected = runtime / "trainmon" / "trainmon.sock"
     try:
         wait_for(lambda: expected.is_socket() or exporter.poll() is not None, timeout=30)
         assert exporter.poll() is None, exporter.communicate()[0]
@@ -113,6 +102,57 @@ def test_a_normal_user_starts_both_sides_with_no_socket_setting() -> None:
     finally:
         exporter.terminate()
         out = exporter.communicate(timeout=20)[0]
-        shutil.rmtree(top, ignore_errors=True)
     # The start-up line tells the user the path trainers must use.
     assert f"trainers connect to {expected}" in out, out
+
+
+def nobody_home() -> tuple[Path, Path]:
+    """A scratch directory readable by all, and in it a home owned by nobody (mode 0700)."""
+    top = short_tmpdir()  # pytest's own tmp_path sits under a root-only directory
+    top.chmod(0o755)
+    home = top / "home"
+    home.mkdir(mode=0o700)
+    os.chown(home, NOBODY, NOBODY)
+    return top, home
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run both sides as another user")
+@pytest.mark.skipif(
+    Path(client_env.DEFAULT_SOCKET).parent.exists(),
+    reason="this node has a node-wide /run/trainmon, which every user's default points at",
+)
+def test_a_normal_user_starts_both_sides_with_no_socket_setting() -> None:
+    top, runtime = nobody_home()
+    env = child_env(XDG_RUNTIME_DIR=str(runtime), HOME=str(runtime))
+    env.pop("TRAINMON_SOCKET", None)
+    try:
+        meet_as_nobody(env, [], runtime / "trainmon" / "trainmon.sock")
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run both sides as another user")
+def test_the_readme_socket_path_works_for_a_normal_user() -> None:
+    """The path the README gives for the examples, as a user with no runtime directory."""
+    readme = (ROOT / "README.md").read_text()
+    exporter_paths = set(re.findall(r"trainmon-exporter --socket (\S+?)`", readme))
+    trainer_paths = set(re.findall(r"^TRAINMON_SOCKET=(\S+) ", readme, re.M))
+    assert len(exporter_paths) == 1 and trainer_paths == exporter_paths, (
+        exporter_paths,
+        trainer_paths,
+    )
+    (documented,) = exporter_paths
+    top, home = nobody_home()
+    env = child_env(HOME=str(home))
+    env.pop("XDG_RUNTIME_DIR", None)
+    # The shell expands the README's "~" to the user's home.
+    path = subprocess.run(
+        ["bash", "-c", f"printf %s {documented}"], env=env, capture_output=True, text=True
+    ).stdout
+    env["TRAINMON_SOCKET"] = path
+    try:
+        meet_as_nobody(env, ["--socket", path], Path(path))
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
