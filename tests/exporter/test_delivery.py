@@ -169,8 +169,9 @@ def test_finite_extremes_never_raise_in_ingest(exporter: InProcessExporter, valu
     # One absurd loss every 7 steps never drags the EMA away from the real loss.
     if abs(value) > 1e3:
         assert r["loss_ema"] == pytest.approx(2.0, rel=0.01)
-    lr = exporter.rank("ext-layers", 0)
-    assert lr is not None and lr["up"] and lr["status"] == "running"
+    # The raw connection is drained on its own turn: wait for its hello rather than race it.
+    lr = wait_for(lambda: (k := exporter.rank("ext-layers", 0)) and k["up"] and k)
+    assert lr["status"] == "running"
     assert invalid(exporter, "internal_error") == 0
     s.close()
 

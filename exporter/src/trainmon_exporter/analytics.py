@@ -296,7 +296,9 @@ class RankAnalytics:
         self.grad_spikes = dict.fromkeys(SEVERITIES, 0)
         self.explosions = 0
         self.vanishing = 0
-        self.step_times: deque[float] = deque(maxlen=cfg.step_time_window_steps)
+        self.step_times: deque[float] = deque(maxlen=cfg.step_time_window_steps)  # per step
+        self.intervals: deque[float] = deque(maxlen=cfg.step_time_window_steps)  # per log()
+        self.restarts = 0
         self.rates: deque[float] = deque(maxlen=cfg.throughput_baseline_steps)
         self.trend: deque[tuple[int, float]] = deque(maxlen=cfg.trend_window_steps)
         self.memory: deque[tuple[int, float]] = deque(maxlen=cfg.leak_window_steps)
@@ -371,8 +373,16 @@ class RankAnalytics:
         step_time: float,
         tokens: float,
         mem_allocated: float | None = None,
+        stride: int = 1,
     ) -> None:
-        """Apply one step: ``loss``/``grad_norm`` None when not logged; ``tokens`` this step."""
+        """Apply one logged step.
+
+        ``loss``/``grad_norm``: None when not logged. ``step_time``: seconds since the previous
+        ``log()`` of the process (the client's ``perf_counter``, immune to wall-clock steps).
+        ``tokens``: tokens since that call. ``stride``: training steps since that call (a rank
+        that logs every 100th step has stride 100), so ``step_time / stride`` is the time of
+        one training step: what stragglers and the step-time median compare across ranks.
+        """
         cfg = self.cfg
         self.last_step = step
         if mem_allocated is not None and math.isfinite(mem_allocated):
@@ -429,21 +439,66 @@ class RankAnalytics:
             self.explosions += 1
             self.event("grad_explosion", grad_norm)
         if step_time > 0.0 and step_time < math.inf:
-            self.step_times.append(step_time)
+            self.intervals.append(step_time)
+            self.step_times.append(step_time / max(stride, 1))
+            # Per logged interval: tokens and seconds cover the same steps, whatever the stride.
             self.rates.append((tokens if tokens > 0 else 1.0) / step_time)
         self.hung = False
+
+    def reseed(self) -> None:
+        """Start the statistics over after a restart; the counters of what happened stay.
+
+        A restart is a step number going backward on the same (run, rank) (a checkpoint
+        rollback) or a new process resuming it. The loss, grad-norm, step-time, throughput,
+        memory and gradient-gain baselines of the old trajectory would judge the new one
+        against the wrong level (a rolled-back loss reads as a spike, its EMA trend as
+        divergence), so they are emptied and rebuilt from the next steps, as at the start.
+        """
+        cfg = self.cfg
+        self.restarts += 1
+        self.event("restart")
+        self.ema = None
+        self.loss_stats = RollingStats(cfg.window_steps)
+        self.grad_stats = RollingStats(cfg.window_steps)
+        self.grad_log_stats = RollingStats(cfg.window_steps)
+        self.loss_z = self.grad_z = self.loss_ratio = math.nan
+        self._loss_streak = self._grad_streak = 0
+        self.trend.clear()
+        self._slope_key, self._slope = None, None
+        self.step_times.clear()
+        self.intervals.clear()
+        self.rates.clear()
+        self.memory.clear()
+        self.memory_growth = None
+        self.leaking = self.hung = self.throughput_dropped = False
+        self.gain_mean = self.gain_baseline = self.gain_drift = None
+        self._gain_history = []
+        self._gain_drifted = False
 
     # ----------------------------------------------------------------------------- derived
 
     def median_step_time(self) -> float | None:
-        """Median of the recent step times (s), None before ``min_history_steps`` of them."""
+        """Median of the recent times per training step (s).
+
+        None before ``min_history_steps`` of them.
+        """
         if len(self.step_times) < min(self.cfg.min_history_steps, self.step_times.maxlen or 1):
             return None
         return statistics.median(self.step_times)
 
+    def median_interval(self) -> float | None:
+        """Median of the recent times between ``log()`` calls (s): what a hang is judged by.
+
+        Equal to :meth:`median_step_time` for a rank that logs every step; None before
+        ``min_history_steps`` of them.
+        """
+        if len(self.intervals) < min(self.cfg.min_history_steps, self.intervals.maxlen or 1):
+            return None
+        return statistics.median(self.intervals)
+
     def check_hang(self, seconds_since_step: float, busy: bool) -> bool:
         """Update the hang state; returns True when a new hang episode starts."""
-        median = self.median_step_time()
+        median = self.median_interval()
         if busy or median is None:
             self.hung = False
             return False

@@ -25,9 +25,9 @@ custom metric, so each series exists at 0 from a rank's first message."""
 STATUSES = ("running", "finished", "failed", "crashed")
 MIN_RATE_SPAN_S = 0.5
 """Rates need steps spanning at least this long (s); shorter spans say nothing useful."""
-SERIES_PER_RANK = 104
+SERIES_PER_RANK = 105
 """Series one rank costs in the exposition before any custom metric, operation, evaluation
-value or layer: the rank budget of docs/scaling.md#cardinality-budget (107, measured with every
+value or layer: the rank budget of docs/scaling.md#cardinality-budget (108, measured with every
 feature and one tracked operation) less that operation's 3."""
 SERIES_PER_LAYER = len(P.LAYER_STATS) + len(P.LAYER_QUANTILES)
 """Series one exported layer costs at most (each statistic and gradient quantile)."""
@@ -133,10 +133,17 @@ class RankState:
         connection's custom field ids to names; at most ``max_custom`` custom names are kept.
         """
         (step, steps, when, step_time, tokens, samples, overhead, d_disc, d_bp, refused) = head
-        restarted = steps < self.steps_total
+        prev = self.step
+        restarted = steps < self.steps_total  # a new client process resumed this rank
+        rolled_back = not restarted and prev is not None and step < prev  # a checkpoint reload
         tokens, samples, overhead = self._checked_totals(restarted, tokens, samples, overhead)
-        if restarted:
-            self.window.clear()  # the client restarted: its totals started over
+        if restarted or rolled_back:
+            self.analytics.reseed()
+        if restarted or (self.window and when < self.window[-1].time):
+            # The client's totals started over, or its wall clock stepped back: the rate window
+            # starts again from this step instead of spanning the step.
+            self.window.clear()
+        stride = step - prev if prev is not None and step > prev and not rolled_back else 1
         new_tokens = tokens if restarted else tokens - self.tokens_total
         self.step = step
         self.last_step_time = when
@@ -148,8 +155,9 @@ class RankState:
         self.dropped_backpressure = d_bp
         self.refused_values = refused
         if step_time > 0.0 and step_time < math.inf:
-            self.hist_counts[bisect_left(self.buckets, step_time)] += 1
-            self.hist_sum += step_time
+            per_step = step_time / stride  # a rank logging every n-th step: n steps' time
+            self.hist_counts[bisect_left(self.buckets, per_step)] += 1
+            self.hist_sum += per_step
             self.hist_count += 1
         win = self.window
         win.append(WindowPoint(when, tokens, samples, overhead, overhead + self.ops_seconds()))
@@ -186,7 +194,7 @@ class RankState:
                 self.nonfinite["custom"] += 1
                 self.analytics.last_step = step
                 self.analytics.event("nonfinite_custom", v)
-        self.analytics.observe_step(step, loss, grad_norm, step_time, new_tokens, mem)
+        self.analytics.observe_step(step, loss, grad_norm, step_time, new_tokens, mem, stride)
         return unknown, capped
 
     def _checked_totals(
@@ -425,8 +433,9 @@ class Store:
 
         Returns the state, or a refusal reason: ``not_owner`` (the run belongs to another
         uid), ``duplicate_rank`` (that rank is already connected) or ``too_many_ranks``
-        (``max_ranks`` reached). A rank that reconnects keeps its exporter-side counters (the
-        run resumed under the same id).
+        (``max_ranks`` reached). A rank that reconnects after a crash or a lost connection keeps
+        its exporter-side counters (the run resumed under the same id); one that had finished
+        cleanly starts from fresh state (the id was reused for a new run).
         """
         key = (hello["run"], hello["rank"])
         state = self.ranks.get(key)
@@ -438,6 +447,13 @@ class Store:
             if lapse > time.monotonic() and owner != uid:
                 return "not_owner"  # its ranks were evicted; the id is still its owner's
             del self.owners[hello["run"]]
+        if state is not None and not state.connected and state.status == "finished":
+            # A rank that finished cleanly, opened again: a new run under a used id. Nothing
+            # of the old one carries over (its loss level would read as spikes); the counters
+            # start again at 0, a reset rate() and increase() handle.
+            self.series_used = max(0, self.series_used - self.series_of(state))
+            del self.ranks[key]
+            state = None
         if state is not None:
             if state.connected:
                 return "duplicate_rank"

@@ -64,7 +64,8 @@ _GAUGES: tuple[tuple[str, str, Callable[[RankState, RankAnalytics], float | None
     ),
     (
         "trainmon_train_step_time_median_seconds",
-        "Median of the last step_time_window_steps step times (s): the rank's usual step time.",
+        "Median of the last step_time_window_steps per-step times (s; the time between log() "
+        "calls over the steps between them): the rank's usual step time.",
         lambda s, a: a.median_step_time(),
     ),
     (
@@ -224,7 +225,7 @@ _COUNTERS: tuple[tuple[str, str, Callable[[RankState, RankAnalytics], float]], .
 
 
 def _overdue(s: RankState, a: RankAnalytics) -> float | None:
-    median = a.median_step_time()
+    median = a.median_interval()
     if not s.connected or s.last_step_time is None or not median:
         return None
     return max(0.0, time.time() - s.last_step_time) / median

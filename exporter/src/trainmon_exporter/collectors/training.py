@@ -156,6 +156,13 @@ _COUNTERS: tuple[tuple[str, str, Callable[[RankState], float]], ...] = (
         "without a FINISH record, or finished with an uncaught exception.",
         lambda s: float(s.crashes),
     ),
+    (
+        "trainmon_run_restarts",
+        "Times the rank restarted: its step number went backward (a checkpoint reload) or a "
+        "new process resumed it. The loss, gradient, step-time and throughput statistics "
+        "start over at each one, so a restart is not judged as a spike or a divergence.",
+        lambda s: float(s.analytics.restarts),
+    ),
 )
 
 
@@ -221,7 +228,8 @@ class TrainingCollector:
         )
         step_hist = HistogramMetricFamily(
             "trainmon_train_step_duration_seconds",
-            "Wall time between consecutive log() calls of a rank (s, client time.perf_counter).",
+            "Time of one training step (s): the time between consecutive log() calls of a rank "
+            "(client time.perf_counter) over the steps between them.",
             labels=RL,
         )
         nonfinite = CounterMetricFamily(
