@@ -189,9 +189,11 @@ def build_standins(engine: Engine, timings: dict[str, float]) -> None:
                 stderr=subprocess.STDOUT,
                 check=True,
             )
-            tar = subprocess.Popen(["tar", "-C", str(root), "-c", "."], stdout=subprocess.PIPE)
-            engine.docker("import", "-", base, stdin=tar.stdout)
-            assert tar.wait() == 0
+            with subprocess.Popen(
+                ["tar", "-C", str(root), "-c", "."], stdout=subprocess.PIPE
+            ) as tar:
+                engine.docker("import", "-", base, stdin=tar.stdout)
+            assert tar.returncode == 0
         timings["base (debootstrap + import)"] = time.monotonic() - t0
 
     ca = CA_BUNDLE.read_bytes()
