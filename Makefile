@@ -45,6 +45,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/scrape.py $(BENCH_ARGS)
 	$(BIN)/python benchmarks/fuzz.py $(BENCH_ARGS)
 	$(BIN)/python benchmarks/faults.py $(BENCH_ARGS)
+	$(BIN)/python benchmarks/soak.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV)
