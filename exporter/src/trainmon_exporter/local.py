@@ -69,11 +69,13 @@ class LocalExporter:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 30.0) -> LocalExporter:
-        """Start the process and wait for ``/readyz``.
+        """Start the process and wait for ``/readyz``; a running one is kept (returns self).
 
         Raises:
             RuntimeError: it exited or was not ready within ``timeout`` seconds.
         """
+        if self.proc is not None and self.proc.poll() is None:
+            return self  # ``with LocalExporter().start() as ex`` must not start a second one
         self.proc = subprocess.Popen(self._cmd)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
