@@ -158,6 +158,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-trainmon", action="store_true", help="train without reporting")
     p.add_argument("--inject-nan-at", type=int, default=-1, help="report a NaN loss at this step")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--watch", type=int, default=0, help="per-layer statistics every N steps (0: off)"
+    )
     return p.parse_args(argv)
 
 
@@ -183,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
 
     # --- trainmon, line 1 of 2 -----------------------------------------------------------
     run = trainmon_client.init(run=args.run, num_params=n_params, enabled=not args.no_trainmon)
+    if args.watch and not args.no_trainmon:
+        run.watch(model, opt, every=args.watch)  # optional: per-layer gradients and updates
 
     if rank == 0:
         print(

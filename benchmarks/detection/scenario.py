@@ -68,6 +68,12 @@ def main() -> int:
     ap.add_argument("--slow-rank", type=int, default=1)
     ap.add_argument("--stall-seconds", type=float, default=90.0)
     ap.add_argument(
+        "--watch",
+        type=int,
+        default=0,
+        help="Run.watch(model, opt, every=N): per-layer statistics every N steps (0: off)",
+    )
+    ap.add_argument(
         "--smoke", action="store_true", help="seconds: 20 steps, injection at step 10 (nan)"
     )
     args = ap.parse_args()
@@ -84,6 +90,8 @@ def main() -> int:
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     gen = torch.Generator().manual_seed(args.seed)
     run = trainmon_client.init(run=args.run)
+    if args.watch:
+        run.watch(model, opt, every=args.watch)
     slow = args.scenario == "slowdown" or (
         args.scenario == "straggler" and run.rank == args.slow_rank
     )

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import collections
+import inspect
+import math
+import random
 from collections.abc import Callable
 
 import pytest
@@ -103,19 +107,83 @@ def rows(norms: list[float], ratio: float = 1e-3) -> list[tuple[str, dict[int, f
 
 
 def test_gradient_gain_and_drift() -> None:
-    a = RankAnalytics(AnalyticsSettings(gain_baseline_checks=3, gain_drift_factor=2.0))
+    a = RankAnalytics(
+        AnalyticsSettings(
+            gain_baseline_checks=3, gain_window_checks=1, gain_drift_checks=2, gain_drift_factor=2
+        )
+    )
     for _ in range(3):
         a.observe_layers(rows([4.0, 2.0, 1.0]))  # each layer has twice the next one's norm
     assert a.gain_mean == pytest.approx(2.0) and a.gain_drift == pytest.approx(1.0)
     a.observe_layers(rows([16.0, 4.0, 1.0]))  # gain 4: drifted by 2x... not beyond
     assert a.gain_drift == pytest.approx(2.0) and a.gain_drifts == 0
-    a.observe_layers(rows([64.0, 8.0, 1.0]))  # gain 8: 4x the baseline
+    a.observe_layers(rows([64.0, 8.0, 1.0]))  # gain 8: 4x the baseline, once: not yet
+    assert a.gain_drift == pytest.approx(4.0) and a.gain_drifts == 0
+    a.observe_layers(rows([64.0, 8.0, 1.0]))  # twice in a row: an episode
     a.observe_layers(rows([64.0, 8.0, 1.0]))  # same episode
     assert a.gain_drifts == 1
+    a.observe_layers(rows([4.0, 2.0, 1.0]))  # one check back in range does not end it
+    a.observe_layers(rows([64.0, 8.0, 1.0]))
+    assert a.gain_drifts == 1
     a.observe_layers(rows([4.0, 2.0, 1.0]))
+    a.observe_layers(rows([4.0, 2.0, 1.0]))  # two in range: ended
     a.observe_layers(rows([0.5, 2.0, 8.0]))  # vanishing towards the input: 0.25 = 1/8x
+    a.observe_layers(rows([0.5, 2.0, 8.0]))
     assert a.gain_drifts == 2
     assert [e.kind for e in a.events] == ["grad_gain_drift", "grad_gain_drift"]
+
+
+def test_gain_drift_ignores_noise_and_finds_a_step_change() -> None:
+    """Default settings: log-normal noise (sd 0.3 in ln, one check in ~50 beyond 2x) is no
+    drift; a 4x step change is an episode within 5 checks."""
+    rng = random.Random(1)
+    a = RankAnalytics(AnalyticsSettings())
+    for _ in range(500):
+        a.observe_layers(rows([math.exp(rng.gauss(0, 0.3)), 1.0]))
+    assert a.gain_drifts == 0
+    checks = 0
+    while not a.gain_drifts and checks < 5:
+        a.observe_layers(rows([4 * math.exp(rng.gauss(0, 0.3)), 1.0]))
+        checks += 1
+    assert a.gain_drifts == 1, checks
+    assert a.events[-1].kind == "grad_gain_drift"
+
+
+@pytest.mark.slow
+def test_no_gain_drift_on_a_healthy_two_layer_model(
+    make_exporter: Callable[..., InProcessExporter],
+) -> None:
+    """A 2-layer MLP learning the next byte of real text (stdlib source), watched every 10
+    steps for 3,000 steps, through the client and the exporter: no drift episode. Judged one
+    check at a time against a 5-check baseline it counted one."""
+    ex = make_exporter()
+    run = connect(ex, "healthy-mlp")
+    torch.manual_seed(0)
+    data = torch.tensor(list(inspect.getsource(collections).encode()), dtype=torch.long)
+    model = torch.nn.Sequential(
+        torch.nn.Flatten(),
+        torch.nn.Linear(8 * 256, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 256),
+    )
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    run.watch(model, opt, every=10)
+    for step in range(3000):
+        idx = torch.randint(0, len(data) - 9, (32,))
+        ctx = torch.stack([data[i : i + 8] for i in idx.tolist()])
+        x = torch.nn.functional.one_hot(ctx, 256).float()
+        loss = torch.nn.functional.cross_entropy(model(x), data[idx + 8])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        run.log(step, loss=loss.item())
+    run.finish()
+    wait_for(lambda: (r := ex.rank("healthy-mlp", 0)) and r["status"] == "finished")
+    m = ex.metrics()
+    lbl = {"run": "healthy-mlp", "rank": "0"}
+    assert sample(m, "trainmon_train_grad_gain_mean", **lbl) is not None  # it was judged
+    assert loss.item() < 3.0  # it learned (ln 256 = 5.5 at chance)
+    assert sample(m, "trainmon_train_grad_gain_drifts_total", **lbl) == 0
 
 
 def test_update_ratio_bounds() -> None:

@@ -43,8 +43,14 @@ step the exporter receives, and exported as a counter. The detectors and their f
   ``update_ratio_high`` or below ``update_ratio_low`` is counted per layer and check. The
   *gradient gain* between consecutive layers (module order) is ``||g_i|| / ||g_{i+1}||``. Its
   mean is the geometric mean over the layer pairs. The baseline is the median mean gain of the
-  first ``gain_baseline_checks`` checks. Drift is ``mean / baseline``, and an episode of
-  ``|ln drift| > ln gain_drift_factor`` is counted.
+  first ``gain_baseline_checks`` checks. Drift is the median mean gain of the last
+  ``gain_window_checks`` checks over the baseline (one noisy check cannot move it). An episode
+  starts after ``gain_drift_checks`` consecutive checks with ``|ln drift| > ln
+  gain_drift_factor`` and ends after as many consecutive checks back within it; each start is
+  counted. On a healthy 2-layer MLP (one layer pair: the noisiest gain), single checks
+  against a 5-check baseline counted 33 episodes in six clean 3,000-step runs; these defaults
+  count none and find a 4x step change 5 checks after it
+  (``benchmarks/detection/gain_drift.py``, ``docs/detection.md``).
 - **Evaluation**:
   - improvement per evaluation ``(prev - cur) / |prev|``, slow under ``eval_slow_improvement``;
   - gap ``(val_loss - train EMA) / train EMA``, overfitting over ``eval_overfit_gap``;
@@ -145,7 +151,13 @@ class AnalyticsSettings(BaseModel):
         0.9, ge=0, le=1, description="how steady (R^2 of the linear fit) the growth must be"
     )
     gain_baseline_checks: int = Field(
-        5, ge=1, description="watch checks whose median mean gain is the baseline"
+        10, ge=1, description="watch checks whose median mean gain is the baseline"
+    )
+    gain_window_checks: int = Field(
+        5, ge=1, description="watch checks whose median mean gain is compared to the baseline"
+    )
+    gain_drift_checks: int = Field(
+        3, ge=1, description="consecutive drifted checks that start (or in range, end) an episode"
     )
 
     @model_validator(mode="after")
@@ -325,7 +337,9 @@ class RankAnalytics:
         self.gain_drift: float | None = None
         self.gain_drifts = 0
         self._gain_history: list[float] = []
+        self._gain_recent: deque[float] = deque(maxlen=cfg.gain_window_checks)
         self._gain_drifted = False
+        self._gain_streak = 0  # consecutive checks disagreeing with _gain_drifted
 
     def _keep(self, stats: RollingStats, x: float, severity: str | None, streak: int) -> int:
         """Add ``x`` to ``stats`` unless it is a spike; returns the new spike streak.
@@ -473,7 +487,9 @@ class RankAnalytics:
         self.leaking = self.hung = self.throughput_dropped = False
         self.gain_mean = self.gain_baseline = self.gain_drift = None
         self._gain_history = []
+        self._gain_recent.clear()
         self._gain_drifted = False
+        self._gain_streak = 0
 
     # ----------------------------------------------------------------------------- derived
 
@@ -637,17 +653,26 @@ class RankAnalytics:
         if len(self._gain_history) < cfg.gain_baseline_checks:
             self._gain_history.append(self.gain_mean)
             self.gain_baseline = statistics.median(self._gain_history)
-        drift = self.gain_mean / self.gain_baseline if self.gain_baseline else None
+        self._gain_recent.append(self.gain_mean)
+        recent = statistics.median(self._gain_recent)
+        drift = recent / self.gain_baseline if self.gain_baseline else None
         self.gain_drift = drift
         drifted = (
             drift is not None
             and drift > 0.0
             and abs(math.log(drift)) > math.log(cfg.gain_drift_factor)
         )
-        if drifted and not self._gain_drifted:
+        if drifted == self._gain_drifted:
+            self._gain_streak = 0
+            return
+        self._gain_streak += 1
+        if self._gain_streak < cfg.gain_drift_checks:
+            return
+        self._gain_drifted = drifted
+        self._gain_streak = 0
+        if drifted:
             self.gain_drifts += 1
             self.event("grad_gain_drift", drift)
-        self._gain_drifted = drifted
 
     # ----------------------------------------------------------------------------- evaluation
 

@@ -93,7 +93,8 @@ _GAUGES: tuple[tuple[str, str, Callable[[RankState, RankAnalytics], float | None
     ),
     (
         "trainmon_train_grad_gain_drift_ratio",
-        "Mean gradient gain over its baseline (the median of the first gain_baseline_checks).",
+        "Median mean gradient gain of the last gain_window_checks over its baseline "
+        "(the median of the first gain_baseline_checks).",
         lambda s, a: a.gain_drift,
     ),
     (
@@ -196,7 +197,8 @@ _COUNTERS: tuple[tuple[str, str, Callable[[RankState, RankAnalytics], float]], .
     ),
     (
         "trainmon_train_grad_gain_drifts",
-        "Episodes of the mean layer-to-layer gradient gain off its baseline by gain_drift_factor.",
+        "Episodes of the mean layer-to-layer gradient gain off its baseline by gain_drift_factor "
+        "for gain_drift_checks checks in a row.",
         lambda s, a: a.gain_drifts,
     ),
     (
