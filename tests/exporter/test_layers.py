@@ -79,7 +79,8 @@ def test_layers_of_ranks_outside_layer_ranks_are_analysed_not_exported(
     make_exporter: Callable[..., InProcessExporter],
 ) -> None:
     """Only rank 0's layers become series by default; rank 1's are counted and still judged."""
-    ex = make_exporter(analytics={"update_ratio_low": 1.0})  # every layer reads as frozen
+    # every layer's update reads as too high (ratio below update_ratio_low needs learning peers)
+    ex = make_exporter(analytics={"update_ratio_high": 1e-12, "update_ratio_low": 0.0})
     for rank in (0, 1):
         run = connect(ex, "sub", rank=rank, world_size=2)
         train(run, 4)
@@ -90,8 +91,8 @@ def test_layers_of_ranks_outside_layer_ranks_are_analysed_not_exported(
     # 3 layers x 2 watch checks of rank 1, analysed but not exported
     assert sample(m, "trainmon_ingest_values_dropped_total", reason="layer_rank") == 6
     for rank in ("0", "1"):
-        low = sample(m, "trainmon_train_update_ratio_low_total", run="sub", rank=rank)
-        assert low == 6, (rank, low)
+        high = sample(m, "trainmon_train_update_ratio_high_total", run="sub", rank=rank)
+        assert high == 6, (rank, high)
 
     ex_all = make_exporter(layer_ranks="all")
     run = connect(ex_all, "every", rank=1, world_size=2)
@@ -189,9 +190,20 @@ def test_no_gain_drift_on_a_healthy_two_layer_model(
 def test_update_ratio_bounds() -> None:
     a = RankAnalytics(AnalyticsSettings(update_ratio_high=0.1, update_ratio_low=1e-7))
     a.observe_layers(rows([1.0, 1.0], ratio=0.5))
-    a.observe_layers(rows([1.0, 1.0], ratio=1e-9))
     a.observe_layers(rows([1.0, 1.0], ratio=1e-3))
-    assert (a.update_high, a.update_low) == (2, 2)
+    frozen = rows([1.0, 1.0, 1.0], ratio=1e-3)
+    frozen[1][1][5] = 1e-9  # one layer frozen while the others learn
+    a.observe_layers(frozen)
+    assert (a.update_high, a.update_low) == (2, 1)
+
+
+def test_a_learning_rate_near_zero_is_not_a_frozen_layer() -> None:
+    """The end of a cosine schedule: every layer's update ratio under the floor at once."""
+    a = RankAnalytics(AnalyticsSettings(update_ratio_low=1e-7))
+    a.observe_layers(rows([1.0, 1.0, 1.0], ratio=1e-10))
+    a.observe_layers(rows([1.0, 1.0, 1.0], ratio=0.0))
+    assert a.update_low == 0
+    assert [e.kind for e in a.events] == []
 
 
 def test_layer_exposition_passes_promtool_and_is_documented(exporter: InProcessExporter) -> None:

@@ -40,7 +40,11 @@ step the exporter receives, and exported as a counter. The detectors and their f
   least-squares growth ``slope * steps`` above ``leak_min_growth_ratio`` of the mean, with
   ``R^2 >= leak_min_r2`` (steady growth, not a jump).
 - **Layers** (``Run.watch``): a layer's update ratio ``||dw||/||w||`` above
-  ``update_ratio_high`` or below ``update_ratio_low`` is counted per layer and check. The
+  ``update_ratio_high`` is counted per layer and check; below ``update_ratio_low`` too, while
+  the check's median layer ratio is at or above it (one layer frozen while the others learn).
+  A whole model below the floor is the learning rate, not a layer: a cosine schedule ends
+  near 0 (the example trainer's last checks of a 6,000-step run had every layer under 1e-7,
+  which paged ``TrainmonUpdateRatioOutOfRange`` on a healthy run); it counts nothing. The
   *gradient gain* between consecutive layers (module order) is ``||g_i|| / ||g_{i+1}||``. Its
   mean is the geometric mean over the layer pairs. The baseline is the median mean gain of the
   first ``gain_baseline_checks`` checks. Drift is the median mean gain of the last
@@ -621,14 +625,13 @@ class RankAnalytics:
         cfg = self.cfg
         high = low = 0
         worst = 0.0
-        for _, row in rows:
-            ratio = row.get(5)
-            if ratio is None or not math.isfinite(ratio):
-                continue
+        ratios = [r for _, row in rows if (r := row.get(5)) is not None and math.isfinite(r)]
+        learning = bool(ratios) and statistics.median(ratios) >= cfg.update_ratio_low
+        for ratio in ratios:
             if ratio > cfg.update_ratio_high:
                 high += 1
                 worst = max(worst, ratio)
-            elif ratio < cfg.update_ratio_low:
+            elif ratio < cfg.update_ratio_low and learning:
                 low += 1
         if high:
             self.update_high += high

@@ -192,7 +192,8 @@ _COUNTERS: tuple[tuple[str, str, Callable[[RankState, RankAnalytics], float]], .
     ),
     (
         "trainmon_train_update_ratio_low",
-        "Layer checks whose update ratio was below update_ratio_low (a frozen layer).",
+        "Layer checks whose update ratio was below update_ratio_low while the median layer's "
+        "was not (a frozen layer).",
         lambda s, a: a.update_low,
     ),
     (
