@@ -138,3 +138,51 @@ def test_metric_name_rules(name: object, ok: bool) -> None:
 )
 def test_run_id_rules(run: str, ok: bool) -> None:
     assert P.valid_run_id(run) is ok
+
+
+def test_every_record_type_has_a_name_and_a_typed_decoder() -> None:
+    payloads = {
+        P.HELLO: P.encode_hello({"run": "r", "rank": 0})[3:],
+        P.NAME: P.encode_name(64, "x")[3:],
+        P.STEP: P.encode_fields(P.STEP, P.STEP_HEADER.pack(*range(10)), [1], [2.0])[3:],
+        P.FINISH: P.encode_finish(P.FINISH_OK, 1.0)[3:],
+        P.EVAL: P.encode_fields(P.EVAL, P.EVAL_HEADER.pack(3, 1.0), [6], [2.5])[3:],
+        P.TRACK: P.encode_track(64, True, 1.5, 2)[3:],
+        P.CHECKPOINT: P.encode_checkpoint(5, 1.0, 2.0)[3:],
+        P.LAYERS: P.encode_layers(1, 1.0, 1, 0.5, [64], [P.STAT_GRAD_NORM], [0.1])[3:],
+        P.TOTALS: P.encode_totals(P.Totals(1, 2, 3, 4, 5, 6, 7))[3:],
+    }
+    assert set(payloads) == set(P.RECORD_NAMES)
+    kinds = {P.decode_record(t, memoryview(p)).__class__.__name__ for t, p in payloads.items()}
+    assert kinds == {
+        "Hello",
+        "Name",
+        "Step",
+        "Finish",
+        "Eval",
+        "Track",
+        "Checkpoint",
+        "Layers",
+        "Totals",
+    }
+    track = P.decode_record(P.TRACK, memoryview(payloads[P.TRACK]))
+    assert track == P.Track(64, True, 1.5, 2)
+    with pytest.raises(P.ProtocolError) as exc:
+        P.decode_record(200, memoryview(b""))
+    assert exc.value.reason == "unknown_type"
+
+
+def test_a_protocol_error_carries_one_of_the_listed_reasons() -> None:
+    for reason in P.PROTOCOL_ERRORS:
+        assert P.ProtocolError(reason, "detail").reason == reason
+    with pytest.raises(ValueError):
+        P.ProtocolError("not_a_reason")
+
+
+def test_named_constants_are_the_standard_tables() -> None:
+    assert (
+        P.STANDARD_FIELDS["loss"] == P.FIELD_LOSS
+        and P.STANDARD_NAMES[P.FIELD_VAL_LOSS] == "val_loss"
+    )
+    assert P.LAYER_STATS["update_ratio"] == P.STAT_UPDATE_RATIO
+    assert P.MAX_STEP == 2**64 - 1

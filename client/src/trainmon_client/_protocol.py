@@ -56,10 +56,12 @@ import math
 import re
 import struct
 from collections.abc import Iterator
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple, Union
 
 PROTOCOL_VERSION: Final = 1
 MAGIC: Final = b"TM"
+MAX_STEP: Final = 2**64 - 1
+"""Largest step number (u64 in STEP, EVAL, CHECKPOINT and LAYERS records)."""
 MAX_PACKET_BYTES: Final = 65536
 """Upper bound of one packet, header included (bytes)."""
 
@@ -77,6 +79,18 @@ LAYERS: Final = 8
 TOTALS: Final = 9
 DATA_RECORDS: Final = frozenset({STEP, EVAL, TRACK, CHECKPOINT, LAYERS})
 """Record types the client's sent and dropped totals count (one each)."""
+RECORD_NAMES: Final[dict[int, str]] = {
+    HELLO: "hello",
+    NAME: "name",
+    STEP: "step",
+    FINISH: "finish",
+    EVAL: "eval",
+    TRACK: "track",
+    CHECKPOINT: "checkpoint",
+    LAYERS: "layers",
+    TOTALS: "totals",
+}
+"""Lower-case name of every record type (the exporter's ``type`` label values)."""
 
 STEP_HEADER: Final = struct.Struct("<QQdddddQQQ")
 """STEP payload header: step, steps_total, time, step_time, tokens_total, samples_total,
@@ -123,15 +137,23 @@ TRACK_BODY: Final = struct.Struct("<HBdQ")
 """TRACK payload: name id u16, active u8 (1 while the operation runs), seconds_total f64
 (cumulative wall time of finished runs of it), count u64 (finished runs)."""
 CHECKPOINT_BODY: Final = struct.Struct("<Qdd")
+STAT_GRAD_NORM: Final = 1
+STAT_GRAD_MEAN: Final = 2
+STAT_GRAD_STD: Final = 3
+STAT_WEIGHT_NORM: Final = 4
+STAT_UPDATE_RATIO: Final = 5
+STAT_ACTIVATION_MEAN: Final = 6
+STAT_ACTIVATION_STD: Final = 7
+STAT_DEAD_RATIO: Final = 8
 LAYER_STATS: Final[dict[str, int]] = {
-    "grad_norm": 1,
-    "grad_mean": 2,
-    "grad_std": 3,
-    "weight_norm": 4,
-    "update_ratio": 5,
-    "activation_mean": 6,
-    "activation_std": 7,
-    "dead_ratio": 8,
+    "grad_norm": STAT_GRAD_NORM,
+    "grad_mean": STAT_GRAD_MEAN,
+    "grad_std": STAT_GRAD_STD,
+    "weight_norm": STAT_WEIGHT_NORM,
+    "update_ratio": STAT_UPDATE_RATIO,
+    "activation_mean": STAT_ACTIVATION_MEAN,
+    "activation_std": STAT_ACTIVATION_STD,
+    "dead_ratio": STAT_DEAD_RATIO,
 }
 """Stat codes of LAYERS records; codes ``QUANTILE_CODE0 + i`` are the ``LAYER_QUANTILES[i]``
 quantile of the layer's gradient values."""
@@ -173,18 +195,29 @@ class Totals(NamedTuple):
 FINISH_OK: Final = 0
 FINISH_FAILED: Final = 1
 
+FIELD_LOSS: Final = 1
+FIELD_LR: Final = 2
+FIELD_GRAD_NORM: Final = 3
+FIELD_BATCH_SIZE: Final = 4
+FIELD_SEQ_LEN: Final = 5
+FIELD_VAL_LOSS: Final = 6
+FIELD_MEM_ALLOCATED: Final = 7
+FIELD_MEM_RESERVED: Final = 8
+FIELD_MEM_PEAK: Final = 9
+FIELD_ALLOC_RETRIES: Final = 10
+FIELD_OOMS: Final = 11
 STANDARD_FIELDS: Final[dict[str, int]] = {
-    "loss": 1,
-    "lr": 2,
-    "grad_norm": 3,
-    "batch_size": 4,
-    "seq_len": 5,
-    "val_loss": 6,
-    "mem_allocated": 7,
-    "mem_reserved": 8,
-    "mem_peak": 9,
-    "alloc_retries": 10,
-    "ooms": 11,
+    "loss": FIELD_LOSS,
+    "lr": FIELD_LR,
+    "grad_norm": FIELD_GRAD_NORM,
+    "batch_size": FIELD_BATCH_SIZE,
+    "seq_len": FIELD_SEQ_LEN,
+    "val_loss": FIELD_VAL_LOSS,
+    "mem_allocated": FIELD_MEM_ALLOCATED,
+    "mem_reserved": FIELD_MEM_RESERVED,
+    "mem_peak": FIELD_MEM_PEAK,
+    "alloc_retries": FIELD_ALLOC_RETRIES,
+    "ooms": FIELD_OOMS,
 }
 """Field ids of the standard scalars. ``tokens`` and ``samples`` are not fields: the client
 adds them to the cumulative totals in the STEP header."""
@@ -217,6 +250,20 @@ _LABEL_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:/\-]*\Z")
 _RUN_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@+\-]*\Z")
 
 
+PROTOCOL_ERRORS: Final = (
+    "oversized",
+    "truncated",
+    "bad_magic",
+    "unknown_version",
+    "unknown_type",
+    "malformed",
+)
+"""Every ``reason`` a :class:`ProtocolError` carries: a packet over :data:`MAX_PACKET_BYTES`;
+a packet or record shorter than its layout; a packet not starting with :data:`MAGIC`; another
+:data:`PROTOCOL_VERSION`; a record type this version does not define; a record whose content
+breaks its rules (bad UTF-8 or JSON, a reserved id, an unknown status, a bad time)."""
+
+
 class ProtocolError(ValueError):
     """A packet or record that does not follow the protocol.
 
@@ -226,6 +273,8 @@ class ProtocolError(ValueError):
     """
 
     def __init__(self, reason: str, detail: str = "") -> None:
+        if reason not in PROTOCOL_ERRORS:
+            raise ValueError(f"not a protocol error reason: {reason!r}")
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
 
@@ -361,29 +410,88 @@ def encode_layers(
     return RECORD_HEADER.pack(LAYERS, len(body)) + body
 
 
-def decode_layers(
-    payload: memoryview,
-) -> tuple[tuple[int, float, int, float], tuple[int, ...], tuple[int, ...], tuple[float, ...]]:
-    """Decode a LAYERS payload to ``(header, stat codes, layer ids, values)``.
-
-    Raises:
-        ProtocolError: ``truncated`` when the sizes do not add up.
-    """
-    if len(payload) < LAYERS_HEADER.size:
-        raise ProtocolError("truncated", "LAYERS")
-    step, when, checks, seconds, n, k = LAYERS_HEADER.unpack_from(payload, 0)
-    if len(payload) != LAYERS_HEADER.size + k + 2 * n + 8 * n * k:
-        raise ProtocolError("truncated", "LAYERS")
-    off = LAYERS_HEADER.size
-    codes = struct.unpack_from(f"<{k}B", payload, off)
-    ids = struct.unpack_from(f"<{n}H", payload, off + k)
-    values = struct.unpack_from(f"<{n * k}d", payload, off + k + 2 * n)
-    return (int(step), float(when), int(checks), float(seconds)), codes, ids, values
-
-
 def step_payload_length(n_fields: int) -> int:
     """Payload bytes of a STEP record with ``n_fields`` fields."""
     return STEP_HEADER.size + FIELD_BYTES * n_fields
+
+
+# ---------------------------------------------------------------------------- typed records
+
+
+class Hello(NamedTuple):
+    """A decoded HELLO: the JSON object as sent (keys: :data:`HELLO_FIELDS`, types unchecked)."""
+
+    fields: dict[str, Any]
+
+
+class Name(NamedTuple):
+    """A decoded NAME: ``field_id`` (>= :data:`FIRST_CUSTOM_ID`) now means ``name``."""
+
+    field_id: int
+    name: str
+
+
+class Step(NamedTuple):
+    """A decoded STEP: its header and its fields (ids and f64 values, in the same order)."""
+
+    header: StepHeader
+    ids: tuple[int, ...]
+    values: tuple[float, ...]
+
+
+class Finish(NamedTuple):
+    """A decoded FINISH: :data:`FINISH_OK` or :data:`FINISH_FAILED`, and when (Unix s)."""
+
+    status: int
+    time: float
+
+
+class Eval(NamedTuple):
+    """A decoded EVAL: the training step it belongs to, when (Unix s), and its fields."""
+
+    step: int
+    time: float
+    ids: tuple[int, ...]
+    values: tuple[float, ...]
+
+
+class Track(NamedTuple):
+    """A decoded TRACK (meaning of the fields: :data:`TRACK_BODY`)."""
+
+    field_id: int
+    active: bool
+    seconds_total: float
+    runs_total: int
+
+
+class Checkpoint(NamedTuple):
+    """A decoded CHECKPOINT: step, when it completed (Unix s), seconds it took (NaN: unknown)."""
+
+    step: int
+    time: float
+    seconds: float
+
+
+class LayersHeader(NamedTuple):
+    """The fixed part of a LAYERS record (meaning: :data:`LAYERS_HEADER`)."""
+
+    step: int
+    time: float
+    checks_total: int
+    seconds_total: float
+
+
+class Layers(NamedTuple):
+    """A decoded LAYERS: ``values`` is row-major, one row of ``len(codes)`` per layer id."""
+
+    header: LayersHeader
+    codes: tuple[int, ...]
+    ids: tuple[int, ...]
+    values: tuple[float, ...]
+
+
+Record = Union[Hello, Name, Step, Finish, Eval, Track, Checkpoint, Layers, Totals]  # noqa: UP007 (3.9)
+"""Any decoded record (:func:`decode_record`)."""
 
 
 # ---------------------------------------------------------------------------------- decoding
@@ -437,7 +545,7 @@ def decode_hello(payload: memoryview) -> dict[str, Any]:
     return obj
 
 
-def decode_name(payload: memoryview) -> tuple[int, str]:
+def decode_name(payload: memoryview) -> Name:
     """Decode a NAME payload to ``(field id, name)``.
 
     Raises:
@@ -452,10 +560,10 @@ def decode_name(payload: memoryview) -> tuple[int, str]:
         name = bytes(payload[NAME_ID.size :]).decode()
     except UnicodeDecodeError:
         raise ProtocolError("malformed", "NAME is not UTF-8") from None
-    return field_id, name
+    return Name(field_id, name)
 
 
-def decode_step(payload: memoryview) -> tuple[StepHeader, tuple[int, ...], tuple[float, ...]]:
+def decode_step(payload: memoryview) -> Step:
     """Decode a STEP payload to ``(header values, field ids, field values)``.
 
     Raises:
@@ -464,7 +572,7 @@ def decode_step(payload: memoryview) -> tuple[StepHeader, tuple[int, ...], tuple
     if len(payload) < STEP_HEADER.size:
         raise ProtocolError("truncated", "STEP")
     ids, values = _decode_fields(payload, STEP_HEADER.size, "STEP")
-    return StepHeader._make(STEP_HEADER.unpack_from(payload, 0)), ids, values
+    return Step(StepHeader._make(STEP_HEADER.unpack_from(payload, 0)), ids, values)
 
 
 def _decode_fields(
@@ -481,7 +589,7 @@ def _decode_fields(
     return ids, values
 
 
-def decode_eval(payload: memoryview) -> tuple[int, float, tuple[int, ...], tuple[float, ...]]:
+def decode_eval(payload: memoryview) -> Eval:
     """Decode an EVAL payload to ``(step, time, field ids, field values)``.
 
     Raises:
@@ -491,10 +599,10 @@ def decode_eval(payload: memoryview) -> tuple[int, float, tuple[int, ...], tuple
         raise ProtocolError("truncated", "EVAL")
     step, when = EVAL_HEADER.unpack_from(payload, 0)
     ids, values = _decode_fields(payload, EVAL_HEADER.size, "EVAL")
-    return int(step), float(when), ids, values
+    return Eval(int(step), float(when), ids, values)
 
 
-def decode_track(payload: memoryview) -> tuple[int, bool, float, int]:
+def decode_track(payload: memoryview) -> Track:
     """Decode a TRACK payload to ``(name id, active, seconds_total, count)``.
 
     Raises:
@@ -505,10 +613,10 @@ def decode_track(payload: memoryview) -> tuple[int, bool, float, int]:
     field_id, active, seconds, count = TRACK_BODY.unpack_from(payload, 0)
     if field_id < FIRST_CUSTOM_ID or active > 1 or not (0.0 <= seconds < math.inf):
         raise ProtocolError("malformed", "TRACK")
-    return int(field_id), bool(active), float(seconds), int(count)
+    return Track(int(field_id), bool(active), float(seconds), int(count))
 
 
-def decode_checkpoint(payload: memoryview) -> tuple[int, float, float]:
+def decode_checkpoint(payload: memoryview) -> Checkpoint:
     """Decode a CHECKPOINT payload to ``(step, time, seconds)``; seconds may be NaN.
 
     Raises:
@@ -519,10 +627,29 @@ def decode_checkpoint(payload: memoryview) -> tuple[int, float, float]:
     step, when, seconds = CHECKPOINT_BODY.unpack_from(payload, 0)
     if not math.isfinite(when) or seconds < 0:
         raise ProtocolError("malformed", "CHECKPOINT")
-    return int(step), float(when), float(seconds)
+    return Checkpoint(int(step), float(when), float(seconds))
 
 
-def decode_finish(payload: memoryview) -> tuple[int, float]:
+def decode_layers(payload: memoryview) -> Layers:
+    """Decode a LAYERS payload to ``(header, stat codes, layer ids, values)``.
+
+    Raises:
+        ProtocolError: ``truncated`` when the sizes do not add up.
+    """
+    if len(payload) < LAYERS_HEADER.size:
+        raise ProtocolError("truncated", "LAYERS")
+    step, when, checks, seconds, n, k = LAYERS_HEADER.unpack_from(payload, 0)
+    if len(payload) != LAYERS_HEADER.size + k + 2 * n + 8 * n * k:
+        raise ProtocolError("truncated", "LAYERS")
+    off = LAYERS_HEADER.size
+    codes = struct.unpack_from(f"<{k}B", payload, off)
+    ids = struct.unpack_from(f"<{n}H", payload, off + k)
+    values = struct.unpack_from(f"<{n * k}d", payload, off + k + 2 * n)
+    header = LayersHeader(int(step), float(when), int(checks), float(seconds))
+    return Layers(header, codes, ids, values)
+
+
+def decode_finish(payload: memoryview) -> Finish:
     """Decode a FINISH payload to ``(status, time)``.
 
     Raises:
@@ -533,4 +660,35 @@ def decode_finish(payload: memoryview) -> tuple[int, float]:
     status, when = FINISH_BODY.unpack_from(payload, 0)
     if status not in (FINISH_OK, FINISH_FAILED) or not math.isfinite(when):
         raise ProtocolError("malformed", "FINISH")
-    return int(status), float(when)
+    return Finish(int(status), float(when))
+
+
+def _decode_hello_record(payload: memoryview) -> Hello:
+    return Hello(decode_hello(payload))
+
+
+_DECODERS: Final[dict[int, Any]] = {
+    HELLO: _decode_hello_record,
+    NAME: decode_name,
+    STEP: decode_step,
+    FINISH: decode_finish,
+    EVAL: decode_eval,
+    TRACK: decode_track,
+    CHECKPOINT: decode_checkpoint,
+    LAYERS: decode_layers,
+    TOTALS: decode_totals,
+}
+
+
+def decode_record(rtype: int, payload: memoryview) -> Record:
+    """Decode one record of type ``rtype`` (from :func:`iter_records`) to its typed form.
+
+    Raises:
+        ProtocolError: ``unknown_type`` for a type this version does not define; otherwise
+            whatever that type's decoder raises (``truncated``, ``malformed``).
+    """
+    decoder = _DECODERS.get(rtype)
+    if decoder is None:
+        raise ProtocolError("unknown_type", str(rtype))
+    record: Record = decoder(payload)
+    return record

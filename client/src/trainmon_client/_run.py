@@ -54,7 +54,6 @@ _perf = time.perf_counter
 _wall = time.time
 _NAN = math.nan
 _REFUSED: Any = object()  # marks a value _coerce refused
-_MAX_STEP = 2**64 - 1
 _PLAIN = frozenset({float, int})
 MAX_PENDING = 256
 """Records queued by ``log()`` before a flush is forced, whatever the interval."""
@@ -80,7 +79,7 @@ def _as_step(step: Any) -> int | None:
     step numbers.
     """
     if type(step) is int:
-        return step if 0 <= step <= _MAX_STEP else None
+        return step if 0 <= step <= P.MAX_STEP else None
     if isinstance(step, (str, bytes, bytearray, bool)) or "bool" in str(
         getattr(step, "dtype", type(step).__name__)
     ):
@@ -95,7 +94,7 @@ def _as_step(step: Any) -> int | None:
         if not f.is_integer():
             return None
         value = int(f)
-    return value if 0 <= value <= _MAX_STEP else None
+    return value if 0 <= value <= P.MAX_STEP else None
 
 
 _live_runs: weakref.WeakSet[Run] = weakref.WeakSet()
@@ -801,7 +800,7 @@ class Run:
             if owners and id(pending[0][2]) in owners:
                 break
             step, t0, metrics = pending.popleft()
-            if type(step) is not int or not 0 <= step <= _MAX_STEP:
+            if type(step) is not int or not 0 <= step <= P.MAX_STEP:
                 step = _as_step(step)  # NumPy / tensor integers, integral floats, or None
                 if step is None:
                     self._refused += 1

@@ -65,12 +65,7 @@ sockets, the lock file, NVML, log files, Python's own)."""
 _RECV_BYTES = P.MAX_PACKET_BYTES + 1  # one byte more than allowed: a full read means oversized
 
 INVALID_REASONS = (
-    "oversized",
-    "truncated",
-    "bad_magic",
-    "unknown_version",
-    "unknown_type",
-    "malformed",
+    *P.PROTOCOL_ERRORS,
     "no_hello",
     "duplicate_hello",
     "bad_hello",
@@ -118,17 +113,7 @@ CONNECTION_REFUSALS = ("max_connections", "fd_limit", "hello_timeout", "idle_tim
 (accepted and closed at once: the cap was reached), ``fd_limit`` (one failed ``accept()``:
 EMFILE, ENFILE, ENOBUFS or ENOMEM; accepting pauses), ``hello_timeout`` (closed: no HELLO in
 time), ``idle_timeout`` (closed: nothing received for ``ingest_idle_timeout_seconds``)."""
-RECORD_TYPES = {
-    P.HELLO: "hello",
-    P.NAME: "name",
-    P.STEP: "step",
-    P.FINISH: "finish",
-    P.EVAL: "eval",
-    P.TRACK: "track",
-    P.CHECKPOINT: "checkpoint",
-    P.LAYERS: "layers",
-    P.TOTALS: "totals",
-}
+RECORD_TYPES = P.RECORD_NAMES
 
 
 def _printable(value: str, limit: int) -> str:
