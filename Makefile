@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test lint demo bench clean
+.PHONY: venv check test lint generate demo bench clean
 
 $(STAMP): requirements-dev.txt client/pyproject.toml exporter/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,16 +14,20 @@ $(STAMP): requirements-dev.txt client/pyproject.toml exporter/pyproject.toml
 
 venv: $(STAMP)
 
-## make test: lint, type-check and run the whole test suite
-test: $(STAMP)
-	$(BIN)/ruff check .
-	$(BIN)/mypy
-	$(BIN)/python -m pytest
-
+## make lint: ruff (lint and format) and mypy
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+## make check: the inner loop: lint and the tests not marked slow (no subprocess exporters,
+## no real training, no Prometheus end-to-end)
+check: lint
+	$(BIN)/python -m pytest -m "not slow"
+
+## make test: lint and the whole test suite (what CI runs)
+test: lint
+	$(BIN)/python -m pytest
 
 ## make demo: exporter + a real training run; prints where to look and live values
 demo: $(STAMP)
