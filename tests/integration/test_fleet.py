@@ -29,6 +29,7 @@ import pytest
 import yaml
 
 from ..conftest import ExporterProcess, free_port, short_tmpdir, wait_for
+from ..helpers.training import finished_output, torchrun
 from .stack import (
     RULE_FILES,
     Processes,
@@ -39,7 +40,6 @@ from .stack import (
     require_binaries,
     shipped,
 )
-from .test_pipeline import finished_output, torchrun
 
 pytestmark = pytest.mark.slow
 

@@ -27,9 +27,9 @@ from typing import Any
 import pytest
 
 from ..conftest import ROOT, short_tmpdir, wait_for
+from ..helpers.training import SMALL
 from .slurm_lab import NODES, SLURM_DIR, SlurmLab, job_python, slurm_lab
 from .stack import RULE_FILES, Processes, Receiver, fast_timing, query, require_binaries, shipped
-from .test_pipeline import SMALL
 
 pytestmark = pytest.mark.slow
 

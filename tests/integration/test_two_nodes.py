@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tests.conftest import ExporterProcess, free_port, trainmon_status
-from tests.integration.test_pipeline import ranks_of, torchrun
+from tests.helpers.training import ranks_of, torchrun
 
 
 def test_two_nodes_two_exporters_one_run(
