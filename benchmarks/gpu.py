@@ -2,7 +2,7 @@
 
     python benchmarks/gpu.py [--gpus 8 --seconds 30]
 
-Runs the real nvidia-ml-py code against the fake ``libnvidia-ml.so.1`` of ``tests/fake_nvml``
+Runs the real nvidia-ml-py code against the fake ``libnvidia-ml.so.1`` of ``tests/fakes/libnvml``
 (compiled here with gcc), or against the real driver with ``--real``. Three parts, each with a
 baseline measured in the same run:
 
@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.fake_nvml import BRANCH_SYMBOLS, CONFIG_ENV, build, h100, load, write_config  # noqa: E402
+from tests.fakes.libnvml import BRANCH_SYMBOLS, CONFIG_ENV, build, h100, load, write_config  # noqa: E402
 
 
 def median_ms(fn, n: int) -> float:  # type: ignore[no-untyped-def]

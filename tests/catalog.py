@@ -6,9 +6,9 @@ import re
 from collections.abc import Callable
 
 from .conftest import InProcessExporter, connect, wait_for
-from .exporter.fake_nvml import FakeGpu, FakeNvmlBackend
 from .exporter.test_layers import train
 from .exporter.test_metrics import scripted_session
+from .fakes.nvml_backend import FakeGpu, FakeNvmlBackend
 
 
 def exposed_names(make_exporter: Callable[..., InProcessExporter]) -> set[str]:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from tests.conftest import InProcessExporter, connect, promtool_check_metrics, sample, wait_for
-from tests.exporter.fake_nvml import FakeGpu, FakeNvmlBackend
+from tests.fakes.nvml_backend import FakeGpu, FakeNvmlBackend
 from trainmon_client import init
 from trainmon_exporter import nvml, peaks
 from trainmon_exporter.nvml import GpuSampler

@@ -25,7 +25,7 @@ from tests.conftest import (
     sample,
     wait_for,
 )
-from tests.fake_nvml import CONFIG_ENV, build, h100, load, write_config
+from tests.fakes.libnvml import CONFIG_ENV, build, h100, load, write_config
 from trainmon_client import init
 from trainmon_exporter import nvml
 from trainmon_exporter.nvml import GpuSampler, PynvmlBackend

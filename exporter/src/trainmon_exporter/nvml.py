@@ -452,7 +452,7 @@ VARIANTS: dict[str, Variants] = {
     ),
 }
 """Each reading with versioned entry points → its versions, preferred first (symbol name,
-call). Which symbol each driver branch exports: tests/fake_nvml/fake_nvml.c."""
+call). Which symbol each driver branch exports: tests/fakes/libnvml/fake_nvml.c."""
 
 
 class PynvmlBackend:
