@@ -82,7 +82,8 @@ def sampling(n_gpus: int, label: str) -> None:
     """Print one branch's sampler pass against the bare loop (this process's library)."""
     import pynvml
 
-    from trainmon_exporter.nvml import GpuSampler, PynvmlBackend
+    from trainmon_exporter.nvml import PynvmlBackend
+    from trainmon_exporter.sampler import GpuSampler
 
     s = GpuSampler(PynvmlBackend())
     assert s.open(), s.snapshot.error
@@ -94,7 +95,7 @@ def sampling(n_gpus: int, label: str) -> None:
     assert len(snap.gpus) == n_gpus and not snap.read_errors, snap
     ours = median_ms(s.sample_once, 300)
     bare = median_ms(lambda: bare_pass(pynvml, handles, old), 300)
-    gpm = "GPM" if snap.gpus[0].values.get("trainmon_gpu_sm_active_ratio") is not None else "no GPM"
+    gpm = "GPM" if snap.gpus[0].readings.sm_active_ratio is not None else "no GPM"
     s.stop()
     print(
         f"   {label:<5} sampler {ours / n_gpus * 1e3:5.0f} µs per GPU ({gpm}, XID drain) | "

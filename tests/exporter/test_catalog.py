@@ -3,6 +3,7 @@ collectors and the catalog agree on names, types, HELP and labels."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from ..conftest import ROOT, promtool_check_metrics
 from ..fakes.nvml_backend import FakeGpu, FakeNvmlBackend
 
 GOLDEN = ROOT / "tests" / "golden" / "session.exposition.txt"
+SRC = ROOT / "exporter" / "src" / "trainmon_exporter"
 
 NOT_IN_GOLDEN: dict[str, str] = {}
 """Catalog families the golden session does not produce, with the reason (none today: the
@@ -37,6 +39,37 @@ def test_rows_are_unique_and_named_after_their_family() -> None:
         assert f.collector in COLLECTORS | INSTRUMENTS, f.name
         assert f.help and f.unit and f.doc, f.name
         assert "|" not in f.unit and "\n" not in f.doc, f.name  # one Markdown table cell each
+
+
+NAME_LITERAL = re.compile(r"""(?<!\w)(f?)(["'])(trainmon_\w*)(\2|\{)""")
+OWN_NAMES = re.compile(r"trainmon_(exporter|client)")  # the packages: modules, loggers
+
+
+def name_literals(line: str) -> list[str]:
+    """String literals in ``line`` that are a ``trainmon_`` name, or f-strings that build one."""
+    return [
+        m[0]
+        for m in NAME_LITERAL.finditer(line)
+        if (m[4] != "{" or m[1]) and not OWN_NAMES.fullmatch(m[3])
+    ]
+
+
+def test_no_metric_name_is_spelled_outside_the_catalog() -> None:
+    """A literal that is a metric name outside catalog.py is a name spelled twice. Names in
+    prose (a setting's description, a docstring) are documentation and stay allowed."""
+    found = [
+        f"{path.relative_to(ROOT)}:{n}: {literal}"
+        for path in sorted(SRC.rglob("*.py"))
+        if path.name != "catalog.py"
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        for literal in name_literals(line)
+    ]
+    assert not found, "metric names outside catalog.py:\n" + "\n".join(found)
+    bad = ('x = "trainmon_gpu_devices"', "f'trainmon_gpu_{name}'", '"trainmon_exporter_ranks"')
+    for line in bad:
+        assert name_literals(line), line  # the check can fail
+    for line in ('getLogger("trainmon_exporter.nvml")', '"see trainmon_train_loss"', '"x"'):
+        assert not name_literals(line), line
 
 
 def test_the_golden_exposition_has_exactly_the_catalog_families() -> None:

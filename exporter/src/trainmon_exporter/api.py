@@ -8,7 +8,8 @@ import time
 from pydantic import BaseModel, Field
 
 from trainmon_exporter.collectors.rank_gpu import state_mfu
-from trainmon_exporter.nvml import CLOCK_EVENT_REASONS, NOT_STARTED, GpuSample, GpuSnapshot
+from trainmon_exporter.nvml import CLOCK_EVENT_REASONS
+from trainmon_exporter.sampler import NOT_STARTED, GpuSample, GpuSnapshot
 from trainmon_exporter.state import RankState, Store
 
 SLOWDOWN_REASONS = frozenset(
@@ -253,20 +254,20 @@ def gpu_snapshot(snap: GpuSnapshot) -> GpusResponse:
     """The API view of the sampler's latest pass."""
     views = []
     for g in snap.gpus:
-        v = g.values
+        r = g.readings
         views.append(
             GpuView(
                 index=g.index,
                 uuid=g.uuid,
                 name=g.name,
                 pci_bus_id=g.pci_bus_id,
-                utilization_ratio=v.get("trainmon_gpu_utilization_ratio"),
-                memory_used_bytes=v.get("trainmon_gpu_memory_used_bytes"),
-                memory_size_bytes=v.get("trainmon_gpu_memory_size_bytes"),
-                power_usage_watts=v.get("trainmon_gpu_power_usage_watts"),
-                temperature_celsius=v.get("trainmon_gpu_temperature_celsius"),
-                sm_clock_hertz=v.get("trainmon_gpu_sm_clock_hertz"),
-                tensor_active_ratio=v.get("trainmon_gpu_tensor_active_ratio"),
+                utilization_ratio=r.utilization_ratio,
+                memory_used_bytes=r.memory_used_bytes,
+                memory_size_bytes=r.memory_total_bytes,
+                power_usage_watts=r.power_usage_watts,
+                temperature_celsius=r.temperature_celsius,
+                sm_clock_hertz=r.sm_clock_hertz,
+                tensor_active_ratio=r.tensor_active_ratio,
                 slowdown_reasons=[
                     r
                     for r in CLOCK_EVENT_REASONS

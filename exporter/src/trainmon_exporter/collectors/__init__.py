@@ -17,7 +17,7 @@ from typing import Protocol
 from prometheus_client.metrics_core import Metric
 
 from trainmon_exporter import catalog
-from trainmon_exporter.nvml import GpuSampler
+from trainmon_exporter.sampler import GpuSampler
 from trainmon_exporter.settings import Settings
 from trainmon_exporter.state import Store
 

@@ -24,8 +24,8 @@ from prometheus_client.metrics_core import Metric
 
 from trainmon_exporter import catalog
 from trainmon_exporter.collectors import CollectorContext, register
-from trainmon_exporter.nvml import NOT_STARTED, GpuSample, GpuSampler, GpuSnapshot
 from trainmon_exporter.peaks import Mfu, rank_mfu
+from trainmon_exporter.sampler import NOT_STARTED, GpuSample, GpuSampler, GpuSnapshot
 from trainmon_exporter.state import RankState
 
 MFU_REASONS = (
