@@ -70,6 +70,19 @@ def subset(small: Any, big: Any, path: str = "") -> list[str]:
 _MISSING = object()
 
 
+def test_the_generator_names_the_exporters_slowdown_reasons() -> None:
+    """build_dashboards.py runs without the exporter, so it keeps a copy of the one list."""
+    from trainmon_exporter.nvml import SLOWDOWN_REASONS
+
+    assert generator().SLOWDOWN_REASONS == SLOWDOWN_REASONS
+    (panel,) = [
+        p
+        for p in dashboards()["gpu.json"]["panels"]
+        if p["title"] == "Clock-event (throttle) reasons active"
+    ]
+    assert all(r in panel["description"] for r in SLOWDOWN_REASONS)
+
+
 def test_dashboards_round_trip_through_the_grafana_sdk() -> None:
     sdk = pytest.importorskip("grafana_foundation_sdk.models.dashboard")
     from grafana_foundation_sdk.cog.encoder import JSONEncoder

@@ -12,6 +12,7 @@ from tests.conftest import InProcessExporter, connect, promtool_check_metrics, s
 from tests.fakes.nvml_backend import FakeGpu, FakeNvmlBackend
 from trainmon_client import init
 from trainmon_exporter import nvml, peaks
+from trainmon_exporter.api import gpu_snapshot
 from trainmon_exporter.sampler import FAILED, MAX_XID_CODES, NO_DRIVER, GpuSampler
 
 
@@ -46,6 +47,17 @@ def test_sampler_reads_every_field_in_base_units() -> None:
     assert gs.ecc[("corrected", "aggregate")] == 5
     assert gs.remapped_rows == {"correctable": 0.0, "uncorrectable": 1.0}
     assert gs.xid == {"79": 1}
+
+
+def test_only_the_slowdown_reasons_count_as_a_slowdown() -> None:
+    """At its power cap a GPU is at full load, not slowed: the API leaves sw_power_cap out."""
+    bits = nvml.CLOCK_EVENT_REASONS
+    g = FakeGpu(clock_reasons=bits["sw_power_cap"] | bits["hw_thermal_slowdown"])
+    s = GpuSampler(FakeNvmlBackend([g, FakeGpu(clock_reasons=bits["sw_power_cap"])]))
+    assert s.open()
+    view = gpu_snapshot(s.sample_once())
+    assert [v.slowdown_reasons for v in view.gpus] == [["hw_thermal_slowdown"], []]
+    assert s.snapshot.gpus[1].clock_events["sw_power_cap"] == 1.0  # still exported
 
 
 def test_not_supported_omits_only_that_reading() -> None:

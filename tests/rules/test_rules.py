@@ -83,6 +83,17 @@ def test_rule_metric_names_exist_in_the_exporter(
     assert not missing, f"rules use names the exporter does not expose: {missing}"
 
 
+def test_the_throttle_alert_matches_exactly_the_slowdown_reasons() -> None:
+    """TrainmonGpuThrottled and the API's slowdown_reasons use one list (sw_power_cap is out)."""
+    from trainmon_exporter.nvml import CLOCK_EVENT_REASONS, SLOWDOWN_REASONS
+
+    (rule,) = [r for r in alerts() if r["alert"] == "TrainmonGpuThrottled"]
+    regexes = re.findall(r'reason=~"([^"]*)"', str(rule["expr"]))
+    assert regexes == ["|".join(SLOWDOWN_REASONS)]
+    assert "sw_power_cap" not in SLOWDOWN_REASONS
+    assert list(SLOWDOWN_REASONS) == [r for r in CLOCK_EVENT_REASONS if r in SLOWDOWN_REASONS]
+
+
 def test_rules_key_runs_by_cluster_namespace_and_run() -> None:
     """Never by run alone: joins, groupings and the queries in annotations carry the fleet labels.
 

@@ -8,20 +8,9 @@ import time
 from pydantic import BaseModel, Field
 
 from trainmon_exporter.collectors.rank_gpu import state_mfu
-from trainmon_exporter.nvml import CLOCK_EVENT_REASONS
+from trainmon_exporter.nvml import SLOWDOWN_REASONS
 from trainmon_exporter.sampler import NOT_STARTED, GpuSample, GpuSnapshot
 from trainmon_exporter.state import RankState, Store
-
-SLOWDOWN_REASONS = frozenset(
-    (
-        "sw_power_cap",
-        "hw_slowdown",
-        "sw_thermal_slowdown",
-        "hw_thermal_slowdown",
-        "hw_power_brake_slowdown",
-    )
-)
-"""Clock-event reasons that mean the GPU runs slower than it could (not idle, not a setting)."""
 
 
 class EventView(BaseModel):
@@ -268,11 +257,7 @@ def gpu_snapshot(snap: GpuSnapshot) -> GpusResponse:
                 temperature_celsius=r.temperature_celsius,
                 sm_clock_hertz=r.sm_clock_hertz,
                 tensor_active_ratio=r.tensor_active_ratio,
-                slowdown_reasons=[
-                    r
-                    for r in CLOCK_EVENT_REASONS
-                    if r in SLOWDOWN_REASONS and g.clock_events.get(r)
-                ],
+                slowdown_reasons=[r for r in SLOWDOWN_REASONS if g.clock_events.get(r)],
                 xid_errors=sum(g.xid.values()),
             )
         )

@@ -1657,7 +1657,10 @@ GPU_CLOCK_EVENT_REASON_ACTIVE = Family(
         "`nvmlDeviceGetCurrentClocksThrottleReasons`, the same bits, before): `gpu_idle`, "
         "`applications_clocks_setting`, `sw_power_cap`, `hw_slowdown`, `sync_boost`, "
         "`sw_thermal_slowdown`, `hw_thermal_slowdown`, `hw_power_brake_slowdown`, "
-        "`display_clock_setting`. The power and thermal ones cost training speed."
+        "`display_clock_setting`. `hw_slowdown`, `sw_thermal_slowdown`, `hw_thermal_slowdown` "
+        "and `hw_power_brake_slowdown` mean a slowed GPU: `TrainmonGpuThrottled` alerts on "
+        "them and the status views show them as `slowdown`. `sw_power_cap` does not: a GPU "
+        "training flat out sits at its power limit by design."
     ),
 )
 

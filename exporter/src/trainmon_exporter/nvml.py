@@ -218,8 +218,20 @@ CLOCK_EVENT_REASONS: dict[str, int] = {
     "display_clock_setting": pynvml.nvmlClocksEventReasonDisplayClockSetting,
 }
 """``reason`` label → bit of ``nvmlDeviceGetCurrentClocksEventReasons`` (NVML's names, snake
-case). ``sw_power_cap``, ``hw_slowdown`` and the two thermal reasons are the ones that mean a
-training job runs slower than the hardware could."""
+case). Those that mean a problem are :data:`SLOWDOWN_REASONS`."""
+
+SLOWDOWN_REASONS: tuple[str, ...] = (
+    "hw_slowdown",
+    "sw_thermal_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+)
+"""The clock-event reasons that mean a GPU is slowed by a problem: a hardware slowdown, heat,
+or the external power brake (in :data:`CLOCK_EVENT_REASONS` order). ``sw_power_cap`` is not
+one: a GPU training flat out sits at its power limit by design, so it is normal at full load.
+The one list: the alert ``TrainmonGpuThrottled`` matches exactly these reasons, the JSON API's
+``slowdown_reasons`` (and the status views built on it) shows only these, and the GPU
+dashboard names them (tests check the copies in YAML and in the dashboard generator)."""
 
 
 class NvmlBackend(Protocol):
