@@ -5,7 +5,7 @@
 Dashboards as code: panels share helpers, so units, datasource and variables stay consistent.
 The tests regenerate the JSON and compare. They also round-trip it through
 grafana-foundation-sdk (no unknown keys), parse every query with promtool, and check every
-metric name against the exporter's exposition.
+metric name against the exporter's metric catalog (trainmon_exporter.catalog).
 """
 
 from __future__ import annotations
