@@ -2,7 +2,7 @@
 
     python benchmarks/gpu.py [--gpus 8 --seconds 30]
 
-Runs the real nvidia-ml-py code against the fake ``libnvidia-ml.so.1`` of ``tests/fake_nvml``
+Runs the real nvidia-ml-py code against the fake ``libnvidia-ml.so.1`` of ``tests/fakes/libnvml``
 (compiled here with gcc), or against the real driver with ``--real``. Three parts, each with a
 baseline measured in the same run:
 
@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.fake_nvml import BRANCH_SYMBOLS, CONFIG_ENV, build, h100, load, write_config  # noqa: E402
+from tests.fakes.libnvml import BRANCH_SYMBOLS, CONFIG_ENV, build, h100, load, write_config  # noqa: E402
 
 
 def median_ms(fn, n: int) -> float:  # type: ignore[no-untyped-def]
@@ -82,7 +82,8 @@ def sampling(n_gpus: int, label: str) -> None:
     """Print one branch's sampler pass against the bare loop (this process's library)."""
     import pynvml
 
-    from trainmon_exporter.nvml import GpuSampler, PynvmlBackend
+    from trainmon_exporter.nvml import PynvmlBackend
+    from trainmon_exporter.sampler import GpuSampler
 
     s = GpuSampler(PynvmlBackend())
     assert s.open(), s.snapshot.error
@@ -94,7 +95,7 @@ def sampling(n_gpus: int, label: str) -> None:
     assert len(snap.gpus) == n_gpus and not snap.read_errors, snap
     ours = median_ms(s.sample_once, 300)
     bare = median_ms(lambda: bare_pass(pynvml, handles, old), 300)
-    gpm = "GPM" if snap.gpus[0].values.get("trainmon_gpu_sm_active_ratio") is not None else "no GPM"
+    gpm = "GPM" if snap.gpus[0].readings.sm_active_ratio is not None else "no GPM"
     s.stop()
     print(
         f"   {label:<5} sampler {ours / n_gpus * 1e3:5.0f} µs per GPU ({gpm}, XID drain) | "

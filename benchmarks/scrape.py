@@ -1,7 +1,7 @@
 """The /metrics scrape at a realistic node size: 8 ranks, each watching a 128-layer model, 8 GPUs.
 
 A real exporter process samples 8 scripted H100s through the fake ``libnvidia-ml.so.1`` of
-``tests/fake_nvml`` (compiled here with gcc); 8 real trainer processes (the client, with
+``tests/fakes/libnvml`` (compiled here with gcc); 8 real trainer processes (the client, with
 ``Run.watch()`` on a 128-layer MLP every 10th step) log at ``--rate`` steps/s each (the
 trainers sleep between steps, as a GPU-bound trainer's CPU thread does). Once every
 rank's layers are in, ``/metrics`` is fetched over HTTP (what Prometheus does) ``--scrapes``
@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.fake_nvml import CONFIG_ENV, build, h100, write_config  # noqa: E402
+from tests.fakes.libnvml import CONFIG_ENV, build, h100, write_config  # noqa: E402
 from trainmon_exporter.local import LocalExporter  # noqa: E402
 
 TRAINER = """

@@ -39,7 +39,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import trainmon_client
 
 from .conftest import ExporterProcess, child_env, free_port, short_tmpdir, tiny_model, wait_for
-from .fake_nvml import CONFIG_ENV, build, h100, write_config
+from .fakes.libnvml import CONFIG_ENV, build, h100, write_config
 
 GPUS = 8
 RANKS = 8

@@ -111,7 +111,7 @@ def make_exporter() -> Iterator[Callable[..., InProcessExporter]]:
     made: list[tuple[InProcessExporter, Path]] = []
 
     def make(nvml: Any = None, **overrides: Any) -> InProcessExporter:
-        """``nvml``: an NvmlBackend (e.g. tests/exporter/fake_nvml.py) instead of the real one."""
+        """``nvml``: an NvmlBackend (e.g. tests/fakes/nvml_backend.py) instead of the real one."""
         d = short_tmpdir()
         settings = Settings(socket=d / "t.sock", **overrides)
         ex = InProcessExporter(settings, nvml)

@@ -5,7 +5,7 @@
 Dashboards as code: panels share helpers, so units, datasource and variables stay consistent.
 The tests regenerate the JSON and compare. They also round-trip it through
 grafana-foundation-sdk (no unknown keys), parse every query with promtool, and check every
-metric name against the exporter's exposition.
+metric name against the exporter's metric catalog (trainmon_exporter.catalog).
 """
 
 from __future__ import annotations
@@ -21,6 +21,15 @@ DS = {"type": "prometheus", "uid": "${datasource}"}
 RUN = 'cluster=~"$cluster", namespace=~"$namespace", run=~"$run"'
 SEL = f'{RUN}, rank=~"$rank"'
 FLEET = "cluster, namespace"
+# The clock-event reasons that mean a slowed GPU: trainmon_exporter.nvml.SLOWDOWN_REASONS (the
+# alert TrainmonGpuThrottled matches these; sw_power_cap is normal at full load). A test keeps
+# this copy equal to it, so this script runs without the exporter installed.
+SLOWDOWN_REASONS = (
+    "hw_slowdown",
+    "sw_thermal_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+)
 
 
 def variables(extra: tuple[tuple[str, str], ...] = ()) -> dict[str, Any]:
@@ -671,7 +680,8 @@ def gpu() -> dict[str, Any]:
             unit="short",
             w=12,
             description="nvmlDeviceGetCurrentClocksEventReasons. sw_power_cap is normal at full "
-            "load; thermal, hw_slowdown and power brake alert (TrainmonGpuThrottled).",
+            f"load; {', '.join(SLOWDOWN_REASONS[:-1])} and {SLOWDOWN_REASONS[-1]} alert "
+            "(TrainmonGpuThrottled).",
         ),
         panel(
             lay,

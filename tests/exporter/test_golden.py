@@ -38,7 +38,7 @@ from trainmon_exporter.app import build_exporter
 from trainmon_exporter.exposition import TextExposition
 from trainmon_exporter.ingest import Connection
 
-from .fake_nvml import FakeGpu, FakeNvmlBackend
+from ..fakes.nvml_backend import FakeGpu, FakeNvmlBackend
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 UPDATE = os.environ.get("TRAINMON_UPDATE_GOLDEN") == "1"

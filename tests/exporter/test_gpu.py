@@ -9,10 +9,11 @@ from collections.abc import Callable
 import pytest
 
 from tests.conftest import InProcessExporter, connect, promtool_check_metrics, sample, wait_for
-from tests.exporter.fake_nvml import FakeGpu, FakeNvmlBackend
+from tests.fakes.nvml_backend import FakeGpu, FakeNvmlBackend
 from trainmon_client import init
 from trainmon_exporter import nvml, peaks
-from trainmon_exporter.nvml import GpuSampler
+from trainmon_exporter.api import gpu_snapshot
+from trainmon_exporter.sampler import FAILED, MAX_XID_CODES, NO_DRIVER, GpuSampler
 
 
 def uuid(i: int) -> str:
@@ -30,22 +31,33 @@ def test_sampler_reads_every_field_in_base_units() -> None:
     s.sample_once()
     snap = s.sample_once()  # GPM needs two samples
     assert snap.ok and len(snap.gpus) == 1
-    v = snap.gpus[0].values
-    assert v["trainmon_gpu_utilization_ratio"] == pytest.approx(0.97)
-    assert v["trainmon_gpu_memory_used_bytes"] == 42_949_672_960
-    assert v["trainmon_gpu_power_usage_watts"] == pytest.approx(612.345)
-    assert v["trainmon_gpu_energy_consumption_joules"] == pytest.approx(123_456.789)
-    assert v["trainmon_gpu_sm_clock_hertz"] == 1980e6
-    assert v["trainmon_gpu_sm_clock_max_hertz"] == 1980e6
-    assert v["trainmon_gpu_memory_temperature_celsius"] == 70
-    assert v["trainmon_gpu_nvlink_transmit_bytes"] == 3 * 1024
-    assert v["trainmon_gpu_tensor_active_ratio"] == pytest.approx(0.55)
-    assert v["trainmon_gpu_remapped_rows_pending"] == 0
+    r = snap.gpus[0].readings
+    assert r.utilization_ratio == pytest.approx(0.97)
+    assert r.memory_used_bytes == 42_949_672_960
+    assert r.power_usage_watts == pytest.approx(612.345)
+    assert r.energy_joules == pytest.approx(123_456.789)
+    assert r.sm_clock_hertz == 1980e6
+    assert r.sm_clock_max_hertz == 1980e6
+    assert r.memory_temperature_celsius == 70
+    assert r.nvlink_transmit_bytes == 3 * 1024
+    assert r.tensor_active_ratio == pytest.approx(0.55)
+    assert r.remapped_rows_pending is False
     gs = snap.gpus[0]
     assert gs.clock_events["hw_thermal_slowdown"] == 1 and gs.clock_events["sw_power_cap"] == 0
     assert gs.ecc[("corrected", "aggregate")] == 5
     assert gs.remapped_rows == {"correctable": 0.0, "uncorrectable": 1.0}
     assert gs.xid == {"79": 1}
+
+
+def test_only_the_slowdown_reasons_count_as_a_slowdown() -> None:
+    """At its power cap a GPU is at full load, not slowed: the API leaves sw_power_cap out."""
+    bits = nvml.CLOCK_EVENT_REASONS
+    g = FakeGpu(clock_reasons=bits["sw_power_cap"] | bits["hw_thermal_slowdown"])
+    s = GpuSampler(FakeNvmlBackend([g, FakeGpu(clock_reasons=bits["sw_power_cap"])]))
+    assert s.open()
+    view = gpu_snapshot(s.sample_once())
+    assert [v.slowdown_reasons for v in view.gpus] == [["hw_thermal_slowdown"], []]
+    assert s.snapshot.gpus[1].clock_events["sw_power_cap"] == 1.0  # still exported
 
 
 def test_not_supported_omits_only_that_reading() -> None:
@@ -61,13 +73,13 @@ def test_not_supported_omits_only_that_reading() -> None:
     s = GpuSampler(FakeNvmlBackend([g]))
     s.open()
     snap = s.sample_once()
-    v = snap.gpus[0].values
-    assert "trainmon_gpu_temperature_celsius" not in v
-    assert "trainmon_gpu_power_usage_watts" not in v
-    assert "trainmon_gpu_memory_temperature_celsius" not in v
-    assert "trainmon_gpu_tensor_active_ratio" not in v
-    assert v["trainmon_gpu_pcie_transmit_bytes"] == 5.0
-    assert v["trainmon_gpu_utilization_ratio"] == pytest.approx(0.97)
+    r = snap.gpus[0].readings
+    assert r.temperature_celsius is None
+    assert r.power_usage_watts is None
+    assert r.memory_temperature_celsius is None
+    assert r.tensor_active_ratio is None
+    assert r.pcie_transmit_bytes == 5.0
+    assert r.utilization_ratio == pytest.approx(0.97)
     assert snap.gpus[0].ecc == {}
     assert snap.read_errors == {}  # not-supported and missing functions are not errors
 
@@ -80,8 +92,8 @@ def test_other_errors_are_counted_and_one_broken_gpu_hides_nothing() -> None:
     s.open()
     snap = s.sample_once()
     assert len(snap.gpus) == 8
-    assert "trainmon_gpu_memory_used_bytes" not in snap.gpus[2].values
-    assert "trainmon_gpu_utilization_ratio" in snap.gpus[2].values
+    assert snap.gpus[2].readings.memory_used_bytes is None
+    assert snap.gpus[2].readings.utilization_ratio is not None
     assert snap.read_errors == {"unknown": 1, "timeout": 1}
 
 
@@ -120,16 +132,13 @@ def test_any_exception_from_one_reading_is_confined_to_it() -> None:
     assert s.open()
     snap = s.sample_once()
     assert len(snap.gpus) == 2
-    v = snap.gpus[0].values
-    for gone in (
-        "trainmon_gpu_processes",
-        "trainmon_gpu_temperature_celsius",
-        "trainmon_gpu_power_usage_watts",
-        "trainmon_gpu_memory_used_bytes",
-    ):
-        assert gone not in v, gone
-    assert v["trainmon_gpu_utilization_ratio"] == pytest.approx(0.97)
-    assert "trainmon_gpu_processes" in snap.gpus[1].values
+    r = snap.gpus[0].readings
+    assert r.processes is None
+    assert r.temperature_celsius is None
+    assert r.power_usage_watts is None
+    assert r.memory_used_bytes is None
+    assert r.utilization_ratio == pytest.approx(0.97)
+    assert snap.gpus[1].readings.processes is not None
     # The library mismatch is a missing function (not an error); the two Python exceptions
     # and the per-reading permission denial are counted under bounded kinds.
     assert snap.read_errors == {"exception": 2, "no_permission": 1}
@@ -196,8 +205,8 @@ def test_xid_codes_per_gpu_are_capped() -> None:
     s = GpuSampler(FakeNvmlBackend([g]))
     s.open()
     xid = s.sample_once().gpus[0].xid
-    assert len(xid) == nvml.MAX_XID_CODES + 1
-    assert xid["1"] == 2 and xid["other"] == 40 - nvml.MAX_XID_CODES + 1
+    assert len(xid) == MAX_XID_CODES + 1
+    assert xid["1"] == 2 and xid["other"] == 40 - MAX_XID_CODES + 1
     assert sum(xid.values()) == 42  # none is lost
 
 
@@ -276,7 +285,7 @@ def test_no_driver_is_a_state_not_a_failure(
     err = nvml.NvmlUnavailable("nvmlInit: Driver Not Loaded", 9, nvml.HINTS[9])
     with caplog.at_level(logging.INFO, "trainmon_exporter"):
         ex = make_exporter(nvml=FakeNvmlBackend(init_error=err))
-        wait_for(lambda: ex.app.state.exporter.gpus.snapshot.state == nvml.NO_DRIVER)
+        wait_for(lambda: ex.app.state.exporter.gpus.snapshot.state == NO_DRIVER)
         run = init(run="nogpu", socket_path=ex.socket)
         run.log(0, loss=1.0, tokens=10)
         run.finish()
@@ -324,7 +333,7 @@ def test_nvml_that_worked_and_then_fails_is_a_failure_and_vanished_gpus_are_lost
     gone = nvml.NvmlUnavailable("nvmlDeviceGetMemoryInfo: Driver Not Loaded", 9, nvml.HINTS[9])
     backend.init_error = gone
     backend.broken = gone
-    wait_for(lambda: sampler.snapshot.state == nvml.FAILED)
+    wait_for(lambda: sampler.snapshot.state == FAILED)
     m = ex.metrics()
     assert sample(m, "trainmon_scrape_collector_success", collector="gpu") == 1
     assert sample(m, "trainmon_gpu_nvml_available") == 0
@@ -343,11 +352,11 @@ def test_nvml_that_worked_and_then_fails_is_a_failure_and_vanished_gpus_are_lost
 @pytest.mark.parametrize(
     ("require", "code", "state"),
     [
-        (False, 12, nvml.NO_DRIVER),  # no libnvidia-ml.so.1: a node without GPUs
-        (False, 9, nvml.NO_DRIVER),  # library without the kernel driver
-        (True, 12, nvml.FAILED),  # --require-gpus: GPUs were expected
-        (False, 18, nvml.FAILED),  # a driver is there but mismatched: GPUs are there
-        (False, 4, nvml.FAILED),  # device nodes there, no permission: GPUs are there
+        (False, 12, NO_DRIVER),  # no libnvidia-ml.so.1: a node without GPUs
+        (False, 9, NO_DRIVER),  # library without the kernel driver
+        (True, 12, FAILED),  # --require-gpus: GPUs were expected
+        (False, 18, FAILED),  # a driver is there but mismatched: GPUs are there
+        (False, 4, FAILED),  # device nodes there, no permission: GPUs are there
     ],
 )
 def test_which_init_errors_are_a_state_and_which_a_failure(
@@ -356,7 +365,7 @@ def test_which_init_errors_are_a_state_and_which_a_failure(
     err = nvml.NvmlUnavailable("nvmlInit: x", code, nvml.HINTS[code])
     s = GpuSampler(FakeNvmlBackend([], init_error=err), require=require)
     assert not s.open()
-    assert s.snapshot.state == state and s.snapshot.expected is (state == nvml.FAILED)
+    assert s.snapshot.state == state and s.snapshot.expected is (state == FAILED)
 
 
 def test_an_exception_at_init_is_a_failure_not_a_dead_thread() -> None:
@@ -364,7 +373,7 @@ def test_an_exception_at_init_is_a_failure_not_a_dead_thread() -> None:
     s = GpuSampler(backend, interval=0.05, retry_seconds=0.05)
     s.start()
     try:
-        wait_for(lambda: s.snapshot.state == nvml.FAILED)
+        wait_for(lambda: s.snapshot.state == FAILED)
         assert "OSError: dlopen exploded" in s.snapshot.error
         backend.init_error = None
         wait_for(lambda: s.snapshot.ok)  # the thread survived and retried

@@ -1,7 +1,7 @@
 """On a real NVIDIA GPU and driver: the sampler through the real libnvidia-ml, and the join.
 
 Skipped when NVML cannot be initialised (no driver, as on the CI VM). On a lent GPU it checks
-what the fake library (tests/fake_nvml) can only assume: that every reading the sampler
+what the fake library (tests/fakes/libnvml) can only assume: that every reading the sampler
 takes is there and plausible on real hardware, that the GPU's model is in the peak FLOP/s
 table, and that a CUDA process of this test is found by PID in NVML's process list (the
 rank -> GPU memory join). Results go into docs/gpu-validation.md.
@@ -13,8 +13,9 @@ import os
 
 import pytest
 
-from trainmon_exporter.nvml import GpuSampler, PynvmlBackend
+from trainmon_exporter.nvml import PynvmlBackend
 from trainmon_exporter.peaks import peak_flops
+from trainmon_exporter.sampler import GpuSampler
 
 pytestmark = pytest.mark.gpu
 
@@ -37,15 +38,16 @@ def test_every_core_reading_is_present_and_plausible(sampler: GpuSampler) -> Non
     snap = sampler.snapshot
     assert snap.ok and snap.gpus, snap.error
     for gpu in snap.gpus:
-        v = gpu.values
-        print(gpu.name, hex(gpu.pci_device_id), sorted(v))
+        r = gpu.readings
+        print(gpu.name, hex(gpu.pci_device_id), r)
         assert gpu.uuid.startswith(("GPU-", "MIG-"))
-        total = v["trainmon_gpu_memory_size_bytes"]
-        assert total > 1 << 30 and 0 <= v["trainmon_gpu_memory_used_bytes"] <= total
-        assert 0 <= v["trainmon_gpu_utilization_ratio"] <= 1
-        assert 10 < v["trainmon_gpu_power_usage_watts"] < 2000
-        assert 0 < v["trainmon_gpu_temperature_celsius"] < 120
-        assert v["trainmon_gpu_sm_clock_hertz"] > 1e8
+        total = r.memory_total_bytes
+        assert total is not None and r.memory_used_bytes is not None
+        assert total > 1 << 30 and 0 <= r.memory_used_bytes <= total
+        assert r.utilization_ratio is not None and 0 <= r.utilization_ratio <= 1
+        assert r.power_usage_watts is not None and 10 < r.power_usage_watts < 2000
+        assert r.temperature_celsius is not None and 0 < r.temperature_celsius < 120
+        assert r.sm_clock_hertz is not None and r.sm_clock_hertz > 1e8
         assert peak_flops(gpu.name, gpu.pci_device_id, "bf16").flops, gpu.name
 
 

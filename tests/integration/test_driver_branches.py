@@ -1,11 +1,11 @@
 """The real nvidia-ml-py code and sampler against fake libraries shaped like each driver branch.
 
-Each branch's ``libnvidia-ml.so.1`` is compiled from ``tests/fake_nvml/fake_nvml.c`` with
+Each branch's ``libnvidia-ml.so.1`` is compiled from ``tests/fakes/libnvml/fake_nvml.c`` with
 ``-DNVML_BRANCH=…`` so it exports exactly the NVML symbols that branch has among those
 trainmon calls (sources of the symbol sets: ``fake_nvml.c``'s header and
-``tests.fake_nvml.BRANCH_SYMBOLS``). A process holds one libnvidia-ml.so.1, so each branch runs
-in a subprocess (``python -m tests.fake_nvml.probe``): the real ``PynvmlBackend``, sampler and
-GPU collectors, three passes, and the ``/metrics`` exposition back as JSON.
+``tests.fakes.libnvml.BRANCH_SYMBOLS``). A process holds one libnvidia-ml.so.1, so each branch
+runs in a subprocess (``python -m tests.fakes.libnvml.probe``): the real ``PynvmlBackend``,
+sampler and GPU collectors, three passes, and the ``/metrics`` exposition back as JSON.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT, child_env, parse_metrics, promtool_check_metrics, sample
-from tests.fake_nvml import BRANCH_SYMBOLS, CONFIG_ENV, build, h100, write_config
+from tests.fakes.libnvml import BRANCH_SYMBOLS, CONFIG_ENV, build, h100, write_config
 
 BRANCHES = sorted(BRANCH_SYMBOLS)
 
@@ -73,9 +73,9 @@ def libraries(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
 
 
 def probe(lib: Path, cfg: Path, **env: str) -> dict[str, Any]:
-    """Run tests/fake_nvml/probe.py against ``lib``; fail with its output if it fails."""
+    """Run tests/fakes/libnvml/probe.py against ``lib``; fail with its output if it fails."""
     out = subprocess.run(
-        [sys.executable, "-m", "tests.fake_nvml.probe"],
+        [sys.executable, "-m", "tests.fakes.libnvml.probe"],
         cwd=ROOT,
         env=child_env(LD_LIBRARY_PATH=str(lib.parent), **{CONFIG_ENV: str(cfg)}, **env),
         capture_output=True,

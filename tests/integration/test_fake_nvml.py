@@ -25,10 +25,11 @@ from tests.conftest import (
     sample,
     wait_for,
 )
-from tests.fake_nvml import CONFIG_ENV, build, h100, load, write_config
+from tests.fakes.libnvml import CONFIG_ENV, build, h100, load, write_config
 from trainmon_client import init
 from trainmon_exporter import nvml
-from trainmon_exporter.nvml import GpuSampler, PynvmlBackend
+from trainmon_exporter.nvml import PynvmlBackend
+from trainmon_exporter.sampler import GpuSampler
 
 
 @pytest.fixture(scope="module")
@@ -62,29 +63,29 @@ def test_every_reading_through_real_pynvml(config: Path) -> None:
     g0, g1, g2 = snap.gpus
     assert g0.uuid == "GPU-00000000-aaaa-bbbb-cccc-dddddddddddd"
     assert g0.pci_bus_id == "00000000:18:00.0" and g0.pci_device_id == 0x233010DE
-    v = g0.values
-    assert v["trainmon_gpu_memory_size_bytes"] == 85_520_809_984
-    assert v["trainmon_gpu_memory_used_bytes"] == 40_000_000_000
-    assert v["trainmon_gpu_utilization_ratio"] == pytest.approx(0.90)
-    assert v["trainmon_gpu_power_usage_watts"] == 650.0
-    assert v["trainmon_gpu_energy_consumption_joules"] == 1000.0
-    assert v["trainmon_gpu_memory_temperature_celsius"] == 70.0
-    assert v["trainmon_gpu_pcie_receive_bytes"] == 654_321
-    assert v["trainmon_gpu_nvlink_transmit_bytes"] == 1000 * 1024
-    assert v["trainmon_gpu_tensor_active_ratio"] == pytest.approx(0.45)
-    assert v["trainmon_gpu_sm_clock_max_hertz"] == 1980e6
+    r = g0.readings
+    assert r.memory_total_bytes == 85_520_809_984
+    assert r.memory_used_bytes == 40_000_000_000
+    assert r.utilization_ratio == pytest.approx(0.90)
+    assert r.power_usage_watts == 650.0
+    assert r.energy_joules == 1000.0
+    assert r.memory_temperature_celsius == 70.0
+    assert r.pcie_receive_bytes == 654_321
+    assert r.nvlink_transmit_bytes == 1000 * 1024
+    assert r.tensor_active_ratio == pytest.approx(0.45)
+    assert r.sm_clock_max_hertz == 1980e6
     assert g0.clock_events["hw_thermal_slowdown"] == 1.0
     assert g0.xid == {"79": 1, "48": 1}
     assert g0.processes == ((os.getpid(), 1234), (42, 5))
     assert snap.process_memory()[os.getpid()] == 1234
     # NOT_SUPPORTED omits the reading; an unknown error omits it and is counted.
-    assert "trainmon_gpu_temperature_celsius" not in g1.values
-    assert "trainmon_gpu_power_usage_watts" not in g1.values
+    assert g1.readings.temperature_celsius is None
+    assert g1.readings.power_usage_watts is None
     assert snap.read_errors == {"unknown": 2}
-    assert "trainmon_gpu_tensor_active_ratio" not in g2.values  # no GPM on this one
-    assert "trainmon_gpu_memory_temperature_celsius" not in g2.values
+    assert g2.readings.tensor_active_ratio is None  # no GPM on this one
+    assert g2.readings.memory_temperature_celsius is None
     assert g2.ecc[("uncorrected", "aggregate")] == 2
-    assert g2.values["trainmon_gpu_remapped_rows_pending"] == 1
+    assert g2.readings.remapped_rows_pending is True
     # XIDs are delivered once: the next pass does not count them again.
     assert s.sample_once().gpus[0].xid == {"79": 1, "48": 1}
     s.stop()
@@ -118,13 +119,14 @@ def test_missing_functions_are_omitted_once(
     write_config(cfg, [h100(0)])
     code = (
         "import logging; logging.basicConfig(level=logging.INFO)\n"
-        "from trainmon_exporter.nvml import GpuSampler, PynvmlBackend\n"
+        "from trainmon_exporter.nvml import PynvmlBackend\n"
+        "from trainmon_exporter.sampler import GpuSampler\n"
         "s = GpuSampler(PynvmlBackend()); assert s.open()\n"
         "for _ in range(3): snap = s.sample_once()\n"
-        "v = snap.gpus[0].values\n"
-        "assert 'trainmon_gpu_tensor_active_ratio' not in v, v\n"
-        "assert 'trainmon_gpu_pcie_transmit_bytes' not in v, v\n"
-        "assert v['trainmon_gpu_utilization_ratio'] == 0.9, v\n"
+        "r = snap.gpus[0].readings\n"
+        "assert r.tensor_active_ratio is None, r\n"
+        "assert r.pcie_transmit_bytes is None, r\n"
+        "assert r.utilization_ratio == 0.9, r\n"
         "assert snap.read_errors == {}, snap.read_errors\n"
         "print('OK')\n"
     )

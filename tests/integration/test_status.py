@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ExporterProcess, child_env, trainmon_status, wait_for
-from tests.fake_nvml import CONFIG_ENV, build, h100, write_config
+from tests.fakes.libnvml import CONFIG_ENV, build, h100, write_config
 from trainmon_client import init
 from trainmon_exporter import status
 

@@ -1,18 +1,17 @@
 """Prometheus config and rules are tested like code: promtool checks, promtool unit tests,
-metric names against the exporter's real exposition, and runbook anchors."""
+metric names against the exporter's metric catalog, and runbook anchors."""
 
 from __future__ import annotations
 
 import re
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
 
-from ..catalog import exposed_names, fleet_key_problems
-from ..conftest import ROOT, InProcessExporter, require_tool
+from ..conftest import ROOT, require_tool
+from ..helpers.promql import PROMETHEUS_FILES, fleet_key_problems, known_names, used_names
 
 PROM = ROOT / "deploy" / "prometheus"
 RULE_FILES = [PROM / "trainmon.rules.yml", PROM / "trainmon.alerts.yml"]
@@ -71,16 +70,29 @@ def test_every_runbook_anchor_exists() -> None:
         assert f'<a id="{anchor}"></a>' in doc, f"docs/runbooks.md lacks {anchor}"
 
 
-def test_rule_metric_names_exist_in_the_exporter(
-    make_exporter: Callable[..., InProcessExporter],
-) -> None:
-    """Every trainmon_* name in a rule is a real series of a real exporter."""
-    exposed = exposed_names(make_exporter)
-    used: set[str] = set()
-    for path in RULE_FILES:  # names used in expressions, not recording rules' own names
-        used |= set(re.findall(r"(?<![:\w])trainmon_[a-z0-9_]+(?![\w:])", path.read_text()))
-    missing = sorted(n for n in used if n not in exposed)
-    assert not missing, f"rules use names the exporter does not expose: {missing}"
+def test_rule_metric_names_exist_in_the_catalog() -> None:
+    """Every series a Prometheus file or a rule unit test names is one the exporter can expose
+    (trainmon_exporter.catalog), a recording rule, or a dcgm-exporter series."""
+    known = known_names()
+    files = [*PROMETHEUS_FILES, *sorted((ROOT / "tests" / "rules").glob("*_test.yml"))]
+    missing = {
+        str(path.relative_to(ROOT)): sorted(unknown)
+        for path in files
+        if (unknown := used_names(path.read_text()) - known)
+    }
+    assert not missing, f"names the exporter does not expose: {missing}"
+    assert used_names("rate(trainmon_train_stepz_total[5m])") - known  # the check can fail
+
+
+def test_the_throttle_alert_matches_exactly_the_slowdown_reasons() -> None:
+    """TrainmonGpuThrottled and the API's slowdown_reasons use one list (sw_power_cap is out)."""
+    from trainmon_exporter.nvml import CLOCK_EVENT_REASONS, SLOWDOWN_REASONS
+
+    (rule,) = [r for r in alerts() if r["alert"] == "TrainmonGpuThrottled"]
+    regexes = re.findall(r'reason=~"([^"]*)"', str(rule["expr"]))
+    assert regexes == ["|".join(SLOWDOWN_REASONS)]
+    assert "sw_power_cap" not in SLOWDOWN_REASONS
+    assert list(SLOWDOWN_REASONS) == [r for r in CLOCK_EVENT_REASONS if r in SLOWDOWN_REASONS]
 
 
 def test_rules_key_runs_by_cluster_namespace_and_run() -> None:

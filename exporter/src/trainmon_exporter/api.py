@@ -8,19 +8,9 @@ import time
 from pydantic import BaseModel, Field
 
 from trainmon_exporter.collectors.rank_gpu import state_mfu
-from trainmon_exporter.nvml import CLOCK_EVENT_REASONS, NOT_STARTED, GpuSample, GpuSnapshot
+from trainmon_exporter.nvml import SLOWDOWN_REASONS
+from trainmon_exporter.sampler import NOT_STARTED, GpuSample, GpuSnapshot
 from trainmon_exporter.state import RankState, Store
-
-SLOWDOWN_REASONS = frozenset(
-    (
-        "sw_power_cap",
-        "hw_slowdown",
-        "sw_thermal_slowdown",
-        "hw_thermal_slowdown",
-        "hw_power_brake_slowdown",
-    )
-)
-"""Clock-event reasons that mean the GPU runs slower than it could (not idle, not a setting)."""
 
 
 class EventView(BaseModel):
@@ -253,25 +243,21 @@ def gpu_snapshot(snap: GpuSnapshot) -> GpusResponse:
     """The API view of the sampler's latest pass."""
     views = []
     for g in snap.gpus:
-        v = g.values
+        r = g.readings
         views.append(
             GpuView(
                 index=g.index,
                 uuid=g.uuid,
                 name=g.name,
                 pci_bus_id=g.pci_bus_id,
-                utilization_ratio=v.get("trainmon_gpu_utilization_ratio"),
-                memory_used_bytes=v.get("trainmon_gpu_memory_used_bytes"),
-                memory_size_bytes=v.get("trainmon_gpu_memory_size_bytes"),
-                power_usage_watts=v.get("trainmon_gpu_power_usage_watts"),
-                temperature_celsius=v.get("trainmon_gpu_temperature_celsius"),
-                sm_clock_hertz=v.get("trainmon_gpu_sm_clock_hertz"),
-                tensor_active_ratio=v.get("trainmon_gpu_tensor_active_ratio"),
-                slowdown_reasons=[
-                    r
-                    for r in CLOCK_EVENT_REASONS
-                    if r in SLOWDOWN_REASONS and g.clock_events.get(r)
-                ],
+                utilization_ratio=r.utilization_ratio,
+                memory_used_bytes=r.memory_used_bytes,
+                memory_size_bytes=r.memory_total_bytes,
+                power_usage_watts=r.power_usage_watts,
+                temperature_celsius=r.temperature_celsius,
+                sm_clock_hertz=r.sm_clock_hertz,
+                tensor_active_ratio=r.tensor_active_ratio,
+                slowdown_reasons=[r for r in SLOWDOWN_REASONS if g.clock_events.get(r)],
                 xid_errors=sum(g.xid.values()),
             )
         )

@@ -30,15 +30,8 @@ from trainmon_exporter.exposition import TextExposition
 from trainmon_exporter.httplimits import GatedResponse, HttpStats, ScrapeGate
 from trainmon_exporter.ingest import IngestMetrics, IngestServer, connection_cap
 from trainmon_exporter.logsetup import LogMetrics, report_pending
-from trainmon_exporter.nvml import (
-    FAILED,
-    NO_DRIVER,
-    NOT_STARTED,
-    GpuSampler,
-    GpuSnapshot,
-    NvmlBackend,
-    PynvmlBackend,
-)
+from trainmon_exporter.nvml import NvmlBackend, PynvmlBackend
+from trainmon_exporter.sampler import FAILED, NO_DRIVER, NOT_STARTED, GpuSampler, GpuSnapshot
 from trainmon_exporter.settings import Settings
 from trainmon_exporter.sockfile import IngestSocket
 from trainmon_exporter.state import Store

@@ -108,7 +108,8 @@ def _serve(settings: Settings, listener: IngestSocket) -> int:
             )
         return _fail(f"cannot listen on {settings.listen}: {exc.strerror}")
     if settings.require_gpus and (settings.collectors.gpu or settings.collectors.rank_gpu):
-        from trainmon_exporter.nvml import GpuSampler, PynvmlBackend
+        from trainmon_exporter.nvml import PynvmlBackend
+        from trainmon_exporter.sampler import GpuSampler
 
         probe = GpuSampler(PynvmlBackend())
         if not probe.open():

@@ -33,11 +33,12 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily
 from prometheus_client.metrics_core import Metric
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from trainmon_exporter import catalog
 
 log = logging.getLogger("trainmon_exporter.http")
 
@@ -72,20 +73,8 @@ class HttpStats:
 
     def collect(self) -> Iterable[Metric]:
         """Both counter families, every reason from 0."""
-        closed = CounterMetricFamily(
-            "trainmon_http_connections_closed",
-            "HTTP connections the exporter closed, by reason: header_timeout (no complete "
-            "request head within http_header_timeout_seconds), evicted (oldest connection "
-            "without a request in progress, closed to stay under http_limit_concurrency), "
-            "write_timeout (response unread for http_write_timeout_seconds).",
-            labels=["reason"],
-        )
-        refused = CounterMetricFamily(
-            "trainmon_http_requests_refused",
-            "HTTP requests answered 503 at once, by reason: scrape_limit (more than "
-            "http_max_concurrent_scrapes /metrics requests in progress).",
-            labels=["reason"],
-        )
+        closed = catalog.HTTP_CONNECTIONS_CLOSED.counter()
+        refused = catalog.HTTP_REQUESTS_REFUSED.counter()
         with self._lock:
             for r, n in self.closed.items():
                 closed.add_metric([r], float(n))

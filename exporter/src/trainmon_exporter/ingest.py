@@ -40,6 +40,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from trainmon_client import _protocol as P
+from trainmon_exporter import catalog
+from trainmon_exporter.catalog import Family
 from trainmon_exporter.sockfile import IngestSocket, SocketInUseError
 from trainmon_exporter.state import SERIES_PER_LAYER, SERIES_PER_OPERATION, RankState, Store
 
@@ -168,64 +170,29 @@ class HelloMessage(BaseModel):
 
 
 class IngestMetrics:
-    """The exporter's own ingest counters (direct instruments on the app's registry)."""
+    """The exporter's own ingest counters (direct instruments on the app's registry).
+
+    Names, HELP and labels are the catalog's ``INGEST_*`` rows.
+    """
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.packets = Counter(
-            "trainmon_ingest_packets",
-            "Packets read from trainer sockets (one per client flush).",
-            registry=registry,
-        )
-        self.bytes = Counter(
-            "trainmon_ingest_bytes", "Bytes read from trainer sockets.", registry=registry
-        )
-        self.messages = Counter(
-            "trainmon_ingest_messages",
-            "Valid records applied, by record type (hello, name, step, finish).",
-            ["type"],
-            registry=registry,
-        )
-        self.invalid = Counter(
-            "trainmon_ingest_messages_invalid",
-            "Packets or records dropped as invalid, by reason (see docs/metrics.md).",
-            ["reason"],
-            registry=registry,
-        )
-        self.dropped_values = Counter(
-            "trainmon_ingest_values_dropped",
-            "Values of valid records that were dropped, by reason: unknown_field (no NAME for "
-            "the id), custom_cap (over max_custom_metrics), layer_cap (over max_layers), "
-            "layer_rank (layers of a rank outside layer_ranks: analysed, not exported), "
-            "unknown_hello_key.",
-            ["reason"],
-            registry=registry,
-        )
-        self.connections_total = Counter(
-            "trainmon_ingest_connections",
-            "Trainer connections accepted on the Unix socket.",
-            registry=registry,
-        )
-        self.connections = Gauge(
-            "trainmon_ingest_open_connections",
-            "Trainer connections open now.",
-            registry=registry,
-        )
-        self.refused_connections = Counter(
-            "trainmon_ingest_connections_refused",
-            "Trainer connections refused or closed by the exporter, by reason: "
-            "max_connections (ingest_max_connections open: accepted and closed at once), "
-            "fd_limit (accept() failed for lack of file descriptors or memory, per attempt; "
-            "accepting pauses), hello_timeout (no HELLO within ingest_hello_timeout_seconds), "
-            "idle_timeout (silent for ingest_idle_timeout_seconds).",
-            ["reason"],
-            registry=registry,
-        )
-        self.connection_limit = Gauge(
-            "trainmon_ingest_max_connections",
-            "Trainer connections the exporter accepts at once: ingest_max_connections, "
-            "lowered to fit the open-file limit (RLIMIT_NOFILE) if needed.",
-            registry=registry,
-        )
+        def counter(f: Family) -> Counter:
+            assert f.type == catalog.COUNTER, f.name
+            return Counter(f.name, f.help, f.labels, registry=registry)
+
+        def gauge(f: Family) -> Gauge:
+            assert f.type == catalog.GAUGE, f.name
+            return Gauge(f.name, f.help, f.labels, registry=registry)
+
+        self.packets = counter(catalog.INGEST_PACKETS)
+        self.bytes = counter(catalog.INGEST_BYTES)
+        self.messages = counter(catalog.INGEST_MESSAGES)
+        self.invalid = counter(catalog.INGEST_MESSAGES_INVALID)
+        self.dropped_values = counter(catalog.INGEST_VALUES_DROPPED)
+        self.connections_total = counter(catalog.INGEST_CONNECTIONS)
+        self.connections = gauge(catalog.INGEST_OPEN_CONNECTIONS)
+        self.refused_connections = counter(catalog.INGEST_CONNECTIONS_REFUSED)
+        self.connection_limit = gauge(catalog.INGEST_MAX_CONNECTIONS)
         for t in RECORD_TYPES.values():
             self.messages.labels(t)
         for r in INVALID_REASONS:

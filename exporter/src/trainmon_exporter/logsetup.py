@@ -16,8 +16,9 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from prometheus_client.core import CounterMetricFamily
 from prometheus_client.metrics_core import Metric
+
+from trainmon_exporter import catalog
 
 LEVELS = ("debug", "info", "warning", "error", "critical")
 """``level`` values of ``trainmon_exporter_log_messages_suppressed_total``."""
@@ -138,12 +139,7 @@ class LogMetrics:
 
     def collect(self) -> Iterable[Metric]:
         """The counter family, every level from 0."""
-        fam = CounterMetricFamily(
-            "trainmon_exporter_log_messages_suppressed",
-            "Log lines the exporter did not write because the same line of code logged more "
-            "than log_max_repeats times per log_repeat_interval_seconds, by level.",
-            labels=["level"],
-        )
+        fam = catalog.EXPORTER_LOG_MESSAGES_SUPPRESSED.counter()
         for level, n in suppressed_totals().items():
             fam.add_metric([level], float(n))
         return [fam]

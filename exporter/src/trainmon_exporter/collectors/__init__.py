@@ -14,10 +14,10 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from trainmon_exporter.nvml import GpuSampler
+from trainmon_exporter import catalog
+from trainmon_exporter.sampler import GpuSampler
 from trainmon_exporter.settings import Settings
 from trainmon_exporter.state import Store
 
@@ -77,16 +77,8 @@ class ScrapeCollector:
 
     def collect(self) -> Iterator[Metric]:
         """prometheus-client entry point."""
-        duration = GaugeMetricFamily(
-            "trainmon_scrape_collector_duration_seconds",
-            "Time one collector took in this scrape (s, time.perf_counter).",
-            labels=["collector"],
-        )
-        success = GaugeMetricFamily(
-            "trainmon_scrape_collector_success",
-            "1 if the collector succeeded in this scrape, 0 if it failed (see the log).",
-            labels=["collector"],
-        )
+        duration = catalog.SCRAPE_COLLECTOR_DURATION_SECONDS.gauge()
+        success = catalog.SCRAPE_COLLECTOR_SUCCESS.gauge()
         for c in self.collectors:
             t0 = time.perf_counter()
             try:

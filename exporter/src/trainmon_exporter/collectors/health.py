@@ -10,220 +10,71 @@ import math
 import time
 from collections.abc import Callable, Iterable
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from trainmon_exporter import catalog
 from trainmon_exporter.analytics import SEVERITIES, RankAnalytics
+from trainmon_exporter.catalog import Family
 from trainmon_exporter.collectors import CollectorContext, register
 from trainmon_exporter.state import RankState
 
-RL = ["run", "rank"]
+_Getter = Callable[[RankState, RankAnalytics], float | None]
 
-_GAUGES: tuple[tuple[str, str, Callable[[RankState, RankAnalytics], float | None]], ...] = (
+_GAUGES: tuple[tuple[Family, _Getter], ...] = (
+    (catalog.TRAIN_LOSS_EMA, lambda s, a: a.ema),
+    (catalog.TRAIN_LOSS_MEAN, lambda s, a: _fin(a.loss_stats.mean())),
+    (catalog.TRAIN_LOSS_STDDEV, lambda s, a: _fin(a.loss_stats.std())),
+    (catalog.TRAIN_LOSS_ZSCORE, lambda s, a: _fin(a.loss_z)),
+    (catalog.TRAIN_LOSS_TO_AVERAGE_RATIO, lambda s, a: _fin(a.loss_ratio)),
+    (catalog.TRAIN_GRAD_NORM_MEAN, lambda s, a: _fin(a.grad_stats.mean())),
+    (catalog.TRAIN_GRAD_NORM_STDDEV, lambda s, a: _fin(a.grad_stats.std())),
+    (catalog.TRAIN_GRAD_NORM_ZSCORE, lambda s, a: _fin(a.grad_z)),
+    (catalog.TRAIN_STEP_TIME_MEDIAN_SECONDS, lambda s, a: a.median_step_time()),
+    (catalog.TRAIN_HUNG, lambda s, a: 1.0 if a.hung else 0.0),
+    (catalog.TRAIN_THROUGHPUT_RATIO, lambda s, a: a.throughput_ratio()),
+    (catalog.TRAIN_STRAGGLER_RATIO, lambda s, a: a.straggler),
+    (catalog.TRAIN_GRAD_GAIN_MEAN, lambda s, a: a.gain_mean),
+    (catalog.TRAIN_GRAD_GAIN_DRIFT_RATIO, lambda s, a: a.gain_drift),
+    (catalog.TRAIN_MEMORY_GROWTH_BYTES_PER_STEP, lambda s, a: a.memory_growth),
+    (catalog.TRAIN_STEP_OVERDUE_RATIO, lambda s, a: _overdue(s, a)),
+    (catalog.TRAIN_LOSS_EMA_SLOPE, lambda s, a: a.ema_slope()),
+    (catalog.TRAIN_LOSS_PLATEAU, lambda s, a: _flag(a.plateau())),
+    (catalog.EVAL_LOSS, lambda s, a: a.eval_loss),
+    (catalog.EVAL_STEP, lambda s, a: None if s.eval_step is None else float(s.eval_step)),
+    (catalog.EVAL_IMPROVEMENT_RATIO, lambda s, a: a.eval_improvement()),
     (
-        "trainmon_train_loss_ema",
-        "EMA of the loss: ema = d*ema + (1-d)*loss, d = ema_decay "
-        "(0.99), started at the first finite loss.",
-        lambda s, a: a.ema,
-    ),
-    (
-        "trainmon_train_loss_mean",
-        "Mean of the last window_steps finite losses.",
-        lambda s, a: _fin(a.loss_stats.mean()),
-    ),
-    (
-        "trainmon_train_loss_stddev",
-        "Standard deviation of the last window_steps finite losses.",
-        lambda s, a: _fin(a.loss_stats.std()),
-    ),
-    (
-        "trainmon_train_loss_zscore",
-        "z-score of the last loss against the preceding window.",
-        lambda s, a: _fin(a.loss_z),
-    ),
-    (
-        "trainmon_train_loss_to_average_ratio",
-        "Last loss divided by the mean of the preceding "
-        "window (10 means ten times the moving average).",
-        lambda s, a: _fin(a.loss_ratio),
-    ),
-    (
-        "trainmon_train_grad_norm_mean",
-        "Mean of the last window_steps finite grad norms.",
-        lambda s, a: _fin(a.grad_stats.mean()),
-    ),
-    (
-        "trainmon_train_grad_norm_stddev",
-        "Standard deviation of the last window_steps grad norms.",
-        lambda s, a: _fin(a.grad_stats.std()),
-    ),
-    (
-        "trainmon_train_grad_norm_zscore",
-        "z-score of the last grad norm against the preceding window.",
-        lambda s, a: _fin(a.grad_z),
-    ),
-    (
-        "trainmon_train_step_time_median_seconds",
-        "Median of the last step_time_window_steps per-step times (s; the time between log() "
-        "calls over the steps between them): the rank's usual step time.",
-        lambda s, a: a.median_step_time(),
-    ),
-    (
-        "trainmon_train_hung",
-        "1 while the rank is connected, runs no tracked operation and has "
-        "not stepped for hang_factor x median step time + hang_grace_seconds.",
-        lambda s, a: 1.0 if a.hung else 0.0,
-    ),
-    (
-        "trainmon_train_throughput_ratio",
-        "Median per-step tokens/s of the last "
-        "throughput_recent_steps over that of the last throughput_baseline_steps (1 = as usual).",
-        lambda s, a: a.throughput_ratio(),
-    ),
-    (
-        "trainmon_train_straggler_ratio",
-        "Rank's recent median step time over the median of its run's other connected ranks, judged "
-        "every 1 s (1 = typical; only meaningful where ranks do not synchronise every step).",
-        lambda s, a: a.straggler,
-    ),
-    (
-        "trainmon_train_grad_gain_mean",
-        "Geometric mean over consecutive layers of ||g_i|| / ||g_i+1|| at the last watch check.",
-        lambda s, a: a.gain_mean,
-    ),
-    (
-        "trainmon_train_grad_gain_drift_ratio",
-        "Median mean gradient gain of the last gain_window_checks over its baseline "
-        "(the median of the first gain_baseline_checks).",
-        lambda s, a: a.gain_drift,
-    ),
-    (
-        "trainmon_train_memory_growth_bytes_per_step",
-        "Least-squares slope of mem_allocated over the last leak_window_steps (bytes/step).",
-        lambda s, a: a.memory_growth,
-    ),
-    (
-        "trainmon_train_step_overdue_ratio",
-        "Seconds since the rank's last step over its median step time, while connected "
-        "(1: a step is about due; hung past hang_factor x median + grace).",
-        lambda s, a: _overdue(s, a),
-    ),
-    (
-        "trainmon_train_loss_ema_slope",
-        "Least-squares slope of the loss EMA over the last "
-        "trend_window_steps (loss per step; above 0: diverging).",
-        lambda s, a: a.ema_slope(),
-    ),
-    (
-        "trainmon_train_loss_plateau",
-        "1 when the loss EMA moved less than plateau_tolerance "
-        "(relative) across a full trend window.",
-        lambda s, a: _flag(a.plateau()),
-    ),
-    (
-        "trainmon_eval_loss",
-        "Validation loss of the last evaluation (Run.eval val_loss).",
-        lambda s, a: a.eval_loss,
-    ),
-    (
-        "trainmon_eval_step",
-        "Training step of the last evaluation.",
-        lambda s, a: None if s.eval_step is None else float(s.eval_step),
-    ),
-    (
-        "trainmon_eval_improvement_ratio",
-        "(previous - last) / |previous| validation loss.",
-        lambda s, a: a.eval_improvement(),
-    ),
-    (
-        "trainmon_eval_slow_improvement",
-        "1 when the last evaluation improved by less than eval_slow_improvement.",
+        catalog.EVAL_SLOW_IMPROVEMENT,
         lambda s, a: _flag(_lt(a.eval_improvement(), a.cfg.eval_slow_improvement)),
     ),
+    (catalog.EVAL_GENERALIZATION_GAP_RATIO, lambda s, a: a.eval_gap()),
+    (catalog.EVAL_OVERFITTING, lambda s, a: _flag(_gt(a.eval_gap(), a.cfg.eval_overfit_gap))),
+    (catalog.EVAL_PLATEAU, lambda s, a: _flag(a.eval_plateau())),
     (
-        "trainmon_eval_generalization_gap_ratio",
-        "(validation loss - training loss EMA) / training loss EMA.",
-        lambda s, a: a.eval_gap(),
-    ),
-    (
-        "trainmon_eval_overfitting",
-        "1 when the generalization gap exceeds eval_overfit_gap.",
-        lambda s, a: _flag(_gt(a.eval_gap(), a.cfg.eval_overfit_gap)),
-    ),
-    (
-        "trainmon_eval_plateau",
-        "1 when the last eval_plateau_evals evaluations each changed by "
-        "less than eval_plateau_change.",
-        lambda s, a: _flag(a.eval_plateau()),
-    ),
-    (
-        "trainmon_checkpoint_last_timestamp_seconds",
-        "When the last checkpoint was written (Unix s, Run.checkpoint).",
+        catalog.CHECKPOINT_LAST_TIMESTAMP_SECONDS,
         lambda s, a: None if s.checkpoint is None else s.checkpoint[1],
     ),
     (
-        "trainmon_checkpoint_last_duration_seconds",
-        "How long the last checkpoint took (s).",
+        catalog.CHECKPOINT_LAST_DURATION_SECONDS,
         lambda s, a: None if s.checkpoint is None else _fin(s.checkpoint[2]),
     ),
     (
-        "trainmon_checkpoint_last_step",
-        "Training step of the last checkpoint.",
+        catalog.CHECKPOINT_LAST_STEP,
         lambda s, a: None if s.checkpoint is None else float(s.checkpoint[0]),
     ),
 )
 
-_COUNTERS: tuple[tuple[str, str, Callable[[RankState, RankAnalytics], float]], ...] = (
-    (
-        "trainmon_train_grad_explosions",
-        "Steps whose grad norm exceeded grad_explosion_norm, "
-        "or grad_explosion_ratio x its rolling mean, or was +Inf.",
-        lambda s, a: a.explosions,
-    ),
-    (
-        "trainmon_train_grad_vanishing",
-        "Steps whose grad norm was below grad_vanishing_norm.",
-        lambda s, a: a.vanishing,
-    ),
-    (
-        "trainmon_train_update_ratio_high",
-        "Layer checks (Run.watch) whose update ratio ||dw||/||w|| exceeded update_ratio_high.",
-        lambda s, a: a.update_high,
-    ),
-    (
-        "trainmon_train_update_ratio_low",
-        "Layer checks whose update ratio was below update_ratio_low while the median layer's "
-        "was not (a frozen layer).",
-        lambda s, a: a.update_low,
-    ),
-    (
-        "trainmon_train_grad_gain_drifts",
-        "Episodes of the mean layer-to-layer gradient gain off its baseline by gain_drift_factor "
-        "for gain_drift_checks checks in a row.",
-        lambda s, a: a.gain_drifts,
-    ),
-    (
-        "trainmon_train_memory_leaks",
-        "Episodes of steady mem_allocated growth (trainmon_train_memory_growth_bytes_per_step).",
-        lambda s, a: a.leaks,
-    ),
-    ("trainmon_train_hangs", "Hang episodes (see trainmon_train_hung).", lambda s, a: a.hangs),
-    (
-        "trainmon_train_throughput_drops",
-        "Episodes of trainmon_train_throughput_ratio below throughput_drop_ratio (0.7).",
-        lambda s, a: a.throughput_drops,
-    ),
-    (
-        "trainmon_train_straggler_episodes",
-        "Episodes of trainmon_train_straggler_ratio above straggler_ratio (1.5).",
-        lambda s, a: a.straggler_episodes,
-    ),
-    ("trainmon_eval_evaluations", "Evaluations reported (Run.eval).", lambda s, a: a.eval_total),
-    (
-        "trainmon_checkpoints",
-        "Checkpoints reported (Run.checkpoint).",
-        lambda s, a: s.checkpoints_total,
-    ),
+_COUNTERS: tuple[tuple[Family, Callable[[RankState, RankAnalytics], float]], ...] = (
+    (catalog.TRAIN_GRAD_EXPLOSIONS, lambda s, a: a.explosions),
+    (catalog.TRAIN_GRAD_VANISHING, lambda s, a: a.vanishing),
+    (catalog.TRAIN_UPDATE_RATIO_HIGH, lambda s, a: a.update_high),
+    (catalog.TRAIN_UPDATE_RATIO_LOW, lambda s, a: a.update_low),
+    (catalog.TRAIN_GRAD_GAIN_DRIFTS, lambda s, a: a.gain_drifts),
+    (catalog.TRAIN_MEMORY_LEAKS, lambda s, a: a.leaks),
+    (catalog.TRAIN_HANGS, lambda s, a: a.hangs),
+    (catalog.TRAIN_THROUGHPUT_DROPS, lambda s, a: a.throughput_drops),
+    (catalog.TRAIN_STRAGGLER_EPISODES, lambda s, a: a.straggler_episodes),
+    (catalog.EVAL_EVALUATIONS, lambda s, a: a.eval_total),
+    (catalog.CHECKPOINTS, lambda s, a: s.checkpoints_total),
 )
 
 
@@ -264,50 +115,16 @@ class HealthCollector:
     def collect(self) -> Iterable[Metric]:
         """Return the health families (formulas: trainmon_exporter.analytics)."""
         now = time.time()
-        gauges = [(GaugeMetricFamily(n, h, labels=RL), f) for n, h, f in _GAUGES]
-        counters = [(CounterMetricFamily(n, h, labels=RL), f) for n, h, f in _COUNTERS]
-        loss_spikes = CounterMetricFamily(
-            "trainmon_train_loss_spikes",
-            "Steps whose loss z-score against the preceding window reached spike_z[severity] "
-            "(the highest severity reached is counted).",
-            labels=[*RL, "severity"],
-        )
-        grad_spikes = CounterMetricFamily(
-            "trainmon_train_grad_norm_spikes",
-            "Steps whose grad-norm z-score reached spike_z[severity].",
-            labels=[*RL, "severity"],
-        )
-        mon_ratio = GaugeMetricFamily(
-            "trainmon_monitoring_overhead_ratio",
-            "Share of wall time spent in monitoring over rate_window_seconds: the client's own "
-            "log() time plus operations timed with Run.track.",
-            labels=RL,
-        )
-        over_budget = GaugeMetricFamily(
-            "trainmon_monitoring_over_budget",
-            "1 when trainmon_monitoring_overhead_ratio exceeds monitoring_budget_ratio (0.05).",
-            labels=RL,
-        )
-        op_seconds = CounterMetricFamily(
-            "trainmon_monitoring_seconds",
-            "Wall time of finished runs of each tracked operation (s, Run.track).",
-            labels=[*RL, "operation"],
-        )
-        op_count = CounterMetricFamily(
-            "trainmon_monitoring_operations",
-            "Finished runs of each tracked operation.",
-            labels=[*RL, "operation"],
-        )
-        op_active = GaugeMetricFamily(
-            "trainmon_monitoring_active",
-            "1 while the tracked operation runs.",
-            labels=[*RL, "operation"],
-        )
-        eval_value = GaugeMetricFamily(
-            "trainmon_eval_value",
-            "Last value of each metric reported with Run.eval (capped like custom metrics).",
-            labels=[*RL, "name"],
-        )
+        gauges = [(f.gauge(), fn) for f, fn in _GAUGES]
+        counters = [(f.counter(), fn) for f, fn in _COUNTERS]
+        loss_spikes = catalog.TRAIN_LOSS_SPIKES.counter()
+        grad_spikes = catalog.TRAIN_GRAD_NORM_SPIKES.counter()
+        mon_ratio = catalog.MONITORING_OVERHEAD_RATIO.gauge()
+        over_budget = catalog.MONITORING_OVER_BUDGET.gauge()
+        op_seconds = catalog.MONITORING_SECONDS.counter()
+        op_count = catalog.MONITORING_OPERATIONS.counter()
+        op_active = catalog.MONITORING_ACTIVE.gauge()
+        eval_value = catalog.EVAL_VALUE.gauge()
         for s in self.store.iter_ranks():
             a = s.analytics
             labels = [s.run, str(s.rank)]

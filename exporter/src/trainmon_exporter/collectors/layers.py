@@ -4,30 +4,23 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from trainmon_client import _protocol as P
+from trainmon_exporter import catalog
+from trainmon_exporter.catalog import Family
 from trainmon_exporter.collectors import CollectorContext, register
 
-_FAMILIES = (
-    ("grad_norm", "trainmon_layer_grad_norm", "L2 norm of the layer's gradients."),
-    ("grad_mean", "trainmon_layer_grad_mean", "Mean of the layer's gradient values."),
-    ("grad_std", "trainmon_layer_grad_stddev", "Standard deviation of its gradient values."),
-    ("weight_norm", "trainmon_layer_weight_norm", "L2 norm of the layer's weights."),
-    (
-        "update_ratio",
-        "trainmon_layer_update_ratio",
-        "||w_after - w_before|| / ||w_before|| of the last watched optimizer step (or "
-        "lr*||g||/||w|| when the client runs watch(exact_update=False)).",
-    ),
-    ("activation_mean", "trainmon_layer_activation_mean", "Mean of the layer's output."),
-    ("activation_std", "trainmon_layer_activation_stddev", "Standard deviation of its output."),
-    (
-        "dead_ratio",
-        "trainmon_layer_dead_units_ratio",
-        "Share of the layer's output units never above 0 in the watched batch.",
-    ),
+# (client statistic, family): the statistic's code is trainmon_client._protocol.LAYER_STATS.
+_FAMILIES: tuple[tuple[str, Family], ...] = (
+    ("grad_norm", catalog.LAYER_GRAD_NORM),
+    ("grad_mean", catalog.LAYER_GRAD_MEAN),
+    ("grad_std", catalog.LAYER_GRAD_STDDEV),
+    ("weight_norm", catalog.LAYER_WEIGHT_NORM),
+    ("update_ratio", catalog.LAYER_UPDATE_RATIO),
+    ("activation_mean", catalog.LAYER_ACTIVATION_MEAN),
+    ("activation_std", catalog.LAYER_ACTIVATION_STDDEV),
+    ("dead_ratio", catalog.LAYER_DEAD_UNITS_RATIO),
 )
 
 
@@ -42,17 +35,8 @@ class LayersCollector:
 
     def collect(self) -> Iterable[Metric]:
         """Return the per-layer families (client side: trainmon_client._watch)."""
-        labels = ["run", "rank", "layer"]
-        fams = [
-            (P.LAYER_STATS[stat], GaugeMetricFamily(name, f"{doc} (Run.watch)", labels=labels))
-            for stat, name, doc in _FAMILIES
-        ]
-        percentile = GaugeMetricFamily(
-            "trainmon_layer_grad_percentile",
-            "Percentile of the layer's gradient values (Run.watch, at most 65,536 strided "
-            "elements).",
-            labels=[*labels, "percentile"],
-        )
+        fams = [(P.LAYER_STATS[stat], f.gauge()) for stat, f in _FAMILIES]
+        percentile = catalog.LAYER_GRAD_PERCENTILE.gauge()
         qcodes = [(P.QUANTILE_CODE0 + i, f"{q * 100:g}") for i, q in enumerate(P.LAYER_QUANTILES)]
         for s in self.store.iter_ranks():
             for layer, row in s.layers.items():

@@ -20,15 +20,13 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from trainmon_exporter import catalog
 from trainmon_exporter.collectors import CollectorContext, register
-from trainmon_exporter.nvml import NOT_STARTED, GpuSample, GpuSampler, GpuSnapshot
 from trainmon_exporter.peaks import Mfu, rank_mfu
+from trainmon_exporter.sampler import NOT_STARTED, GpuSample, GpuSampler, GpuSnapshot
 from trainmon_exporter.state import RankState
-
-RL = ["run", "rank"]
 
 MFU_REASONS = (
     "no_flops_per_token",
@@ -76,39 +74,11 @@ class RankGpuCollector:
         snap: GpuSnapshot = self.sampler.snapshot if self.sampler is not None else NOT_STARTED
         gpus = snap.by_uuid()
         pids = snap.process_memory()
-        achieved = GaugeMetricFamily(
-            "trainmon_train_model_flops_per_second",
-            "Model FLOP/s the rank achieves: tokens/s over rate_window_seconds x the client's "
-            "flops_per_token (6 x num_params by default).",
-            labels=RL,
-        )
-        peak = GaugeMetricFamily(
-            "trainmon_train_peak_flops_per_second",
-            "Peak dense FLOP/s of the rank's GPU for its dtype: the MFU denominator "
-            "(trainmon_exporter.peaks datasheet table by PCI device id and NVML name, or the "
-            "peak_flops setting).",
-            labels=RL,
-        )
-        mfu = GaugeMetricFamily(
-            "trainmon_train_mfu_ratio",
-            "Model FLOPs utilisation: trainmon_train_model_flops_per_second / "
-            "trainmon_train_peak_flops_per_second (PaLM, appendix B).",
-            labels=RL,
-        )
-        unavailable = GaugeMetricFamily(
-            "trainmon_train_mfu_unavailable",
-            "1 when the rank has no MFU, with the reason: no_flops_per_token (pass num_params "
-            "to init), no_gpu_uuid (no CUDA device reported), gpu_not_sampled (NVML does not "
-            "show that GPU), unknown_gpu_model or unknown_dtype (not in the peak table: set "
-            "peak_flops).",
-            labels=[*RL, "reason"],
-        )
-        memory = GaugeMetricFamily(
-            "trainmon_rank_gpu_memory_used_bytes",
-            "GPU memory of the rank's process as the driver sees it (nvmlDeviceGetCompute"
-            "RunningProcesses usedGpuMemory, summed over GPUs; process found by SO_PEERCRED pid).",
-            labels=RL,
-        )
+        achieved = catalog.TRAIN_MODEL_FLOPS_PER_SECOND.gauge()
+        peak = catalog.TRAIN_PEAK_FLOPS_PER_SECOND.gauge()
+        mfu = catalog.TRAIN_MFU_RATIO.gauge()
+        unavailable = catalog.TRAIN_MFU_UNAVAILABLE.gauge()
+        memory = catalog.RANK_GPU_MEMORY_USED_BYTES.gauge()
         now = time.time()
         for s in self.store.iter_ranks():
             labels = [s.run, str(s.rank)]

@@ -11,158 +11,46 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-)
 from prometheus_client.metrics_core import Metric
 
+from trainmon_exporter import catalog
+from trainmon_exporter.catalog import Family
 from trainmon_exporter.collectors import CollectorContext, register
 from trainmon_exporter.state import NONFINITE_FIELDS, RankState
 
-RL = ["run", "rank"]
-
-# (name, help, value of a state or None to omit the sample)
-_GAUGES: tuple[tuple[str, str, Callable[[RankState], float | None]], ...] = (
-    (
-        "trainmon_run_up",
-        "1 while the rank's client is connected, 0 after it disconnected.",
-        lambda s: 1.0 if s.connected else 0.0,
-    ),
-    (
-        "trainmon_run_start_timestamp_seconds",
-        "When the client process called init() (Unix s, client field started_at).",
-        lambda s: s.started_at,
-    ),
-    (
-        "trainmon_train_step",
-        "Last step number the client logged (client field step).",
-        lambda s: None if s.step is None else float(s.step),
-    ),
-    (
-        "trainmon_train_last_step_timestamp_seconds",
-        "Wall time of the last logged step's log() call (Unix s, client clock).",
-        lambda s: s.last_step_time,
-    ),
-    (
-        "trainmon_train_loss",
-        "Last training loss (client field loss).",
-        lambda s: s.values.get("loss"),
-    ),
-    (
-        "trainmon_train_learning_rate",
-        "Last learning rate (client field lr).",
-        lambda s: s.values.get("lr"),
-    ),
-    (
-        "trainmon_train_grad_norm",
-        "Last global gradient L2 norm (client field grad_norm).",
-        lambda s: s.values.get("grad_norm"),
-    ),
-    (
-        "trainmon_train_memory_allocated_bytes",
-        "Memory the rank's tensors hold (client field mem_allocated, e.g. "
-        "torch.cuda.memory_allocated()).",
-        lambda s: s.values.get("mem_allocated"),
-    ),
-    (
-        "trainmon_train_memory_reserved_bytes",
-        "Memory its allocator reserved (client field mem_reserved, e.g. "
-        "torch.cuda.memory_reserved()).",
-        lambda s: s.values.get("mem_reserved"),
-    ),
-    (
-        "trainmon_train_memory_peak_bytes",
-        "Peak memory the rank's tensors held since the process started (client field "
-        "mem_peak; init(cuda_memory=True) sends torch.cuda.memory_stats() "
-        "allocated_bytes.all.peak).",
-        lambda s: s.values.get("mem_peak"),
-    ),
-    (
-        "trainmon_train_batch_size",
-        "Samples per step (client field batch_size).",
-        lambda s: s.values.get("batch_size"),
-    ),
-    (
-        "trainmon_train_sequence_length",
-        "Tokens per sample (client field seq_len).",
-        lambda s: s.values.get("seq_len"),
-    ),
+# (family, value of a state or None to omit the sample)
+_GAUGES: tuple[tuple[Family, Callable[[RankState], float | None]], ...] = (
+    (catalog.RUN_UP, lambda s: 1.0 if s.connected else 0.0),
+    (catalog.RUN_START_TIMESTAMP_SECONDS, lambda s: s.started_at),
+    (catalog.TRAIN_STEP, lambda s: None if s.step is None else float(s.step)),
+    (catalog.TRAIN_LAST_STEP_TIMESTAMP_SECONDS, lambda s: s.last_step_time),
+    (catalog.TRAIN_LOSS, lambda s: s.values.get("loss")),
+    (catalog.TRAIN_LEARNING_RATE, lambda s: s.values.get("lr")),
+    (catalog.TRAIN_GRAD_NORM, lambda s: s.values.get("grad_norm")),
+    (catalog.TRAIN_MEMORY_ALLOCATED_BYTES, lambda s: s.values.get("mem_allocated")),
+    (catalog.TRAIN_MEMORY_RESERVED_BYTES, lambda s: s.values.get("mem_reserved")),
+    (catalog.TRAIN_MEMORY_PEAK_BYTES, lambda s: s.values.get("mem_peak")),
+    (catalog.TRAIN_BATCH_SIZE, lambda s: s.values.get("batch_size")),
+    (catalog.TRAIN_SEQUENCE_LENGTH, lambda s: s.values.get("seq_len")),
 )
 
-# Counters the client sends only when it reads the CUDA allocator (omitted otherwise).
-_OPTIONAL_COUNTERS: tuple[tuple[str, str, str], ...] = (
-    (
-        "trainmon_train_allocator_retries",
-        "alloc_retries",
-        "cudaMalloc retries after the caching allocator freed its cache (client field "
-        "alloc_retries; torch.cuda.memory_stats() num_alloc_retries): memory pressure before "
-        "an OOM.",
-    ),
-    (
-        "trainmon_train_oom_errors",
-        "ooms",
-        "CUDA out-of-memory errors the allocator raised (client field ooms; "
-        "torch.cuda.memory_stats() num_ooms).",
-    ),
+# Counters the client sends only when it reads the CUDA allocator (omitted otherwise):
+# (family, client field).
+_OPTIONAL_COUNTERS: tuple[tuple[Family, str], ...] = (
+    (catalog.TRAIN_ALLOCATOR_RETRIES, "alloc_retries"),
+    (catalog.TRAIN_OOM_ERRORS, "ooms"),
 )
 
-_COUNTERS: tuple[tuple[str, str, Callable[[RankState], float]], ...] = (
-    (
-        "trainmon_train_steps",
-        "Steps logged by the client process (cumulative on the wire).",
-        lambda s: float(s.steps_total),
-    ),
-    (
-        "trainmon_train_tokens",
-        "Tokens processed: running sum of the client's per-step tokens (or batch_size x seq_len).",
-        lambda s: s.tokens_total,
-    ),
-    (
-        "trainmon_train_samples",
-        "Samples processed: running sum of the client's per-step samples (or batch_size).",
-        lambda s: s.samples_total,
-    ),
-    (
-        "trainmon_client_overhead_seconds",
-        "Seconds the client cost its trainer: wall time inside its calls plus its flusher "
-        "thread's CPU time (s, cumulative on the wire).",
-        lambda s: s.overhead_total,
-    ),
-    (
-        "trainmon_client_sent_messages",
-        "Steps, evaluations, checkpoints, tracked operations and watch checks the client "
-        "handed to its socket, over every connection (client TOTALS record, cumulative).",
-        lambda s: float(s.sent_total),
-    ),
-    (
-        "trainmon_ingest_messages_unapplied",
-        "Records the client reported sent on its connections to this exporter that this "
-        "exporter never applied: refused, dropped or never received (client TOTALS record "
-        "sent_connection less records applied; resets with the exporter).",
-        lambda s: float(s.unapplied_total),
-    ),
-    (
-        "trainmon_client_refused_values",
-        "Values (or whole steps) the client refused: bad name, non-scalar value, bad step "
-        "number (a string or bool too), a NaN, infinite or negative tokens or samples "
-        "increment, over its name cap.",
-        lambda s: float(s.refused_values),
-    ),
-    (
-        "trainmon_run_crashes",
-        "Times the rank ended without a clean finish: disconnected "
-        "without a FINISH record, or finished with an uncaught exception.",
-        lambda s: float(s.crashes),
-    ),
-    (
-        "trainmon_run_restarts",
-        "Times the rank restarted: its step number went backward (a checkpoint reload) or a "
-        "new process resumed it. The loss, gradient, step-time and throughput statistics "
-        "start over at each one, so a restart is not judged as a spike or a divergence.",
-        lambda s: float(s.analytics.restarts),
-    ),
+_COUNTERS: tuple[tuple[Family, Callable[[RankState], float]], ...] = (
+    (catalog.TRAIN_STEPS, lambda s: float(s.steps_total)),
+    (catalog.TRAIN_TOKENS, lambda s: s.tokens_total),
+    (catalog.TRAIN_SAMPLES, lambda s: s.samples_total),
+    (catalog.CLIENT_OVERHEAD_SECONDS, lambda s: s.overhead_total),
+    (catalog.CLIENT_SENT_MESSAGES, lambda s: float(s.sent_total)),
+    (catalog.INGEST_MESSAGES_UNAPPLIED, lambda s: float(s.unapplied_total)),
+    (catalog.CLIENT_REFUSED_VALUES, lambda s: float(s.refused_values)),
+    (catalog.RUN_CRASHES, lambda s: float(s.crashes)),
+    (catalog.RUN_RESTARTS, lambda s: float(s.analytics.restarts)),
 )
 
 
@@ -179,79 +67,19 @@ class TrainingCollector:
     def collect(self) -> Iterable[Metric]:
         """Return every training family (types and units: docs/metrics.md)."""
         now = time.time()
-        gauges = [(GaugeMetricFamily(n, h, labels=RL), f) for n, h, f in _GAUGES]
-        counters = [(CounterMetricFamily(n, h, labels=RL), f) for n, h, f in _COUNTERS]
-        optional = [(CounterMetricFamily(n, h, labels=RL), k) for n, k, h in _OPTIONAL_COUNTERS]
-        rank_info = GaugeMetricFamily(
-            "trainmon_rank_info",
-            "Always 1; identity of a rank: node, local rank, world size, GPU UUID (NVML "
-            "format, from the client), client version and training dtype. Join on uuid with "
-            "GPU series.",
-            labels=[
-                "run",
-                "rank",
-                "local_rank",
-                "world_size",
-                "hostname",
-                "uuid",
-                "client_version",
-                "dtype",
-            ],
-        )
-        run_info = GaugeMetricFamily(
-            "trainmon_run_info",
-            "Always 1; one per run, with its world size.",
-            labels=["run", "world_size"],
-        )
-        world_size = GaugeMetricFamily(
-            "trainmon_run_world_size",
-            "Ranks the run was launched with (count): the largest world size its ranks on this "
-            "exporter reported (client WORLD_SIZE). Compare with the sum of trainmon_run_up.",
-            labels=["run"],
-        )
-        tps = GaugeMetricFamily(
-            "trainmon_train_tokens_per_second",
-            "Tokens/s over rate_window_seconds: delta tokens / delta client wall time; 0 when "
-            "no step arrived within the window.",
-            labels=RL,
-        )
-        sps = GaugeMetricFamily(
-            "trainmon_train_samples_per_second",
-            "Samples/s over rate_window_seconds (as tokens/s).",
-            labels=RL,
-        )
-        ovr = GaugeMetricFamily(
-            "trainmon_client_overhead_ratio",
-            "Share of wall time the client cost its trainer over rate_window_seconds "
-            "(delta overhead s / delta wall s; budget: under 0.01).",
-            labels=RL,
-        )
-        step_hist = HistogramMetricFamily(
-            "trainmon_train_step_duration_seconds",
-            "Time of one training step (s): the time between consecutive log() calls of a rank "
-            "(client time.perf_counter) over the steps between them.",
-            labels=RL,
-        )
-        nonfinite = CounterMetricFamily(
-            "trainmon_train_nonfinite_values",
-            "Logged values that were NaN or infinite, by field (loss, grad_norm, lr, or custom "
-            "for any custom metric).",
-            labels=["run", "rank", "field"],
-        )
-        dropped = CounterMetricFamily(
-            "trainmon_client_dropped_messages",
-            "Steps, evaluations, checkpoints and tracked operations the client could not "
-            "deliver: reason=disconnected (no exporter reachable), backpressure (buffer full "
-            "or finish() deadline), encode_error (a value out of range), in_flight (sent on a "
-            "connection that ended before the exporter read them: an upper bound).",
-            labels=["run", "rank", "reason"],
-        )
-        custom = GaugeMetricFamily(
-            "trainmon_train_custom_value",
-            "Last value of a custom scalar the client logged under that name (capped at "
-            "max_custom_metrics names per rank).",
-            labels=["run", "rank", "name"],
-        )
+        gauges = [(f.gauge(), fn) for f, fn in _GAUGES]
+        counters = [(f.counter(), fn) for f, fn in _COUNTERS]
+        optional = [(f.counter(), key) for f, key in _OPTIONAL_COUNTERS]
+        rank_info = catalog.RANK_INFO.gauge()
+        run_info = catalog.RUN_INFO.gauge()
+        world_size = catalog.RUN_WORLD_SIZE.gauge()
+        tps = catalog.TRAIN_TOKENS_PER_SECOND.gauge()
+        sps = catalog.TRAIN_SAMPLES_PER_SECOND.gauge()
+        ovr = catalog.CLIENT_OVERHEAD_RATIO.gauge()
+        step_hist = catalog.TRAIN_STEP_DURATION_SECONDS.histogram()
+        nonfinite = catalog.TRAIN_NONFINITE_VALUES.counter()
+        dropped = catalog.CLIENT_DROPPED_MESSAGES.counter()
+        custom = catalog.TRAIN_CUSTOM_VALUE.gauge()
         runs: dict[str, int] = {}
         buckets = self.store.buckets
         for s in self.store.iter_ranks():

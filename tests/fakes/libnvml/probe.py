@@ -1,6 +1,6 @@
 """Run the real sampler and GPU collectors once against whichever libnvidia-ml.so.1 loads.
 
-    LD_LIBRARY_PATH=DIR FAKE_NVML_CONFIG=CFG python -m tests.fake_nvml.probe [passes]
+    LD_LIBRARY_PATH=DIR FAKE_NVML_CONFIG=CFG python -m tests.fakes.libnvml.probe [passes]
 
 Builds an exporter (:func:`trainmon_exporter.app.build_exporter`, real
 :class:`~trainmon_exporter.nvml.PynvmlBackend`, nothing started), opens NVML, runs ``passes``
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from prometheus_client.exposition import generate_latest
 
-from tests.fake_nvml import BRANCH_SYMBOLS
+from tests.fakes.libnvml import BRANCH_SYMBOLS
 from trainmon_exporter.app import build_exporter
 from trainmon_exporter.settings import Settings
 
