@@ -29,6 +29,15 @@ check: lint
 test: lint
 	$(BIN)/python -m pytest
 
+## make generate: rebuild every generated file (dashboards, their Kubernetes ConfigMaps and
+## PrometheusRules, the metric tables of docs/metrics.md, the golden captures); tests fail
+## when a committed copy differs from what its generator builds
+generate: $(STAMP)
+	$(BIN)/python deploy/grafana/build_dashboards.py
+	$(BIN)/python deploy/kubernetes/build.py
+	$(BIN)/python scripts/build_metrics_doc.py
+	TRAINMON_UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q tests/exporter/test_golden.py tests/client/test_golden_wire.py
+
 ## make demo: exporter + a real training run; prints where to look and live values
 demo: $(STAMP)
 	$(BIN)/python scripts/demo.py $(DEMO_ARGS)

@@ -4,6 +4,8 @@ collectors and the catalog agree on names, types, HELP and labels."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -125,3 +127,23 @@ def test_a_row_builds_only_its_own_type() -> None:
         for other in build.values():
             with pytest.raises(TypeError):
                 other()
+
+
+def test_collectors_run_in_one_fixed_order_whatever_imported_them_first() -> None:
+    code = (
+        "import importlib, sys\n"
+        "for m in reversed(sys.argv[1:]):\n"
+        "    importlib.import_module('trainmon_exporter.collectors.' + m)\n"
+        "from trainmon_exporter.collectors import ORDER, CollectorContext, build_collectors\n"
+        "from trainmon_exporter.settings import Settings\n"
+        "from trainmon_exporter.state import Store\n"
+        "store = Store(max_ranks=8, max_custom_metrics=8, buckets=(1.0,), window_s=30, ttl_s=60)\n"
+        "ctx = CollectorContext(Settings(collectors={'gpu': False}), store)\n"
+        "print(' '.join(c.name for c in build_collectors(ctx)))\n"
+    )
+    from trainmon_exporter.collectors import ORDER
+
+    out = subprocess.run(
+        [sys.executable, "-c", code, *ORDER], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == [n for n in ORDER if n != "gpu"], out.stdout

@@ -116,4 +116,10 @@ def build_collectors(ctx: CollectorContext) -> list[Collector]:
     )
 
     toggles = ctx.settings.collectors.model_dump()
-    return [factory(ctx) for name, factory in FACTORIES.items() if toggles.get(name, True)]
+    names = sorted(FACTORIES, key=lambda n: ORDER.index(n) if n in ORDER else len(ORDER))
+    return [FACTORIES[name](ctx) for name in names if toggles.get(name, True)]
+
+
+ORDER = ("rank_gpu", "exporter", "gpu", "health", "layers", "process", "training")
+"""The order of the collectors' families in the exposition: fixed here, never the order in
+which their modules happened to be imported (which differed between processes)."""
