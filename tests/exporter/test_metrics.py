@@ -7,9 +7,6 @@ from collections.abc import Callable
 
 import pytest
 
-from trainmon_exporter.analytics import AnalyticsSettings, RankAnalytics
-from trainmon_exporter.state import RankState
-
 from ..conftest import (
     InProcessExporter,
     connect,
@@ -18,6 +15,7 @@ from ..conftest import (
     sample,
     wait_for,
 )
+from ..helpers.exporter import make_state
 
 
 def scripted_session(ex: InProcessExporter, run: str = "scripted", ranks: int = 2) -> None:
@@ -199,25 +197,6 @@ def test_a_rank_that_reconnects_resumes_its_state(exporter: InProcessExporter) -
     assert (
         sample(m, "trainmon_train_nonfinite_values_total", run="resume", rank="0", field="loss")
         == 2
-    )
-
-
-def make_state(**analytics: object) -> RankState:
-    """A bare rank state, for feeding synthetic steps."""
-    return RankState(
-        run="r",
-        rank=0,
-        local_rank=0,
-        world_size=1,
-        hostname="h",
-        pid=1,
-        client_version="t",
-        gpu_uuid=None,
-        started_at=0.0,
-        flops_per_token=None,
-        dtype="bf16",
-        buckets=(1.0,),
-        analytics=RankAnalytics(AnalyticsSettings(**analytics)),  # type: ignore[arg-type]
     )
 
 
