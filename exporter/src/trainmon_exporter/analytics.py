@@ -75,6 +75,8 @@ from typing import NamedTuple
 
 from pydantic import BaseModel, Field, model_validator
 
+from trainmon_client import _protocol as P
+
 SEVERITIES = ("minor", "major", "severe")
 MAX_EVENTS = 64
 """Detector firings kept per rank for the API and the status page."""
@@ -620,12 +622,17 @@ class RankAnalytics:
     def observe_layers(self, rows: list[tuple[str, dict[int, float]]]) -> None:
         """Apply one watch check: ``(layer, {stat code: value})`` in module order.
 
-        Stat codes: 1 grad norm, 5 update ratio (``trainmon_client._watch.STATS``).
+        Stat codes are :data:`trainmon_client._protocol.LAYER_STATS`; the detectors read the
+        update ratio (``STAT_UPDATE_RATIO``) and the gradient norm (``STAT_GRAD_NORM``).
         """
         cfg = self.cfg
         high = low = 0
         worst = 0.0
-        ratios = [r for _, row in rows if (r := row.get(5)) is not None and math.isfinite(r)]
+        ratios = [
+            r
+            for _, row in rows
+            if (r := row.get(P.STAT_UPDATE_RATIO)) is not None and math.isfinite(r)
+        ]
         learning = bool(ratios) and statistics.median(ratios) >= cfg.update_ratio_low
         for ratio in ratios:
             if ratio > cfg.update_ratio_high:
@@ -639,7 +646,7 @@ class RankAnalytics:
         if low:
             self.update_low += low
             self.event("update_ratio_low")
-        norms = [row.get(1) for _, row in rows]
+        norms = [row.get(P.STAT_GRAD_NORM) for _, row in rows]
         logs = [
             math.log(a) - math.log(b)  # a / b of finite extremes under- or overflows
             for a, b in itertools.pairwise(norms)

@@ -807,7 +807,7 @@ class IngestServer:
         step, _when, ids, values = P.decode_eval(payload)
         val_loss = None
         for fid, v in zip(ids, values, strict=True):
-            if fid in (1, 6):  # loss or val_loss
+            if fid == P.FIELD_LOSS or fid == P.FIELD_VAL_LOSS:  # either is the validation loss
                 val_loss = v
                 continue
             name = conn.names.get(fid)

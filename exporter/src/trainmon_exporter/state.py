@@ -167,15 +167,16 @@ class RankState:
         unknown = capped = 0
         loss = grad_norm = mem = None
         std = P.STANDARD_NAMES
+        f_loss, f_grad_norm, f_mem = P.FIELD_LOSS, P.FIELD_GRAD_NORM, P.FIELD_MEM_ALLOCATED
         for fid, v in zip(ids, values, strict=True):
             name = std.get(fid)
             if name is not None:
                 self.values[name] = v
-                if fid == 1:
+                if fid == f_loss:
                     loss = v
-                elif fid == 3:
+                elif fid == f_grad_norm:
                     grad_norm = v
-                elif fid == 7:
+                elif fid == f_mem:
                     mem = v
                 if (name == "loss" or name == "grad_norm" or name == "lr") and not math.isfinite(v):
                     self.nonfinite[name] += 1
