@@ -383,6 +383,11 @@ class RankAnalytics:
         self.events.append(ev)
         self._latest[kind] = ev
 
+    def observe_nonfinite(self, step: int, field: str, value: float) -> None:
+        """A NaN or infinite ``value`` of ``field`` (loss, grad_norm, lr or custom) at ``step``."""
+        self.last_step = step
+        self.event(f"nonfinite_{field}", value)
+
     # ----------------------------------------------------------------------------- per step
 
     def observe_step(

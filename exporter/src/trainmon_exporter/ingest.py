@@ -34,14 +34,13 @@ import struct
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from trainmon_client import _protocol as P
 from trainmon_exporter.sockfile import IngestSocket, SocketInUseError
-from trainmon_exporter.state import SERIES_PER_LAYER, SERIES_PER_OPERATION, RankState, Store
+from trainmon_exporter.state import RankState, Store
 
 __all__ = ["IngestMetrics", "IngestServer", "SocketInUseError"]
 
@@ -656,11 +655,8 @@ class IngestServer:
             with self.store.lock:
                 if record:
                     conn.state.disconnect(conn.finished)
-                elif idle:
-                    conn.state.connected = False
-                    conn.state.disconnected_mono = time.monotonic()
-                else:  # exporter shutting down: not the trainer's fault
-                    conn.state.connected = False
+                else:  # idle, or the exporter shutting down: not the trainer's fault
+                    conn.state.closed_by_exporter(idle=idle)
             if record and not conn.finished:
                 log.warning(
                     "run %s rank %d disconnected without finishing (crashed or killed)",
@@ -713,30 +709,14 @@ class IngestServer:
                 state = conn.state
                 if state is None:
                     raise _Refused("no_hello")
-                head, ids, values = P.decode_step(payload)
-                n_custom = len(state.custom)
-                unknown, capped = state.observe_step(
-                    head,
-                    ids,
-                    values,
-                    conn.names,
-                    self.store.window_s,
-                    self.store.max_custom_metrics,
-                )
-                if unknown:
-                    self.metrics.dropped_values.labels("unknown_field").inc(unknown)
-                if capped:
-                    self.metrics.dropped_values.labels("custom_cap").inc(capped)
-                if state.bad_counters:
-                    self.metrics.dropped_values.labels("bad_counter").inc(state.bad_counters)
-                    state.bad_counters = 0
-                if len(state.custom) > n_custom:  # new names: series of the global budget
-                    self._budget(state.custom, len(state.custom) - n_custom, 1)
+                self.store.observe_step(state, P.decode_step(payload), conn.names, self._drop)
                 return _APPLIED
             if rtype == P.TOTALS:
                 if conn.state is None:
                     raise _Refused("no_hello")
-                self._totals(conn, conn.state, P.decode_totals(payload))
+                conn.gap = conn.state.observe_totals(
+                    P.decode_totals(payload), conn.applied, conn.gap
+                )
                 return _APPLIED
             if rtype == P.NAME:
                 if conn.state is None:
@@ -772,94 +752,25 @@ class IngestServer:
     def _occasional(
         self, conn: Connection, state: RankState, rtype: int, payload: memoryview
     ) -> object:
-        """EVAL, TRACK and CHECKPOINT records (rare: at most a few per minute)."""
+        """EVAL, TRACK, CHECKPOINT and LAYERS records (rare: at most a few per minute)."""
         if rtype == P.LAYERS:
-            (step, _when, checks, seconds), codes, ids, values = P.decode_layers(payload)
-            names = [conn.names.get(i) for i in ids]
-            export = state.rank in self.store.layer_ranks
-            n_layers = len(state.layers)
-            unknown, capped = state.observe_layers(
-                names, codes, values, self.store.max_layers, export
-            )
-            if unknown:
-                self.metrics.dropped_values.labels("unknown_field").inc(unknown)
-            if capped:
-                self.metrics.dropped_values.labels("layer_cap").inc(capped)
-            if not export and len(names) > unknown + capped:
-                self.metrics.dropped_values.labels("layer_rank").inc(len(names) - unknown - capped)
-            if len(state.layers) > n_layers:
-                self._budget(state.layers, len(state.layers) - n_layers, SERIES_PER_LAYER)
-            self._operation(state, "watch", [seconds, float(checks), 0.0])
+            self.store.observe_layers(state, P.decode_layers(payload), conn.names, self._drop)
             return _APPLIED
         if rtype == P.CHECKPOINT:
-            step, when, seconds = P.decode_checkpoint(payload)
-            state.checkpoint = (step, when, seconds)
-            state.checkpoints_total += 1
+            state.observe_checkpoint(P.decode_checkpoint(payload))
             return _APPLIED
         if rtype == P.TRACK:
-            field_id, active, seconds, count = P.decode_track(payload)
-            name = conn.names.get(field_id)
-            if name is None:
-                self.metrics.dropped_values.labels("unknown_field").inc()
-                return _REFUSED
-            self._operation(state, name, [seconds, float(count), 1.0 if active else 0.0])
-            return _APPLIED
-        step, _when, ids, values = P.decode_eval(payload)
-        val_loss = None
-        for fid, v in zip(ids, values, strict=True):
-            if fid == P.FIELD_LOSS or fid == P.FIELD_VAL_LOSS:  # either is the validation loss
-                val_loss = v
-                continue
-            name = conn.names.get(fid)
-            if name is None:
-                self.metrics.dropped_values.labels("unknown_field").inc()
-            elif name in state.eval_values:
-                state.eval_values[name] = v
-            elif len(state.eval_values) >= self.store.max_custom_metrics:
-                self.metrics.dropped_values.labels("custom_cap").inc()
-            elif self.store.take_series(1):
-                state.eval_values[name] = v
-            else:
-                self.metrics.dropped_values.labels("series_budget").inc()
-        state.eval_step = step
-        if val_loss is not None:
-            state.eval_values["val_loss"] = val_loss
-        state.analytics.observe_eval(val_loss)
+            track = P.decode_track(payload)
+            return (
+                _APPLIED
+                if self.store.observe_track(state, track, conn.names, self._drop)
+                else _REFUSED
+            )
+        self.store.observe_eval(state, P.decode_eval(payload), conn.names, self._drop)
         return _APPLIED
 
-    def _totals(self, conn: Connection, state: RankState, totals: P.Totals) -> None:
-        """Apply a TOTALS record: the client's accounting, and the gap of this connection.
-
-        The gap is what the client says it sent on this connection less what this exporter
-        applied from it (records it refused or dropped, or that never arrived); its growth is
-        added to the rank's ``unapplied_total``.
-        """
-        state.observe_totals(totals)
-        gap = totals.sent_connection - conn.applied
-        if gap > conn.gap:
-            state.unapplied_total += gap - conn.gap
-            conn.gap = gap
-
-    def _operation(self, state: RankState, name: str, value: list[float]) -> None:
-        """Set operation ``name`` of ``state``; a new name needs room under both caps."""
-        if name not in state.ops:
-            if len(state.ops) >= self.store.max_operations:
-                self.metrics.dropped_values.labels("operation_cap").inc()
-                return
-            if not self.store.take_series(SERIES_PER_OPERATION):
-                self.metrics.dropped_values.labels("series_budget").inc()
-                return
-        state.ops[name] = value
-
-    def _budget(self, table: dict[str, Any], added: int, cost: int) -> None:
-        """Charge ``added`` entries just inserted into ``table`` to the series budget.
-
-        Each costs ``cost`` series; the newest that do not fit are removed again and counted.
-        """
-        while added and not self.store.take_series(added * cost):
-            table.popitem()  # dicts keep insertion order: the newest name goes
-            added -= 1
-            self.metrics.dropped_values.labels("series_budget").inc()
+    def _drop(self, reason: str, n: int) -> None:
+        self.metrics.dropped_values.labels(reason).inc(n)
 
     def _allowed(self, conn: Connection) -> bool:
         """Whether the allow-lists (if any) admit the connected process."""
@@ -889,7 +800,7 @@ class IngestServer:
         extra = sum(1 for k in raw if k not in HelloMessage.model_fields)
         if extra:
             self.metrics.dropped_values.labels("unknown_hello_key").inc(extra)
-        result = self.store.attach(hello.model_dump(), conn.peer_uid)
+        result = self.store.attach(hello.model_dump(), conn.peer_uid, conn.peer_pid)
         if isinstance(result, str):
             if result == "not_owner":
                 owner = self.store.run_state(hello.run)
@@ -904,7 +815,6 @@ class IngestServer:
                 log.warning("refused run %s rank %d: %s", hello.run, hello.rank, result)
             raise _Refused(result)
         conn.state = result
-        result.peer_pid = conn.peer_pid
         # The client re-sends every NAME after HELLO; forget what an earlier connection bound.
         conn.names = {}
         return _APPLIED

@@ -1,7 +1,13 @@
-"""Push-side state: what the exporter knows about every (run, rank), updated per step.
+"""Push-side state: what the exporter knows about every (run, rank), updated per record.
 
-The ingest server (event-loop thread) mutates it; collectors and the JSON API (worker threads)
-read it. Both sides hold :attr:`Store.lock` for the duration of one packet or one snapshot.
+Every change to a rank's state is made here: :class:`Store` applies a record under its limits
+(custom metrics, layers, operations, the series budget) and :class:`RankState` keeps the
+rank's figures. :mod:`trainmon_exporter.apply` calls them from the ingest server's thread;
+collectors and the JSON API (worker threads) read. Both sides hold :attr:`Store.lock` for the
+duration of one packet or one snapshot.
+
+Values a record carries that cannot be kept are reported to a :data:`Drop` callable with
+their reason (a ``reason`` of ``trainmon_ingest_values_dropped_total``), never raised.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ import threading
 import time
 from bisect import bisect_left
 from collections import OrderedDict, deque
-from collections.abc import Container, Iterator
+from collections.abc import Callable, Container, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +44,27 @@ EVICTION_ORDER = ("finished", "failed", "crashed", "running")
 (``running``: closed by the exporter, e.g. idle or at shutdown); oldest first within each."""
 RANK_CHUNK = 8
 """Ranks a scrape reads per hold of :attr:`Store.lock` (see :meth:`Store.iter_ranks`)."""
+WATCH_OPERATION = "watch"
+"""Operation name of a rank's ``Run.watch`` checks (from its LAYERS records)."""
+
+Drop = Callable[[str, int], None]
+"""Told ``(reason, n)`` when ``n`` values of a record are not kept (``n`` > 0)."""
+
+
+def ignore_drops(reason: str, n: int) -> None:
+    """A :data:`Drop` that forgets what it is told."""
+
+
+@dataclass(slots=True)
+class Operation:
+    """A rank's tracked operation (``Run.track``, or its ``Run.watch`` checks), cumulative."""
+
+    seconds_total: float
+    """Wall time of its finished runs (s)."""
+    runs_total: int
+    """Its finished runs."""
+    active: bool = False
+    """Whether it runs now."""
 
 
 @dataclass(slots=True)
@@ -95,7 +122,6 @@ class RankState:
     dropped_encode_error: int = 0
     dropped_in_flight: int = 0
     unapplied_total: int = 0
-    bad_counters: int = 0  # cumulative totals refused since ingest last read (and reset) it
     values: dict[str, float] = field(default_factory=dict)
     custom: dict[str, float | None] = field(default_factory=dict)
     nonfinite: dict[str, int] = field(default_factory=lambda: dict.fromkeys(NONFINITE_FIELDS, 0))
@@ -103,8 +129,8 @@ class RankState:
     hist_sum: float = 0.0
     hist_count: int = 0
     window: deque[WindowPoint] = field(default_factory=lambda: deque(maxlen=2048))
-    ops: dict[str, list[float]] = field(default_factory=dict)  # name -> [seconds, count, active]
-    checkpoint: tuple[int, float, float] | None = None  # step, time, seconds
+    ops: dict[str, Operation] = field(default_factory=dict)
+    checkpoint: P.Checkpoint | None = None  # the last one reported
     checkpoints_total: int = 0
     eval_values: dict[str, float | None] = field(default_factory=dict)
     layers: dict[str, dict[int, float]] = field(default_factory=dict)  # layer -> stat code -> v
@@ -120,23 +146,28 @@ class RankState:
 
     def observe_step(
         self,
-        head: tuple[Any, ...],
-        ids: tuple[int, ...],
-        values: tuple[float, ...],
-        names: dict[int, str],
+        record: P.Step,
+        names: Mapping[int, str],
         window_s: float,
         max_custom: int = 256,
-    ) -> tuple[int, int]:
-        """Apply one STEP record; returns values dropped as ``(unknown id, over the cap)``.
+        drop: Drop = ignore_drops,
+    ) -> None:
+        """Apply one STEP record.
 
-        ``head`` is :data:`trainmon_client._protocol.STEP_HEADER`'s tuple; ``names`` maps the
-        connection's custom field ids to names; at most ``max_custom`` custom names are kept.
+        ``names`` maps the connection's custom field ids to names; at most ``max_custom``
+        custom names are kept. Drops: ``unknown_field`` (a custom id without a NAME),
+        ``custom_cap`` (a new name over ``max_custom``), ``bad_counter`` (see
+        :meth:`_checked_totals`).
         """
-        (step, steps, when, step_time, tokens, samples, overhead, d_disc, d_bp, refused) = head
+        (step, steps, when, step_time, tokens, samples, overhead, d_disc, d_bp, refused) = (
+            record.header
+        )
         prev = self.step
         restarted = steps < self.steps_total  # a new client process resumed this rank
         rolled_back = not restarted and prev is not None and step < prev  # a checkpoint reload
-        tokens, samples, overhead = self._checked_totals(restarted, tokens, samples, overhead)
+        tokens, samples, overhead, bad = self._checked_totals(restarted, tokens, samples, overhead)
+        if bad:
+            drop("bad_counter", bad)
         if restarted or rolled_back:
             self.analytics.reseed()
         if restarted or (self.window and when < self.window[-1].time):
@@ -168,7 +199,7 @@ class RankState:
         loss = grad_norm = mem = None
         std = P.STANDARD_NAMES
         f_loss, f_grad_norm, f_mem = P.FIELD_LOSS, P.FIELD_GRAD_NORM, P.FIELD_MEM_ALLOCATED
-        for fid, v in zip(ids, values, strict=True):
+        for fid, v in zip(record.ids, record.values, strict=True):
             name = std.get(fid)
             if name is not None:
                 self.values[name] = v
@@ -180,8 +211,7 @@ class RankState:
                     mem = v
                 if (name == "loss" or name == "grad_norm" or name == "lr") and not math.isfinite(v):
                     self.nonfinite[name] += 1
-                    self.analytics.last_step = step
-                    self.analytics.event(f"nonfinite_{name}", v)
+                    self.analytics.observe_nonfinite(step, name, v)
                 continue
             cname = names.get(fid)
             if cname is None:
@@ -193,21 +223,24 @@ class RankState:
             self.custom[cname] = v
             if not math.isfinite(v):
                 self.nonfinite["custom"] += 1
-                self.analytics.last_step = step
-                self.analytics.event("nonfinite_custom", v)
+                self.analytics.observe_nonfinite(step, "custom", v)
         self.analytics.observe_step(step, loss, grad_norm, step_time, new_tokens, mem, stride)
-        return unknown, capped
+        if unknown:
+            drop("unknown_field", unknown)
+        if capped:
+            drop("custom_cap", capped)
 
     def _checked_totals(
         self, restarted: bool, tokens: float, samples: float, overhead: float
-    ) -> tuple[float, float, float]:
-        """The cumulative totals of a STEP that may be applied.
+    ) -> tuple[float, float, float, int]:
+        """The cumulative totals of a STEP that may be applied, and how many were refused.
 
         Each one that is NaN, infinite, negative, or below its previous value without a client
         restart keeps its previous value (one poisoned step cannot poison a counter) and is
-        counted in :attr:`bad_counters`.
+        counted as refused (``bad_counter``).
         """
         out = []
+        bad = 0
         for new, old in (
             (tokens, self.tokens_total),
             (samples, self.samples_total),
@@ -217,18 +250,32 @@ class RankState:
             if floor <= new < math.inf:
                 out.append(new)
             else:
-                self.bad_counters += 1
+                bad += 1
                 out.append(0.0 if restarted else old)
-        return out[0], out[1], out[2]
+        return out[0], out[1], out[2], bad
 
-    def observe_totals(self, totals: P.Totals) -> None:
-        """Apply a TOTALS record's cumulative client figures (the gap is the caller's)."""
+    def observe_totals(self, totals: P.Totals, applied: int = 0, gap: int = 0) -> int:
+        """Apply a TOTALS record: the client's accounting, and the gap of its connection.
+
+        ``applied``: data records this exporter applied from the connection so far; ``gap``:
+        what :meth:`observe_totals` returned for it last time (0 at first). The gap is what
+        the client says it sent on the connection less ``applied`` (records refused, dropped,
+        or that never arrived); its growth is added to :attr:`unapplied_total`.
+
+        Returns:
+            The connection's gap now.
+        """
         self.sent_total = totals.sent_total
         self.dropped_disconnected = totals.dropped_disconnected
         self.dropped_backpressure = totals.dropped_backpressure
         self.dropped_encode_error = totals.dropped_encode_error
         self.dropped_in_flight = totals.dropped_in_flight
         self.refused_values = totals.refused_values
+        now = totals.sent_connection - applied
+        if now > gap:
+            self.unapplied_total += now - gap
+            return now
+        return gap
 
     def observe_layers(
         self,
@@ -237,11 +284,13 @@ class RankState:
         values: tuple[float, ...],
         cap: int,
         export: bool = True,
-    ) -> tuple[int, int]:
-        """Apply one LAYERS record; returns layers dropped as ``(unknown id, over the cap)``.
+        drop: Drop = ignore_drops,
+    ) -> None:
+        """Apply one LAYERS record's rows: ``names[r]`` is row ``r``'s layer (None: unknown id).
 
         With ``export`` false (a rank outside ``layer_ranks``) the layers feed the rank's
-        analytics but are not kept for the per-layer series; the caller counts them.
+        analytics but are not kept for the per-layer series. Drops: ``unknown_field`` (no
+        name), ``layer_cap`` (a new layer over ``cap``), ``layer_rank`` (analysed, not kept).
         """
         k = len(codes)
         unknown = capped = 0
@@ -261,15 +310,25 @@ class RankState:
                 continue
             rows.append((name, row))
         self.analytics.observe_layers(rows)
-        return unknown, capped
+        if unknown:
+            drop("unknown_field", unknown)
+        if capped:
+            drop("layer_cap", capped)
+        if not export and rows:
+            drop("layer_rank", len(rows))
+
+    def observe_checkpoint(self, record: P.Checkpoint) -> None:
+        """Apply a CHECKPOINT record."""
+        self.checkpoint = record
+        self.checkpoints_total += 1
 
     def ops_seconds(self) -> float:
         """Cumulative seconds of every tracked operation."""
-        return sum(op[0] for op in self.ops.values()) if self.ops else 0.0
+        return sum(op.seconds_total for op in self.ops.values()) if self.ops else 0.0
 
     def busy(self) -> bool:
         """Whether a tracked operation (``Run.track``) is running now."""
-        return any(op[2] for op in self.ops.values()) if self.ops else False
+        return any(op.active for op in self.ops.values()) if self.ops else False
 
     def finish(self, status: int) -> None:
         """Apply a FINISH record."""
@@ -279,13 +338,23 @@ class RankState:
             self.analytics.event("failed")
 
     def disconnect(self, finished: bool) -> None:
-        """The connection closed; without a FINISH first, the rank crashed."""
+        """The trainer closed the connection; without a FINISH first, the rank crashed."""
         self.connected = False
         self.disconnected_mono = time.monotonic()
         if not finished:
             self.status = "crashed"
             self.crashes += 1
             self.analytics.event("crash")
+
+    def closed_by_exporter(self, *, idle: bool) -> None:
+        """The exporter closed the connection, which is never a crash.
+
+        ``idle``: the trainer was silent for the idle timeout (the rank is disconnected from
+        now, and expires after the TTL); otherwise the exporter is shutting down.
+        """
+        self.connected = False
+        if idle:
+            self.disconnected_mono = time.monotonic()
 
     def rates(self, now: float, window_s: float) -> tuple[float, float, float, float] | None:
         """``(tokens/s, samples/s, client overhead ratio, monitoring ratio)`` over the window.
@@ -425,12 +494,15 @@ class Store:
         """Any one rank of ``run`` (they share its owner), or None when it has no state."""
         return next((s for s in self.ranks.values() if s.run == run), None)
 
-    def attach(self, hello: dict[str, Any], uid: int | None = None) -> RankState | str:
+    def attach(
+        self, hello: dict[str, Any], uid: int | None = None, pid: int | None = None
+    ) -> RankState | str:
         """Bind a new connection to its (run, rank) state, creating or resuming it.
 
-        ``uid`` is the connecting process's (``SO_PEERCRED``). A run belongs to the uid that
-        opened it for as long as any of its ranks has state here (until the last one expires):
-        another uid, root included, can neither add a rank nor resume one.
+        ``uid`` and ``pid`` are the connecting process's (``SO_PEERCRED``; ``pid`` in the
+        exporter's PID namespace, kept as :attr:`RankState.peer_pid`). A run belongs to the uid
+        that opened it for as long as any of its ranks has state here (until the last one
+        expires): another uid, root included, can neither add a rank nor resume one.
 
         Returns the state, or a refusal reason: ``not_owner`` (the run belongs to another
         uid), ``duplicate_rank`` (that rank is already connected) or ``too_many_ranks``
@@ -464,9 +536,10 @@ class Store:
             state.disconnected_mono = None
             state.connections += 1
             for op in state.ops.values():
-                op[2] = 0.0  # a new process runs no operation yet
+                op.active = False  # a new process runs no operation yet
             for k in P.HELLO_FIELDS[2:]:  # everything but run and rank
                 setattr(state, k, hello[k])
+            state.peer_pid = pid
             return state
         while len(self.ranks) >= self.max_ranks:
             if not self._evict_one():  # finished and crashed ranks make room first
@@ -480,8 +553,126 @@ class Store:
             analytics=RankAnalytics(self.analytics),
         )
         state.owner_uid = uid
+        state.peer_pid = pid
         self.ranks[key] = state
         return state
+
+    # ------------------------------------------------------------------ applying records
+
+    def observe_step(
+        self, state: RankState, record: P.Step, names: Mapping[int, str], drop: Drop
+    ) -> None:
+        """Apply a STEP record to ``state`` (:meth:`RankState.observe_step`).
+
+        New custom names are charged to the series budget; those that do not fit are removed
+        again (``series_budget``).
+        """
+        n = len(state.custom)
+        state.observe_step(record, names, self.window_s, self.max_custom_metrics, drop)
+        if len(state.custom) > n:
+            self._charge(state.custom, len(state.custom) - n, 1, drop)
+
+    def observe_layers(
+        self, state: RankState, record: P.Layers, names: Mapping[int, str], drop: Drop
+    ) -> None:
+        """Apply a LAYERS record: its layers, and the ``watch`` operation (checks and cost).
+
+        The layers go to :meth:`RankState.observe_layers`. Only ranks in ``layer_ranks``
+        keep their layers, at most ``max_layers``, each charged to the series budget.
+        """
+        n = len(state.layers)
+        state.observe_layers(
+            [names.get(i) for i in record.ids],
+            record.codes,
+            record.values,
+            self.max_layers,
+            state.rank in self.layer_ranks,
+            drop,
+        )
+        if len(state.layers) > n:
+            self._charge(state.layers, len(state.layers) - n, SERIES_PER_LAYER, drop)
+        head = record.header
+        self._operation(state, WATCH_OPERATION, head.seconds_total, head.checks_total, False, drop)
+
+    def observe_eval(
+        self, state: RankState, record: P.Eval, names: Mapping[int, str], drop: Drop
+    ) -> None:
+        """Apply an EVAL record: its validation loss and its named values.
+
+        The validation loss is field ``loss`` or ``val_loss``. Named values are capped like
+        custom metrics (``custom_cap``) and charged to the series budget (``series_budget``).
+        """
+        val_loss = None
+        values = state.eval_values
+        for fid, v in zip(record.ids, record.values, strict=True):
+            if fid == P.FIELD_LOSS or fid == P.FIELD_VAL_LOSS:  # either is the validation loss
+                val_loss = v
+                continue
+            name = names.get(fid)
+            if name is None:
+                drop("unknown_field", 1)
+            elif name in values:
+                values[name] = v
+            elif len(values) >= self.max_custom_metrics:
+                drop("custom_cap", 1)
+            elif self.take_series(1):
+                values[name] = v
+            else:
+                drop("series_budget", 1)
+        state.eval_step = record.step
+        if val_loss is not None:
+            values["val_loss"] = val_loss
+        state.analytics.observe_eval(val_loss)
+
+    def observe_track(
+        self, state: RankState, record: P.Track, names: Mapping[int, str], drop: Drop
+    ) -> bool:
+        """Apply a TRACK record; False (and ``unknown_field``) when its name id is unbound."""
+        name = names.get(record.field_id)
+        if name is None:
+            drop("unknown_field", 1)
+            return False
+        self._operation(state, name, record.seconds_total, record.runs_total, record.active, drop)
+        return True
+
+    def _operation(
+        self,
+        state: RankState,
+        name: str,
+        seconds_total: float,
+        runs_total: int,
+        active: bool,
+        drop: Drop,
+    ) -> None:
+        """Set operation ``name`` of ``state``.
+
+        A new name needs room under ``max_operations`` (``operation_cap``) and in the series
+        budget (``series_budget``).
+        """
+        op = state.ops.get(name)
+        if op is not None:
+            op.seconds_total, op.runs_total, op.active = seconds_total, runs_total, active
+            return
+        if len(state.ops) >= self.max_operations:
+            drop("operation_cap", 1)
+        elif not self.take_series(SERIES_PER_OPERATION):
+            drop("series_budget", 1)
+        else:
+            state.ops[name] = Operation(seconds_total, runs_total, active)
+
+    def _charge(self, table: dict[str, Any], added: int, cost: int, drop: Drop) -> None:
+        """Charge ``added`` entries just inserted into ``table`` to the series budget.
+
+        Each costs ``cost`` series; the newest that do not fit are removed again and counted
+        (``series_budget``).
+        """
+        refused = 0
+        while added and not self.take_series(added * cost):
+            table.popitem()  # dicts keep insertion order: the newest name goes
+            added -= 1
+            refused += 1
+        if refused:
+            drop("series_budget", refused)
 
     def expire(self, now_mono: float | None = None) -> int:
         """Drop ranks disconnected for longer than the TTL. Returns how many were dropped."""

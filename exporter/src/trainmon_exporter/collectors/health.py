@@ -159,17 +159,17 @@ _GAUGES: tuple[tuple[str, str, Callable[[RankState, RankAnalytics], float | None
     (
         "trainmon_checkpoint_last_timestamp_seconds",
         "When the last checkpoint was written (Unix s, Run.checkpoint).",
-        lambda s, a: None if s.checkpoint is None else s.checkpoint[1],
+        lambda s, a: None if s.checkpoint is None else s.checkpoint.time,
     ),
     (
         "trainmon_checkpoint_last_duration_seconds",
         "How long the last checkpoint took (s).",
-        lambda s, a: None if s.checkpoint is None else _fin(s.checkpoint[2]),
+        lambda s, a: None if s.checkpoint is None else _fin(s.checkpoint.seconds),
     ),
     (
         "trainmon_checkpoint_last_step",
         "Training step of the last checkpoint.",
-        lambda s, a: None if s.checkpoint is None else float(s.checkpoint[0]),
+        lambda s, a: None if s.checkpoint is None else float(s.checkpoint.step),
     ),
 )
 
@@ -324,10 +324,10 @@ class HealthCollector:
             if rates is not None:
                 mon_ratio.add_metric(labels, rates[3])
                 over_budget.add_metric(labels, 1.0 if rates[3] > self.budget else 0.0)
-            for op, (secs, count, active) in s.ops.items():
-                op_seconds.add_metric([*labels, op], secs)
-                op_count.add_metric([*labels, op], count)
-                op_active.add_metric([*labels, op], active)
+            for name, op in s.ops.items():
+                op_seconds.add_metric([*labels, name], op.seconds_total)
+                op_count.add_metric([*labels, name], float(op.runs_total))
+                op_active.add_metric([*labels, name], 1.0 if op.active else 0.0)
             for name, v in s.eval_values.items():
                 if v is not None and name != "val_loss":
                     eval_value.add_metric([*labels, name], v)
