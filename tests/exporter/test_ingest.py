@@ -15,7 +15,7 @@ import pytest
 
 import trainmon_client
 from trainmon_client import _protocol as P
-from trainmon_exporter.ingest import MAX_NAMES_PER_CONNECTION
+from trainmon_exporter.apply import MAX_NAMES_PER_CONNECTION
 
 from ..conftest import InProcessExporter, connect, raw_connect, sample, wait_for
 from ..helpers.exporter import dropped, hello, invalid, pkt, step
