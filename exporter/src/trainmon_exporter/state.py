@@ -13,7 +13,6 @@ their reason (a ``reason`` of ``trainmon_ingest_values_dropped_total``), never r
 from __future__ import annotations
 
 import math
-import statistics
 import threading
 import time
 from bisect import bisect_left
@@ -23,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainmon_client import _protocol as P
-from trainmon_exporter.analytics import AnalyticsSettings, RankAnalytics
+from trainmon_exporter.analytics import RankAnalytics, RunAnalytics
+from trainmon_exporter.settings import AnalyticsSettings
 
 NONFINITE_FIELDS = ("loss", "grad_norm", "lr", "custom")
 """``field`` label values of ``trainmon_train_nonfinite_values_total``; ``custom`` sums every
@@ -419,6 +419,7 @@ class Store:
         self.ttl_s = ttl_s
         self.expired_total = 0
         self.analytics = analytics or AnalyticsSettings()
+        self.judge = RunAnalytics()  # the periodic judgement (check_conditions)
 
     def iter_ranks(self, chunk: int = RANK_CHUNK) -> Iterator[RankState]:
         """Every rank state, holding :attr:`lock` for at most ``chunk`` ranks at a time.
@@ -697,38 +698,12 @@ class Store:
         return len(dead)
 
     def check_conditions(self, now: float, rates: bool = True) -> list[tuple[RankState, str]]:
-        """Judge the time-based detectors of every rank.
+        """Judge the time-based detectors of every rank, under the lock.
 
-        Hangs always; with ``rates`` also throughput drops and stragglers (medians over
-        hundreds of steps, so judged less often).
+        :meth:`RunAnalytics.check <trainmon_exporter.analytics.RunAnalytics.check>`: hangs
+        always; with ``rates`` also throughput drops, memory leaks and stragglers.
 
         Returns the ``(rank, kind)`` episodes that just started.
         """
-        started: list[tuple[RankState, str]] = []
         with self.lock:
-            runs: dict[str, list[tuple[RankState, float]]] = {}
-            for s in self.ranks.values():
-                a = s.analytics
-                if s.connected and s.last_step_time is not None:
-                    if a.check_hang(now - s.last_step_time, s.busy()):
-                        started.append((s, "hang"))
-                    if not rates:
-                        continue
-                    if a.check_throughput():
-                        started.append((s, "throughput_drop"))
-                    if a.check_memory():
-                        started.append((s, "memory_leak"))
-                    recent = a.recent_step_time()
-                    if recent is not None:
-                        runs.setdefault(s.run, []).append((s, recent))
-                else:
-                    a.hung = False
-                    a.straggler = None
-            for ranks in runs.values() if rates else ():
-                for s, recent in ranks:
-                    others = [r for o, r in ranks if o is not s]
-                    median = statistics.median(others) if others else 0.0
-                    ratio = recent / median if median > 0 else None
-                    if s.analytics.set_straggler(ratio):
-                        started.append((s, "straggler"))
-        return started
+            return self.judge.check(list(self.ranks.values()), now, rates=rates)
