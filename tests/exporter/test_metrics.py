@@ -7,8 +7,6 @@ from collections.abc import Callable
 
 import pytest
 
-from trainmon_client import _protocol as P
-
 from ..conftest import (
     InProcessExporter,
     connect,
@@ -17,7 +15,6 @@ from ..conftest import (
     sample,
     wait_for,
 )
-from ..helpers.exporter import make_state
 
 
 def scripted_session(ex: InProcessExporter, run: str = "scripted", ranks: int = 2) -> None:
@@ -200,20 +197,6 @@ def test_a_rank_that_reconnects_resumes_its_state(exporter: InProcessExporter) -
         sample(m, "trainmon_train_nonfinite_values_total", run="resume", rank="0", field="loss")
         == 2
     )
-
-
-def test_rates_are_zero_when_steps_stop() -> None:
-    s = make_state()
-    for i in range(11):
-        head = P.StepHeader(i, i + 1, 100.0 + i, 1.0, 10.0 * i, 1.0 * i, 0.01 * i, 0, 0, 0)
-        s.observe_step(P.Step(head, (), ()), {}, 30.0)
-    assert s.rates(110.5, 30.0) == pytest.approx((10.0, 1.0, 0.01, 0.01))
-    assert s.rates(100.0 + 10 + 31, 30.0) == (0.0, 0.0, 0.0, 0.0)
-    # The window slides: only the last 30 s count.
-    for i in range(11, 100):
-        head = P.StepHeader(i, i + 1, 100.0 + i, 1.0, 10.0 * i + (i - 10) * 90, 0, 0, 0, 0, 0)
-        s.observe_step(P.Step(head, (), ()), {}, 30.0)
-    assert s.rates(199.0, 30.0)[0] == pytest.approx(100.0)  # type: ignore[index]
 
 
 def test_parse_helper_round_trip() -> None:

@@ -29,8 +29,6 @@ NONFINITE_FIELDS = ("loss", "grad_norm", "lr", "custom")
 """``field`` label values of ``trainmon_train_nonfinite_values_total``; ``custom`` sums every
 custom metric, so each series exists at 0 from a rank's first message."""
 STATUSES = ("running", "finished", "failed", "crashed")
-MIN_RATE_SPAN_S = 0.5
-"""Rates need steps spanning at least this long (s); shorter spans say nothing useful."""
 SERIES_PER_RANK = 105
 """Series one rank costs in the exposition before any custom metric, operation, evaluation
 value or layer: the rank budget of docs/scaling.md#cardinality-budget (108, measured with every
@@ -355,32 +353,6 @@ class RankState:
         self.connected = False
         if idle:
             self.disconnected_mono = time.monotonic()
-
-    def rates(self, now: float, window_s: float) -> tuple[float, float, float, float] | None:
-        """``(tokens/s, samples/s, client overhead ratio, monitoring ratio)`` over the window.
-
-        None before the window spans 0.5 s. The monitoring ratio adds tracked operations to
-        the client's own time.
-
-        Formula: Δ cumulative total / Δ client wall time between the oldest and the newest step
-        inside the window. When the newest step is older than the window, all three are 0: a
-        stopped run shows 0, not its last speed.
-        """
-        win = self.window
-        if len(win) < 2:
-            return None
-        first, last = win[0], win[-1]
-        dt = last.time - first.time
-        if dt < MIN_RATE_SPAN_S:  # e.g. two steps 1 ms apart, the first paying the connect
-            return None
-        if now - last.time > window_s:
-            return (0.0, 0.0, 0.0, 0.0)
-        return (
-            (last.tokens - first.tokens) / dt,
-            (last.samples - first.samples) / dt,
-            (last.overhead - first.overhead) / dt,
-            (last.monitoring - first.monitoring) / dt,
-        )
 
 
 class Store:

@@ -51,6 +51,9 @@ class Collector(Protocol):
 
 
 FACTORIES: dict[str, Callable[[CollectorContext], Collector]] = {}
+ORDER = ("rank_gpu", "exporter", "gpu", "health", "layers", "process", "training")
+"""The order collectors run in, hence the order of families in ``/metrics``
+(tests/golden/session.exposition.txt); others registered run after these."""
 
 
 def register(
@@ -124,4 +127,5 @@ def build_collectors(ctx: CollectorContext) -> list[Collector]:
     )
 
     toggles = ctx.settings.collectors.model_dump()
-    return [factory(ctx) for name, factory in FACTORIES.items() if toggles.get(name, True)]
+    names = sorted(FACTORIES, key=lambda n: ORDER.index(n) if n in ORDER else len(ORDER))
+    return [FACTORIES[name](ctx) for name in names if toggles.get(name, True)]

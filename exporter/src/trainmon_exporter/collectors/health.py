@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from trainmon_exporter import derive
 from trainmon_exporter.analytics import SEVERITIES, RankAnalytics
 from trainmon_exporter.collectors import CollectorContext, register
 from trainmon_exporter.state import RankState
@@ -106,7 +107,7 @@ _GAUGES: tuple[tuple[str, str, Callable[[RankState, RankAnalytics], float | None
         "trainmon_train_step_overdue_ratio",
         "Seconds since the rank's last step over its median step time, while connected "
         "(1: a step is about due; hung past hang_factor x median + grace).",
-        lambda s, a: _overdue(s, a),
+        lambda s, a: derive.overdue_ratio(s, time.time()),
     ),
     (
         "trainmon_train_loss_ema_slope",
@@ -138,7 +139,7 @@ _GAUGES: tuple[tuple[str, str, Callable[[RankState, RankAnalytics], float | None
     (
         "trainmon_eval_slow_improvement",
         "1 when the last evaluation improved by less than eval_slow_improvement.",
-        lambda s, a: _flag(_lt(a.eval_improvement(), a.cfg.eval_slow_improvement)),
+        lambda s, a: _flag(derive.slow_improvement(a)),
     ),
     (
         "trainmon_eval_generalization_gap_ratio",
@@ -148,7 +149,7 @@ _GAUGES: tuple[tuple[str, str, Callable[[RankState, RankAnalytics], float | None
     (
         "trainmon_eval_overfitting",
         "1 when the generalization gap exceeds eval_overfit_gap.",
-        lambda s, a: _flag(_gt(a.eval_gap(), a.cfg.eval_overfit_gap)),
+        lambda s, a: _flag(derive.overfitting(a)),
     ),
     (
         "trainmon_eval_plateau",
@@ -227,27 +228,12 @@ _COUNTERS: tuple[tuple[str, str, Callable[[RankState, RankAnalytics], float]], .
 )
 
 
-def _overdue(s: RankState, a: RankAnalytics) -> float | None:
-    median = a.median_interval()
-    if not s.connected or s.last_step_time is None or not median:
-        return None
-    return max(0.0, time.time() - s.last_step_time) / median
-
-
 def _fin(v: float) -> float | None:
     return v if math.isfinite(v) else None
 
 
 def _flag(v: bool | None) -> float | None:
     return None if v is None else (1.0 if v else 0.0)
-
-
-def _lt(v: float | None, bound: float) -> bool | None:
-    return None if v is None else v < bound
-
-
-def _gt(v: float | None, bound: float) -> bool | None:
-    return None if v is None else v > bound
 
 
 @register("health")
@@ -259,7 +245,7 @@ class HealthCollector:
     def __init__(self, ctx: CollectorContext) -> None:
         self.store = ctx.store
         self.window_s = ctx.settings.rate_window_seconds
-        self.budget = ctx.settings.analytics.monitoring_budget_ratio
+        self.cfg = ctx.settings.analytics
 
     def collect(self) -> Iterable[Metric]:
         """Return the health families (formulas: trainmon_exporter.analytics)."""
@@ -320,10 +306,11 @@ class HealthCollector:
             for sev in SEVERITIES:
                 loss_spikes.add_metric([*labels, sev], float(a.loss_spikes[sev]))
                 grad_spikes.add_metric([*labels, sev], float(a.grad_spikes[sev]))
-            rates = s.rates(now, self.window_s)
+            rates = derive.rates(s, now, self.window_s)
             if rates is not None:
-                mon_ratio.add_metric(labels, rates[3])
-                over_budget.add_metric(labels, 1.0 if rates[3] > self.budget else 0.0)
+                mon_ratio.add_metric(labels, rates.monitoring_ratio)
+                over = derive.over_budget(rates.monitoring_ratio, self.cfg)
+                over_budget.add_metric(labels, 1.0 if over else 0.0)
             for name, op in s.ops.items():
                 op_seconds.add_metric([*labels, name], op.seconds_total)
                 op_count.add_metric([*labels, name], float(op.runs_total))
