@@ -9,10 +9,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
 from trainmon_exporter.analytics import AnalyticsSettings, RankAnalytics, RollingStats, RunAnalytics
+from trainmon_exporter.collectors import CollectorContext
+from trainmon_exporter.collectors.health import HealthCollector
+from trainmon_exporter.settings import Settings
 from trainmon_exporter.state import Store
+
+from ..helpers.exporter import HELLO, store_of
 
 
 def feed(
@@ -358,3 +364,39 @@ def test_the_store_judges_its_ranks_under_its_lock() -> None:
     store = Store(max_ranks=4, max_custom_metrics=4, buckets=(1.0,), window_s=30, ttl_s=60)
     assert store.check_conditions(0.0) == []
     assert isinstance(store.judge, RunAnalytics)
+
+
+def test_the_verdicts_follow_the_settings_and_are_exported_from_zero() -> None:
+    """trainmon_train_straggling and trainmon_train_throughput_dropped are the judgements the
+    alerts read: 0 from a rank's first message, 1 while the detector says so."""
+    settings = Settings(analytics=AnalyticsSettings(straggler_ratio=2.5))
+    store = store_of(analytics=settings.analytics)
+    ranks = []
+    for rank, seconds in enumerate((0.1, 0.1, 0.2)):
+        s = store.attach(HELLO | {"rank": rank, "local_rank": rank, "world_size": 3}, uid=1)
+        assert not isinstance(s, str)
+        s.last_step_time = 100.0
+        s.analytics.step_times.extend([seconds] * 30)
+        ranks.append(s)
+    registry = CollectorRegistry()
+    registry.register(HealthCollector(CollectorContext(settings, store)))  # type: ignore[arg-type]
+
+    def verdicts(name: str) -> list[float | None]:
+        return [registry.get_sample_value(name, {"run": "raw", "rank": str(i)}) for i in range(3)]
+
+    assert verdicts("trainmon_train_straggling") == [0.0, 0.0, 0.0]
+    assert verdicts("trainmon_train_throughput_dropped") == [0.0, 0.0, 0.0]
+    store.check_conditions(100.5)
+    assert ranks[2].analytics.straggler == pytest.approx(2.0)
+    assert verdicts("trainmon_train_straggling") == [0.0, 0.0, 0.0]  # 2.0 is not above 2.5
+    ranks[2].analytics.step_times.extend([0.3] * 30)
+    store.check_conditions(100.5)
+    assert verdicts("trainmon_train_straggling") == [0.0, 0.0, 1.0]
+    ranks[2].connected = False  # no longer compared: no longer straggling
+    store.check_conditions(100.5)
+    assert verdicts("trainmon_train_straggling") == [0.0, 0.0, 0.0]
+    a = ranks[0].analytics
+    a.rates.extend([100.0] * 50 + [10.0] * 15)  # the recent median rate: a tenth of the usual
+    store.check_conditions(100.5)
+    assert a.throughput_ratio() is not None and a.throughput_dropped
+    assert verdicts("trainmon_train_throughput_dropped") == [1.0, 0.0, 0.0]

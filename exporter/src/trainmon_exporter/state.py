@@ -29,9 +29,9 @@ NONFINITE_FIELDS = ("loss", "grad_norm", "lr", "custom")
 """``field`` label values of ``trainmon_train_nonfinite_values_total``; ``custom`` sums every
 custom metric, so each series exists at 0 from a rank's first message."""
 STATUSES = ("running", "finished", "failed", "crashed")
-SERIES_PER_RANK = 105
+SERIES_PER_RANK = 107
 """Series one rank costs in the exposition before any custom metric, operation, evaluation
-value or layer: the rank budget of docs/scaling.md#cardinality-budget (108, measured with every
+value or layer: the rank budget of docs/scaling.md#cardinality-budget (110, measured with every
 feature and one tracked operation) less that operation's 3."""
 SERIES_PER_LAYER = len(P.LAYER_STATS) + len(P.LAYER_QUANTILES)
 """Series one exported layer costs at most (each statistic and gradient quantile)."""

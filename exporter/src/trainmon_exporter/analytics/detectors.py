@@ -292,6 +292,14 @@ class RankAnalytics:
         self.hung = False
         self.straggler = None
 
+    def is_straggling(self) -> bool:
+        """The straggler verdict: the rank runs, and its last ratio was above ``straggler_ratio``.
+
+        A rank that stopped (:meth:`stopped`) is no longer compared, so it is not straggling,
+        though its episode stays open until it is compared again.
+        """
+        return self.straggling and self.straggler is not None
+
     def set_straggler(self, ratio: float | None) -> bool:
         """Update the straggler state from the run-level ratio; True when an episode starts."""
         self.straggler = ratio

@@ -82,10 +82,22 @@ _GAUGES: tuple[tuple[str, str, Callable[[RankState, RankAnalytics], float | None
         lambda s, a: a.throughput_ratio(),
     ),
     (
+        "trainmon_train_throughput_dropped",
+        "1 while the rank's throughput is judged dropped: trainmon_train_throughput_ratio below "
+        "throughput_drop_ratio at the last check (every 1 s), else 0.",
+        lambda s, a: 1.0 if a.throughput_dropped else 0.0,
+    ),
+    (
         "trainmon_train_straggler_ratio",
         "Rank's recent median step time over the median of its run's other connected ranks, judged "
         "every 1 s (1 = typical; only meaningful where ranks do not synchronise every step).",
         lambda s, a: a.straggler,
+    ),
+    (
+        "trainmon_train_straggling",
+        "1 while the rank is judged a straggler: trainmon_train_straggler_ratio above "
+        "straggler_ratio at the last check (every 1 s, while connected), else 0.",
+        lambda s, a: 1.0 if a.is_straggling() else 0.0,
     ),
     (
         "trainmon_train_grad_gain_mean",
