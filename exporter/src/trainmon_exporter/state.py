@@ -42,6 +42,8 @@ EVICTION_ORDER = ("finished", "failed", "crashed", "running")
 (``running``: closed by the exporter, e.g. idle or at shutdown); oldest first within each."""
 RANK_CHUNK = 8
 """Ranks a scrape reads per hold of :attr:`Store.lock` (see :meth:`Store.iter_ranks`)."""
+_RESUMED_FIELDS = tuple(k for k in P.HELLO_FIELDS if k not in ("run", "rank"))
+"""HELLO fields a resumed rank takes from its new HELLO: all but its identity."""
 WATCH_OPERATION = "watch"
 """Operation name of a rank's ``Run.watch`` checks (from its LAYERS records)."""
 
@@ -510,7 +512,7 @@ class Store:
             state.connections += 1
             for op in state.ops.values():
                 op.active = False  # a new process runs no operation yet
-            for k in P.HELLO_FIELDS[2:]:  # everything but run and rank
+            for k in _RESUMED_FIELDS:
                 setattr(state, k, hello[k])
             state.peer_pid = pid
             return state
