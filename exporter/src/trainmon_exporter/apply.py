@@ -9,11 +9,12 @@ its cap), then dispatched once, by type, to the :class:`~trainmon_exporter.state
 rank's state itself.
 
 Bad input never raises out of here: a refused packet or record increments
-``trainmon_ingest_messages_invalid_total{reason}``, and a
-value a record carries that cannot be kept ``trainmon_ingest_values_dropped_total{reason}``.
-The reasons a packet's records are refused for are the protocol's
-(:data:`trainmon_client._protocol.PROTOCOL_ERRORS`), :data:`REFUSALS` and
-:data:`INTERNAL_ERROR`; each exception carrying one checks it is one of them.
+``trainmon_ingest_messages_invalid_total{reason}``, and a value a record carries that cannot
+be kept ``trainmon_ingest_values_dropped_total{reason}``. A packet's records are refused for
+the protocol's reasons (:data:`trainmon_client._protocol.PROTOCOL_ERRORS`), for
+:data:`REFUSALS`, or as :data:`INTERNAL_ERROR`; :class:`~trainmon_client._protocol.ProtocolError`
+and :class:`Refused` check their reason is one of theirs, so every reason counted has its
+counter.
 """
 
 from __future__ import annotations
