@@ -95,6 +95,11 @@ def test_a_poisoned_cumulative_total_keeps_its_previous_value() -> None:
     store.observe_step(s, step(2, tokens_total=math.nan, samples_total=-1.0), {}, drops)
     assert s.tokens_total == 10.0 and s.samples_total == 1.0 and s.step == 2
     assert drops == {"bad_counter": 2}
+    store.observe_step(s, step(3, tokens_total=5.0, overhead_seconds_total=math.inf), {}, drops)
+    assert s.tokens_total == 10.0 and s.overhead_total == 0.0  # lower without a restart: kept
+    assert drops == {"bad_counter": 4}
+    store.observe_step(s, step(1, steps_total=1, tokens_total=5.0), {}, drops)  # a new process
+    assert s.tokens_total == 5.0 and s.steps_total == 1 and drops == {"bad_counter": 4}
 
 
 def test_a_nonfinite_value_is_counted_and_becomes_an_event_at_its_step() -> None:

@@ -203,6 +203,7 @@ class Applier:
         self._invalid[INTERNAL_ERROR] = invalid.labels(INTERNAL_ERROR)
         self._applied = {t: applied.labels(name) for t, name in P.RECORD_NAMES.items()}
         self._dropped = dropped
+        self._drop = self.drop  # bound once: STEP records pass it on the hot path
 
     def packet(self, link: Link, data: bytes) -> bool:
         """Apply one packet's records in order; never raises.
@@ -214,6 +215,7 @@ class Applier:
         invalid = self._invalid
         counts: dict[int, int] = {}
         close = False
+        applied, data_records = Outcome.APPLIED, P.DATA_RECORDS
         with self.store.lock:
             try:
                 for rtype, payload in P.iter_records(data):
@@ -234,9 +236,9 @@ class Applier:
                             "ingest: a %s record raised", P.RECORD_NAMES.get(rtype, rtype)
                         )
                         continue
-                    if outcome is Outcome.APPLIED:
+                    if outcome is applied:
                         counts[rtype] = counts.get(rtype, 0) + 1
-                        if rtype in P.DATA_RECORDS:
+                        if rtype in data_records:
                             link.applied += 1
                     elif outcome is Outcome.CLOSE:
                         close = True
@@ -277,17 +279,17 @@ class Applier:
             return self._hello(link, record)
         match record:
             case P.Step():
-                self.store.observe_step(state, record, link.names, self.drop)
+                self.store.observe_step(state, record, link.names, self._drop)
             case P.Totals():
                 link.gap = state.observe_totals(record, link.applied, link.gap)
             case P.Name():
                 self._name(link, record)
             case P.Layers():
-                self.store.observe_layers(state, record, link.names, self.drop)
+                self.store.observe_layers(state, record, link.names, self._drop)
             case P.Eval():
-                self.store.observe_eval(state, record, link.names, self.drop)
+                self.store.observe_eval(state, record, link.names, self._drop)
             case P.Track():
-                if not self.store.observe_track(state, record, link.names, self.drop):
+                if not self.store.observe_track(state, record, link.names, self._drop):
                     return Outcome.SKIPPED
             case P.Checkpoint():
                 state.observe_checkpoint(record)

@@ -159,9 +159,8 @@ class RankState:
         ``custom_cap`` (a new name over ``max_custom``), ``bad_counter`` (see
         :meth:`_checked_totals`).
         """
-        (step, steps, when, step_time, tokens, samples, overhead, d_disc, d_bp, refused) = (
-            record.header
-        )
+        header, ids, values = record
+        (step, steps, when, step_time, tokens, samples, overhead, d_disc, d_bp, refused) = header
         prev = self.step
         restarted = steps < self.steps_total  # a new client process resumed this rank
         rolled_back = not restarted and prev is not None and step < prev  # a checkpoint reload
@@ -199,7 +198,7 @@ class RankState:
         loss = grad_norm = mem = None
         std = P.STANDARD_NAMES
         f_loss, f_grad_norm, f_mem = P.FIELD_LOSS, P.FIELD_GRAD_NORM, P.FIELD_MEM_ALLOCATED
-        for fid, v in zip(record.ids, record.values, strict=True):
+        for fid, v in zip(ids, values, strict=True):
             name = std.get(fid)
             if name is not None:
                 self.values[name] = v
@@ -239,6 +238,14 @@ class RankState:
         restart keeps its previous value (one poisoned step cannot poison a counter) and is
         counted as refused (``bad_counter``).
         """
+        inf = math.inf
+        if (
+            not restarted
+            and self.tokens_total <= tokens < inf
+            and self.samples_total <= samples < inf
+            and self.overhead_total <= overhead < inf
+        ):
+            return tokens, samples, overhead, 0  # the usual step: every total went up or stayed
         out = []
         bad = 0
         for new, old in (
