@@ -32,6 +32,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from tests.exporter.test_fuzz import new_state, step_heads_and_fields  # noqa: E402
 from tests.fuzzing import Target, decode_all, floats, layer_rows, packets, raw_packets  # noqa: E402
+from trainmon_client import _protocol as P  # noqa: E402
 
 BATCH = 200
 """Examples per hypothesis run (each from a fresh seed)."""
@@ -109,7 +110,8 @@ def main() -> int:
             else:
                 head, fields = ev
                 ids = tuple(f for f, _ in fields)
-                state.observe_step(head, ids, tuple(v for _, v in fields), {}, 60.0)
+                values = tuple(v for _, v in fields)
+                state.observe_step(P.Step(P.StepHeader(*head), ids, values), {}, 60.0)
         a = state.analytics
         a.ema_slope(), a.plateau(), a.throughput_ratio(), a.eval_gap(), a.check_memory()
         return len(events)

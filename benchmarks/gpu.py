@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.fakes.libnvml import BRANCH_SYMBOLS, CONFIG_ENV, build, h100, load, write_config  # noqa: E402
+from trainmon_client import _protocol as P  # noqa: E402
 
 
 def median_ms(fn, n: int) -> float:  # type: ignore[no-untyped-def]
@@ -155,9 +156,13 @@ def scrape(n_gpus: int, ranks: int, gpu_on: bool) -> tuple[float, int]:
         assert not isinstance(st, str)
         for i in range(300):
             st.observe_step(
-                (i, i + 1, now - 300 + i, 0.1, 4096.0 * i, 8.0 * i, 1e-3 * i, 0, 0, 0),
-                (1, 2, 3),
-                (2.0 + 0.01 * (i % 7), 3e-4, 1.0 + 0.1 * (i % 3)),
+                P.Step(
+                    P.StepHeader(
+                        i, i + 1, now - 300 + i, 0.1, 4096.0 * i, 8.0 * i, 1e-3 * i, 0, 0, 0
+                    ),
+                    (1, 2, 3),
+                    (2.0 + 0.01 * (i % 7), 3e-4, 1.0 + 0.1 * (i % 3)),
+                ),
                 {},
                 30.0,
             )
@@ -170,9 +175,11 @@ def scrape(n_gpus: int, ranks: int, gpu_on: bool) -> tuple[float, int]:
         t = time.time()
         for st in states:  # a new step per rank: no cached fit is reused
             st.observe_step(
-                (i, i + 1, t, 0.1, 4096.0 * i, 8.0 * i, 1e-3 * i, 0, 0, 0),
-                (1, 2, 3),
-                (2.0, 3e-4, 1.0),
+                P.Step(
+                    P.StepHeader(i, i + 1, t, 0.1, 4096.0 * i, 8.0 * i, 1e-3 * i, 0, 0, 0),
+                    (1, 2, 3),
+                    (2.0, 3e-4, 1.0),
+                ),
                 {},
                 30.0,
             )
@@ -187,7 +194,9 @@ def scrape(n_gpus: int, ranks: int, gpu_on: bool) -> tuple[float, int]:
     feed = median_ms(
         lambda: [
             st.observe_step(
-                (1, 1, time.time(), 0.1, 1.0, 1.0, 0.0, 0, 0, 0), (1,), (2.0,), {}, 30.0
+                P.Step(P.StepHeader(1, 1, time.time(), 0.1, 1.0, 1.0, 0.0, 0, 0, 0), (1,), (2.0,)),
+                {},
+                30.0,
             )
             for st in states
         ],

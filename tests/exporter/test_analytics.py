@@ -5,13 +5,20 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
-from trainmon_exporter.analytics import AnalyticsSettings, RankAnalytics, RollingStats
+from trainmon_exporter.analytics import AnalyticsSettings, RankAnalytics, RollingStats, RunAnalytics
+from trainmon_exporter.collectors import CollectorContext
+from trainmon_exporter.collectors.health import HealthCollector
+from trainmon_exporter.settings import Settings
 from trainmon_exporter.state import Store
+
+from ..helpers.exporter import HELLO, store_of
 
 
 def feed(
@@ -284,3 +291,112 @@ def test_memory_leak_needs_steady_growth() -> None:
     short = RankAnalytics(cfg)
     mem_feed(short, [1e9 + 1e6 * i for i in range(99)])
     assert short.check_memory() is False  # window not full yet
+
+
+@dataclass
+class Rank:
+    """A rank as the periodic judgement sees it (RankState has the same members)."""
+
+    run: str
+    connected: bool = True
+    last_step_time: float | None = 100.0
+    analytics: RankAnalytics = field(default_factory=lambda: RankAnalytics(AnalyticsSettings()))
+    running_operation: bool = False
+
+    def busy(self) -> bool:
+        return self.running_operation
+
+
+def with_step_times(rank: Rank, seconds: float, n: int = 30) -> Rank:
+    rank.analytics.step_times.extend([seconds] * n)
+    rank.analytics.intervals.extend([seconds] * n)
+    return rank
+
+
+def test_straggler_ratios_leave_the_rank_itself_out() -> None:
+    ratios = RunAnalytics.straggler_ratios([0.1, 0.1, 0.2])
+    assert ratios == pytest.approx([0.1 / 0.15, 0.1 / 0.15, 2.0])
+    assert RunAnalytics.straggler_ratios([0.1, 0.3]) == pytest.approx([1 / 3, 3.0])
+    assert RunAnalytics.straggler_ratios([0.1]) == [None]  # alone in its run
+    assert RunAnalytics.straggler_ratios([0.1, 0.0]) == [None, 0.0]
+
+
+def test_stragglers_are_judged_within_each_run_and_counted_once_per_episode() -> None:
+    ranks = [with_step_times(Rank("a"), t) for t in (0.1, 0.1, 0.2)]
+    ranks.append(with_step_times(Rank("b"), 0.5))  # alone: no ratio
+    judge = RunAnalytics()
+    started = judge.check(ranks, 100.5)
+    assert [(ranks.index(r), kind) for r, kind in started] == [(2, "straggler")]
+    assert judge.check(ranks, 101.0) == []  # the same episode
+    assert [r.analytics.straggler for r in ranks] == pytest.approx([2 / 3, 2 / 3, 2.0, None])
+    assert [r.analytics.straggler_episodes for r in ranks] == [0, 0, 1, 0]
+    assert [e.kind for e in ranks[2].analytics.events] == ["straggler"]
+
+
+def test_hangs_are_judged_on_every_tick_the_rest_on_rate_ticks() -> None:
+    rank = with_step_times(Rank("a"), 0.1)
+    other = with_step_times(Rank("a"), 0.3)
+    judge = RunAnalytics()
+    limit = 2.0 * 0.1 + 30.0  # hang_factor x median + grace
+    assert judge.check([rank, other], 100.0 + limit + 1, rates=False) == [
+        (rank, "hang"),
+        (other, "hang"),
+    ]
+    assert rank.analytics.hung and rank.analytics.straggler is None  # not a rate tick
+    rank.running_operation = True
+    assert judge.check([rank], 100.0 + limit + 2, rates=False) == []
+    assert not rank.analytics.hung  # in validation: not hung
+
+
+def test_a_rank_that_is_not_running_is_neither_hung_nor_compared() -> None:
+    a, b = with_step_times(Rank("a"), 0.1), with_step_times(Rank("a"), 0.3)
+    judge = RunAnalytics()
+    judge.check([a, b], 1000.0)
+    assert a.analytics.hung and b.analytics.straggler == pytest.approx(3.0)
+    b.connected = False
+    a.last_step_time = None  # no step yet (a fresh rank)
+    assert judge.check([a, b], 1000.0) == []
+    assert not a.analytics.hung and b.analytics.straggler is None
+    assert b.analytics.straggler_episodes == 1  # what happened stays counted
+
+
+def test_the_store_judges_its_ranks_under_its_lock() -> None:
+    store = Store(max_ranks=4, max_custom_metrics=4, buckets=(1.0,), window_s=30, ttl_s=60)
+    assert store.check_conditions(0.0) == []
+    assert isinstance(store.judge, RunAnalytics)
+
+
+def test_the_verdicts_follow_the_settings_and_are_exported_from_zero() -> None:
+    """trainmon_train_straggling and trainmon_train_throughput_dropped are the judgements the
+    alerts read: 0 from a rank's first message, 1 while the detector says so."""
+    settings = Settings(analytics=AnalyticsSettings(straggler_ratio=2.5))
+    store = store_of(analytics=settings.analytics)
+    ranks = []
+    for rank, seconds in enumerate((0.1, 0.1, 0.2)):
+        s = store.attach(HELLO | {"rank": rank, "local_rank": rank, "world_size": 3}, uid=1)
+        assert not isinstance(s, str)
+        s.last_step_time = 100.0
+        s.analytics.step_times.extend([seconds] * 30)
+        ranks.append(s)
+    registry = CollectorRegistry()
+    registry.register(HealthCollector(CollectorContext(settings, store)))  # type: ignore[arg-type]
+
+    def verdicts(name: str) -> list[float | None]:
+        return [registry.get_sample_value(name, {"run": "raw", "rank": str(i)}) for i in range(3)]
+
+    assert verdicts("trainmon_train_straggling") == [0.0, 0.0, 0.0]
+    assert verdicts("trainmon_train_throughput_dropped") == [0.0, 0.0, 0.0]
+    store.check_conditions(100.5)
+    assert ranks[2].analytics.straggler == pytest.approx(2.0)
+    assert verdicts("trainmon_train_straggling") == [0.0, 0.0, 0.0]  # 2.0 is not above 2.5
+    ranks[2].analytics.step_times.extend([0.3] * 30)
+    store.check_conditions(100.5)
+    assert verdicts("trainmon_train_straggling") == [0.0, 0.0, 1.0]
+    ranks[2].connected = False  # no longer compared: no longer straggling
+    store.check_conditions(100.5)
+    assert verdicts("trainmon_train_straggling") == [0.0, 0.0, 0.0]
+    a = ranks[0].analytics
+    a.rates.extend([100.0] * 50 + [10.0] * 15)  # the recent median rate: a tenth of the usual
+    store.check_conditions(100.5)
+    assert a.throughput_ratio() is not None and a.throughput_dropped
+    assert verdicts("trainmon_train_throughput_dropped") == [1.0, 0.0, 0.0]

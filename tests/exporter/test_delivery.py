@@ -29,7 +29,7 @@ from ..conftest import (
     short_tmpdir,
     wait_for,
 )
-from .test_ingest import dropped, hello, invalid, pkt, step
+from ..helpers.exporter import dropped, hello, invalid, pkt, step
 
 
 def accounted(run: trainmon_client.Run) -> int:

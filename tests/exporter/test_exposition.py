@@ -18,6 +18,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import generate_latest
 
+from trainmon_client import _protocol as P
 from trainmon_exporter.app import build_exporter
 from trainmon_exporter.exposition import TextExposition
 from trainmon_exporter.settings import CollectorToggles, Settings
@@ -144,9 +145,13 @@ def test_the_exporters_own_registry_renders_identically(tmp_path: Path) -> None:
         assert not isinstance(st, str)
         for i in range(50):
             st.observe_step(
-                (i, i + 1, now - 50 + i, 0.1, 4096.0 * i, 8.0 * i, 1e-3 * i, 0, 0, 0),
-                (1, 2, 3),
-                (2.0 + 0.01 * (i % 7), 3e-4, float("nan") if i == 40 else 1.0),
+                P.Step(
+                    P.StepHeader(
+                        i, i + 1, now - 50 + i, 0.1, 4096.0 * i, 8.0 * i, 1e-3 * i, 0, 0, 0
+                    ),
+                    (1, 2, 3),
+                    (2.0 + 0.01 * (i % 7), 3e-4, float("nan") if i == 40 else 1.0),
+                ),
                 {},
                 30.0,
             )

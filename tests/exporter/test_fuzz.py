@@ -14,6 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from trainmon_client import _protocol as P
+from trainmon_exporter import derive
 from trainmon_exporter.analytics import AnalyticsSettings, RankAnalytics
 from trainmon_exporter.state import RankState
 
@@ -80,8 +82,8 @@ def test_record_application_never_raises(events: list[Any]) -> None:
             head, fields = ev
             ids = tuple(f for f, _ in fields)
             values = tuple(v for _, v in fields)
-            state.observe_step(head, ids, values, {}, 60.0)
-    state.rates(1e9, 60.0)
+            state.observe_step(P.Step(P.StepHeader(*head), ids, values), {}, 60.0)
+    derive.rates(state, 1e9, 60.0)
     a = state.analytics
     a.ema_slope(), a.plateau(), a.throughput_ratio(), a.eval_gap(), a.eval_improvement()
     a.check_memory(), a.check_throughput(), a.check_hang(1e308, False)

@@ -10,51 +10,15 @@ import json
 import math
 import struct
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 
 import trainmon_client
 from trainmon_client import _protocol as P
-from trainmon_exporter.ingest import MAX_NAMES_PER_CONNECTION
+from trainmon_exporter.apply import MAX_NAMES_PER_CONNECTION
 
 from ..conftest import InProcessExporter, connect, raw_connect, sample, wait_for
-
-HELLO: dict[str, Any] = {
-    "run": "raw",
-    "rank": 0,
-    "local_rank": 0,
-    "world_size": 1,
-    "hostname": "h",
-    "pid": 1,
-    "client_version": "test",
-    "gpu_uuid": None,
-    "started_at": 1.0,
-    "flops_per_token": None,
-    "dtype": "bf16",
-}
-
-
-def hello(**kw: Any) -> bytes:
-    return P.encode_hello(HELLO | kw)
-
-
-def pkt(*records: bytes) -> bytes:
-    return P.packet_header() + b"".join(records)
-
-
-def step(n: int, ids: tuple[int, ...] = (1,), values: tuple[float, ...] = (1.0,)) -> bytes:
-    s = P.step_struct(len(ids))
-    head = (n, n, 1.0 + n, 0.1, 10.0 * n, float(n), 0.0, 0, 0, 0)
-    return s.pack(P.STEP, P.step_payload_length(len(ids)), *head, *ids, *values)
-
-
-def invalid(ex: InProcessExporter, reason: str) -> float:
-    return sample(ex.metrics(), "trainmon_ingest_messages_invalid_total", reason=reason) or 0.0
-
-
-def dropped(ex: InProcessExporter, reason: str) -> float:
-    return sample(ex.metrics(), "trainmon_ingest_values_dropped_total", reason=reason) or 0.0
+from ..helpers.exporter import dropped, hello, invalid, pkt, step
 
 
 @pytest.fixture

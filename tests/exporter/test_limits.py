@@ -40,7 +40,7 @@ from ..conftest import (
     short_tmpdir,
     wait_for,
 )
-from .test_ingest import HELLO, dropped, hello, invalid, pkt, step
+from ..helpers.exporter import HELLO, dropped, hello, invalid, pkt, step
 
 
 def refused(metrics: dict[Any, float], reason: str) -> float:

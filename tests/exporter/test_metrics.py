@@ -7,9 +7,6 @@ from collections.abc import Callable
 
 import pytest
 
-from trainmon_exporter.analytics import AnalyticsSettings, RankAnalytics
-from trainmon_exporter.state import RankState
-
 from ..conftest import (
     InProcessExporter,
     connect,
@@ -200,41 +197,6 @@ def test_a_rank_that_reconnects_resumes_its_state(exporter: InProcessExporter) -
         sample(m, "trainmon_train_nonfinite_values_total", run="resume", rank="0", field="loss")
         == 2
     )
-
-
-def make_state(**analytics: object) -> RankState:
-    """A bare rank state, for feeding synthetic steps."""
-    return RankState(
-        run="r",
-        rank=0,
-        local_rank=0,
-        world_size=1,
-        hostname="h",
-        pid=1,
-        client_version="t",
-        gpu_uuid=None,
-        started_at=0.0,
-        flops_per_token=None,
-        dtype="bf16",
-        buckets=(1.0,),
-        analytics=RankAnalytics(AnalyticsSettings(**analytics)),  # type: ignore[arg-type]
-    )
-
-
-def test_rates_are_zero_when_steps_stop() -> None:
-    s = make_state()
-    for i in range(11):
-        s.observe_step(
-            (i, i + 1, 100.0 + i, 1.0, 10.0 * i, 1.0 * i, 0.01 * i, 0, 0, 0), (), (), {}, 30.0
-        )
-    assert s.rates(110.5, 30.0) == pytest.approx((10.0, 1.0, 0.01, 0.01))
-    assert s.rates(100.0 + 10 + 31, 30.0) == (0.0, 0.0, 0.0, 0.0)
-    # The window slides: only the last 30 s count.
-    for i in range(11, 100):
-        s.observe_step(
-            (i, i + 1, 100.0 + i, 1.0, 10.0 * i + (i - 10) * 90, 0, 0, 0, 0, 0), (), (), {}, 30.0
-        )
-    assert s.rates(199.0, 30.0)[0] == pytest.approx(100.0)  # type: ignore[index]
 
 
 def test_parse_helper_round_trip() -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from trainmon_exporter import analytics, settings
 from trainmon_exporter.cli import load_settings
 from trainmon_exporter.settings import environment_names, unknown_environment
 
@@ -169,3 +170,9 @@ def test_a_list_variable_that_is_not_json_is_one_line() -> None:
     )
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
     assert "step_duration_buckets" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_analytics_settings_live_in_settings_and_analytics_re_exports_them() -> None:
+    assert analytics.AnalyticsSettings is settings.AnalyticsSettings
+    assert analytics.SEVERITIES is settings.SEVERITIES
+    assert settings.Settings.model_fields["analytics"].annotation is settings.AnalyticsSettings

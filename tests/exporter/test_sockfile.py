@@ -30,7 +30,7 @@ from ..conftest import (
     short_tmpdir,
     wait_for,
 )
-from .test_trust import store_of
+from ..helpers.exporter import store_of
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (chown to other uids)")
 

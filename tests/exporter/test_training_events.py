@@ -19,7 +19,7 @@ import pytest
 from trainmon_client import _protocol as P
 
 from ..conftest import InProcessExporter, connect, raw_connect, sample, wait_for
-from .test_ingest import hello, pkt
+from ..helpers.exporter import hello, pkt
 
 
 def step_record(

@@ -19,10 +19,9 @@ from typing import Any
 import pytest
 
 import trainmon_client
-from trainmon_exporter.state import Store
 
 from ..conftest import InProcessExporter, child_env, connect, sample, short_tmpdir, wait_for
-from .test_ingest import HELLO
+from ..helpers.exporter import HELLO, store_of
 
 OWNER, OWNER_GID = 43002, 43002
 ATTACKER, ATTACKER_GID = 43001, 43001
@@ -236,10 +235,6 @@ def test_a_squatter_is_kept_out_by_the_allow_list(
     wait_for(lambda: ex.rank("mine", 0))
     assert run_view(ex, "mine")["owner_uid"] == ATTACKER  # type: ignore[index]
     assert invalid(ex, "peer_not_allowed") == 1
-
-
-def store_of(ttl_s: float = 60) -> Store:
-    return Store(max_ranks=8, max_custom_metrics=8, buckets=(1.0,), window_s=30, ttl_s=ttl_s)
 
 
 def _hello(run: str, rank: int = 0) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import time
 
 from pydantic import BaseModel, Field
 
-from trainmon_exporter.collectors.rank_gpu import state_mfu
+from trainmon_exporter import derive
 from trainmon_exporter.nvml import SLOWDOWN_REASONS
 from trainmon_exporter.sampler import NOT_STARTED, GpuSample, GpuSnapshot
 from trainmon_exporter.state import RankState, Store
@@ -93,36 +93,8 @@ def _rank_view(
     pids: dict[int, float],
     override: float | None,
 ) -> RankView:
-    rates = s.rates(now, window_s)
-    m, g = state_mfu(s, None if rates is None else rates[0], gpus, override)
-    health = []
-    if s.nonfinite["loss"] or s.nonfinite["grad_norm"]:
-        health.append(
-            f"non-finite values: loss x{s.nonfinite['loss']}, grad_norm x{s.nonfinite['grad_norm']}"
-        )
-    if s.status == "crashed":
-        health.append("disconnected without finishing (crashed or killed)")
-    elif s.status == "failed":
-        health.append("finished with an uncaught exception")
-    a = s.analytics
-    if a.hung:
-        health.append("hung: no step for longer than usual")
-    if a.throughput_dropped:
-        health.append("throughput dropped")
-    if a.straggling:
-        health.append("straggler")
-    if m.mfu is not None and m.mfu > 1.0:  # no GPU beats its dense peak: an input is wrong
-        health.append("MFU above 100 %: check flops per token, tokens per step and the peak")
-    lost = (
-        s.dropped_disconnected
-        + s.dropped_backpressure
-        + s.dropped_encode_error
-        + s.dropped_in_flight
-    )
-    if lost:
-        health.append(f"client dropped {lost} messages")
-    if s.unapplied_total:
-        health.append(f"{s.unapplied_total} messages sent here were never applied")
+    rates = derive.rates(s, now, window_s)
+    m, g = derive.mfu(s, None if rates is None else rates.tokens_per_second, gpus, override)
     return RankView(
         rank=s.rank,
         local_rank=s.local_rank,
@@ -139,15 +111,15 @@ def _rank_view(
         steps_total=s.steps_total,
         tokens_total=s.tokens_total,
         samples_total=s.samples_total,
-        tokens_per_second=None if rates is None else rates[0],
-        samples_per_second=None if rates is None else rates[1],
-        client_overhead_ratio=None if rates is None else rates[2],
+        tokens_per_second=None if rates is None else rates.tokens_per_second,
+        samples_per_second=None if rates is None else rates.samples_per_second,
+        client_overhead_ratio=None if rates is None else rates.client_overhead_ratio,
         step_time_mean_seconds=s.hist_sum / s.hist_count if s.hist_count else None,
         model_flops_per_second=m.model_flops,
         mfu_ratio=m.mfu,
         mfu_unavailable_reason=m.reason or None,
         loss_ema=_num(s.analytics.ema),
-        gpu_memory_used_bytes=pids.get(s.peer_pid or s.pid),
+        gpu_memory_used_bytes=pids.get(derive.process_pid(s)),
         values={k: _num(v) for k, v in s.values.items()},
         custom={k: _num(v) for k, v in s.custom.items()},
         nonfinite=dict(s.nonfinite),
@@ -159,7 +131,7 @@ def _rank_view(
         },
         refused_values=s.refused_values,
         crashes=s.crashes,
-        health=health,
+        health=derive.findings(s, m),
         events=[
             EventView(
                 kind=e.kind,

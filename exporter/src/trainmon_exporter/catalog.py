@@ -693,6 +693,21 @@ TRAIN_THROUGHPUT_RATIO = Family(
     doc="Median per-step tokens/s of the last 20 steps over that of the last 500.",
 )
 
+TRAIN_THROUGHPUT_DROPPED = Family(
+    "trainmon_train_throughput_dropped",
+    GAUGE,
+    (
+        "1 while the rank's throughput is judged dropped: trainmon_train_throughput_ratio below "
+        "throughput_drop_ratio at the last check (every 1 s), else 0."
+    ),
+    RANK,
+    unit="0/1",
+    collector="health",
+    doc="1 while the exporter judges the throughput dropped: the ratio below "
+    "`throughput_drop_ratio` at its last check (every 1 s). `TrainmonThroughputDrop` reads this "
+    "verdict, so the alert follows the setting.",
+)
+
 TRAIN_STRAGGLER_RATIO = Family(
     "trainmon_train_straggler_ratio",
     GAUGE,
@@ -705,6 +720,21 @@ TRAIN_STRAGGLER_RATIO = Family(
     unit="ratio",
     collector="health",
     doc="Rank's recent median step time / median of its run's *other* connected ranks.",
+)
+
+TRAIN_STRAGGLING = Family(
+    "trainmon_train_straggling",
+    GAUGE,
+    (
+        "1 while the rank is judged a straggler: trainmon_train_straggler_ratio above "
+        "straggler_ratio at the last check (every 1 s, while connected), else 0."
+    ),
+    RANK,
+    unit="0/1",
+    collector="health",
+    doc="1 while the exporter judges the rank a straggler: the ratio above `straggler_ratio` at "
+    "its last check (every 1 s), and the rank connected. `TrainmonStragglerRank` reads this "
+    "verdict, so the alert follows the setting.",
 )
 
 TRAIN_GRAD_GAIN_MEAN = Family(
@@ -2288,8 +2318,10 @@ HEALTH_TABLE: tuple[Family, ...] = (
     TRAIN_MEMORY_GROWTH_BYTES_PER_STEP,
     TRAIN_MEMORY_LEAKS,
     TRAIN_THROUGHPUT_RATIO,
+    TRAIN_THROUGHPUT_DROPPED,
     TRAIN_THROUGHPUT_DROPS,
     TRAIN_STRAGGLER_RATIO,
+    TRAIN_STRAGGLING,
     TRAIN_STRAGGLER_EPISODES,
     TRAIN_LOSS_EMA_SLOPE,
     TRAIN_LOSS_PLATEAU,

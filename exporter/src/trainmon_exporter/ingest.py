@@ -1,4 +1,4 @@
-"""The Unix-socket ingest server: accepts trainer connections and applies their packets.
+"""The Unix-socket ingest server: accepts trainer connections and reads their packets.
 
 ``asyncio.start_unix_server`` only speaks ``SOCK_STREAM``; trainmon uses ``SOCK_SEQPACKET``
 (message boundaries kept, EOF the moment a trainer dies), so the server drives non-blocking
@@ -18,7 +18,9 @@ bucket). One connection sending valid packets flat out therefore costs a bounded
 loop and never delays other trainers or ``/healthz``; what it cannot deliver stays in its own
 socket buffer (its client counts the drops).
 
-Bad input never raises out of here: every refused packet, record or value increments
+The server only moves bytes: each packet read goes to :class:`~trainmon_exporter.apply.Applier`,
+which applies its records to the :class:`~trainmon_exporter.state.Store`. Bad input never
+raises out of here: every refused packet, record or value increments
 ``trainmon_ingest_messages_invalid_total{reason}`` or ``trainmon_ingest_values_dropped_total``.
 """
 
@@ -34,16 +36,15 @@ import struct
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from trainmon_client import _protocol as P
 from trainmon_exporter import catalog
+from trainmon_exporter.apply import INTERNAL_ERROR, REFUSALS, Applier, Link
 from trainmon_exporter.catalog import Family
 from trainmon_exporter.sockfile import IngestSocket, SocketInUseError
-from trainmon_exporter.state import SERIES_PER_LAYER, SERIES_PER_OPERATION, RankState, Store
+from trainmon_exporter.state import Store
 
 __all__ = ["IngestMetrics", "IngestServer", "SocketInUseError"]
 
@@ -66,33 +67,21 @@ FD_RESERVE = 64
 sockets, the lock file, NVML, log files, Python's own)."""
 _RECV_BYTES = P.MAX_PACKET_BYTES + 1  # one byte more than allowed: a full read means oversized
 
-INVALID_REASONS = (
-    *P.PROTOCOL_ERRORS,
-    "no_hello",
-    "duplicate_hello",
-    "bad_hello",
-    "invalid_name",
-    "duplicate_rank",
-    "too_many_ranks",
-    "name_cap",
-    "not_owner",
-    "peer_not_allowed",
-    "series_budget",
-    "empty",
-    "internal_error",
-)
-"""``reason`` values of ``trainmon_ingest_messages_invalid_total`` (all exported from 0);
-``no_hello`` also counts each record that followed a refused HELLO in its packet (the
-connection is closed after that packet); ``empty`` a zero-length packet (the connection stays
-open); ``internal_error`` a record whose application raised an exception the exporter did not
-foresee (logged with its traceback; the record is dropped, the rest of the packet applies and
-the rank stays connected); ``name_cap`` counts NAME records past MAX_NAMES_PER_CONNECTION;
-``not_owner`` a HELLO from a uid other than the one that opened the run; ``peer_not_allowed``
-a HELLO from a process outside ``allowed_uids``/``allowed_gids``; ``series_budget`` a HELLO
-of a new rank when ``max_series`` is spent and no disconnected rank is left to evict."""
-MAX_NAMES_PER_CONNECTION = 4096
-"""Names one connection may bind (custom metrics, operations, layers): a memory bound. The
-client binds at most 1,024 custom names plus its layers and operations."""
+EMPTY = "empty"
+"""Reason of a zero-length packet (the connection stays open)."""
+INVALID_REASONS = (*P.PROTOCOL_ERRORS, *REFUSALS, EMPTY, INTERNAL_ERROR)
+"""``reason`` values of ``trainmon_ingest_messages_invalid_total`` (all exported from 0): the
+protocol's errors, the refusals of :mod:`~trainmon_exporter.apply`, and two of this server's.
+Built from the lists the exceptions check their reason against, so a reason raised is always
+one of these. ``no_hello`` also counts each record that followed a refused HELLO in its packet
+(the connection is closed after that packet); ``empty`` a zero-length packet (the connection
+stays open); ``internal_error`` a record whose application raised an exception the exporter
+did not foresee (logged with its traceback; the record is dropped, the rest of the packet
+applies and the rank stays connected); ``name_cap`` counts NAME records past
+:data:`~trainmon_exporter.apply.MAX_NAMES_PER_CONNECTION`; ``not_owner`` a HELLO from a uid
+other than the one that opened the run; ``peer_not_allowed`` a HELLO from a process outside
+``allowed_uids``/``allowed_gids``; ``series_budget`` a HELLO of a new rank when ``max_series``
+is spent and no disconnected rank is left to evict."""
 DROP_REASONS = (
     "unknown_field",
     "custom_cap",
@@ -116,57 +105,6 @@ CONNECTION_REFUSALS = ("max_connections", "fd_limit", "hello_timeout", "idle_tim
 EMFILE, ENFILE, ENOBUFS or ENOMEM; accepting pauses), ``hello_timeout`` (closed: no HELLO in
 time), ``idle_timeout`` (closed: nothing received for ``ingest_idle_timeout_seconds``)."""
 RECORD_TYPES = P.RECORD_NAMES
-
-
-def _printable(value: str, limit: int) -> str:
-    if len(value) > limit or not value.isprintable():
-        raise ValueError(f"must be at most {limit} printable characters")
-    return value
-
-
-class HelloMessage(BaseModel):
-    """Validated HELLO record (keys: :data:`trainmon_client._protocol.HELLO_FIELDS`)."""
-
-    model_config = ConfigDict(extra="ignore", strict=True)
-
-    run: str
-    rank: int = Field(ge=0, le=1 << 20)
-    local_rank: int = Field(ge=0, le=1 << 20)
-    world_size: int = Field(ge=1, le=1 << 20)
-    hostname: str = ""
-    pid: int = Field(0, ge=0)
-    client_version: str = ""
-    gpu_uuid: str | None = None
-    started_at: float = Field(0.0, allow_inf_nan=False)
-    flops_per_token: float | None = Field(None, gt=0, allow_inf_nan=False)
-    dtype: str = "bf16"
-
-    @field_validator("dtype")
-    @classmethod
-    def _dtype(cls, v: str) -> str:
-        return _printable(v, 16).lower()
-
-    @field_validator("run")
-    @classmethod
-    def _run(cls, v: str) -> str:
-        if not P.valid_run_id(v):
-            raise ValueError("invalid run id")
-        return v
-
-    @field_validator("hostname")
-    @classmethod
-    def _hostname(cls, v: str) -> str:
-        return _printable(v, 253)
-
-    @field_validator("client_version")
-    @classmethod
-    def _version(cls, v: str) -> str:
-        return _printable(v, 64)
-
-    @field_validator("gpu_uuid")
-    @classmethod
-    def _uuid(cls, v: str | None) -> str | None:
-        return None if v is None else _printable(v, 96)
 
 
 class IngestMetrics:
@@ -204,42 +142,28 @@ class IngestMetrics:
         self._types = {k: self.messages.labels(v) for k, v in RECORD_TYPES.items()}
 
 
-class Connection:
-    """One trainer connection and the names it bound."""
+class Connection(Link):
+    """One trainer connection: its socket, its read budget, and its :class:`Link`."""
 
     __slots__ = (
         "allowance",
-        "applied",
-        "capped",
         "closed",
         "fd",
-        "finished",
-        "gap",
         "last_mono",
-        "names",
         "opened_mono",
         "paused",
-        "peer_gid",
-        "peer_pid",
-        "peer_uid",
         "refilled_mono",
         "sock",
-        "state",
     )
 
     def __init__(self, sock: socket.socket) -> None:
+        super().__init__(*peer_credentials(sock))
         self.sock = sock
         self.fd = sock.fileno()
         self.opened_mono = self.last_mono = self.refilled_mono = time.monotonic()
         self.allowance = float(_TURN_BYTES)  # bytes it may still deliver (token bucket)
         self.paused = False  # reader mode: over its rate, not registered with the loop
-        self.peer_pid, self.peer_uid, self.peer_gid = peer_credentials(sock)
-        self.state: RankState | None = None
-        self.names: dict[int, str] = {}
-        self.finished = False
         self.closed = False
-        self.applied = 0  # data records of this connection applied
-        self.gap = 0  # records its client reported sent here and never applied, counted so far
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int | None, int | None, int | None]:
@@ -368,6 +292,7 @@ class IngestServer:
         self._tasks: list[asyncio.Task[None]] = []
         self.store = store
         self.metrics = metrics
+        self.applier = Applier(store, metrics.invalid, metrics.messages, metrics.dropped_values)
         self.mode = mode
         self.listening = False
         self._sock: socket.socket | None = None
@@ -450,6 +375,7 @@ class IngestServer:
                 continue
             sock.setblocking(False)
             conn = Connection(sock)
+            conn.admitted = self._allowed(conn)  # the peer is fixed at connect()
             self._conns[conn.fd] = conn
             self.metrics.connections_total.inc()
             self.metrics.connections.inc()
@@ -591,7 +517,7 @@ class IngestServer:
                     return False
                 # A zero-length packet: SOCK_SEQPACKET delivers it as a 0-byte read, like EOF.
                 self.metrics.packets.inc()
-                self.metrics._invalid["empty"].inc()
+                self.metrics._invalid[EMPTY].inc()
                 got = True
                 budget -= 1
                 conn.allowance -= 1
@@ -623,11 +549,8 @@ class IngestServer:
             with self.store.lock:
                 if record:
                     conn.state.disconnect(conn.finished)
-                elif idle:
-                    conn.state.connected = False
-                    conn.state.disconnected_mono = time.monotonic()
-                else:  # exporter shutting down: not the trainer's fault
-                    conn.state.connected = False
+                else:  # idle, or the exporter shutting down: not the trainer's fault
+                    conn.state.closed_by_exporter(idle=idle)
             if record and not conn.finished:
                 log.warning(
                     "run %s rank %d disconnected without finishing (crashed or killed)",
@@ -635,251 +558,23 @@ class IngestServer:
                     conn.state.rank,
                 )
 
-    # --------------------------------------------------------------------------- parsing
+    # --------------------------------------------------------------------------- packets
 
     def handle_packet(self, conn: Connection, data: bytes) -> None:
-        """Apply one packet; never raises. Public for benchmarks and tests."""
+        """Count one packet and apply it; never raises. Public for benchmarks and tests."""
         m = self.metrics
         m.packets.inc()
         m.bytes.inc(len(data))
-        counts: dict[int, int] = {}
-        close = False
-        with self.store.lock:
-            try:
-                for rtype, payload in P.iter_records(data):
-                    if close:  # after a refused HELLO: nothing more applies
-                        m._invalid["no_hello"].inc()
-                        continue
-                    try:
-                        outcome = self._record(conn, rtype, payload)
-                    except Exception:  # a bug or a value nobody foresaw: this record only
-                        m._invalid["internal_error"].inc()
-                        log.exception("ingest: a %s record raised", RECORD_TYPES.get(rtype, rtype))
-                        continue
-                    if outcome is _APPLIED:
-                        counts[rtype] = counts.get(rtype, 0) + 1
-                        if rtype in _DATA:
-                            conn.applied += 1
-                    elif outcome is _CLOSE:
-                        close = True
-            except P.ProtocolError as exc:
-                m._invalid[exc.reason].inc()
-        for rtype, n in counts.items():
-            m._types[rtype].inc(n)
-        if close:
+        if self.applier.packet(conn, data):
             self._close(conn, record=False)
 
-    def _record(self, conn: Connection, rtype: int, payload: memoryview) -> object:
-        """Apply one record; returns ``_APPLIED``, ``_REFUSED`` or ``_CLOSE``.
-
-        ``_REFUSED``: counted as invalid, the rest of the packet still applies. ``_CLOSE``:
-        counted, and the connection must close (a HELLO that cannot be accepted).
-        """
-        try:
-            if rtype == P.STEP:
-                state = conn.state
-                if state is None:
-                    raise _Refused("no_hello")
-                head, ids, values = P.decode_step(payload)
-                n_custom = len(state.custom)
-                unknown, capped = state.observe_step(
-                    head,
-                    ids,
-                    values,
-                    conn.names,
-                    self.store.window_s,
-                    self.store.max_custom_metrics,
-                )
-                if unknown:
-                    self.metrics.dropped_values.labels("unknown_field").inc(unknown)
-                if capped:
-                    self.metrics.dropped_values.labels("custom_cap").inc(capped)
-                if state.bad_counters:
-                    self.metrics.dropped_values.labels("bad_counter").inc(state.bad_counters)
-                    state.bad_counters = 0
-                if len(state.custom) > n_custom:  # new names: series of the global budget
-                    self._budget(state.custom, len(state.custom) - n_custom, 1)
-                return _APPLIED
-            if rtype == P.TOTALS:
-                if conn.state is None:
-                    raise _Refused("no_hello")
-                self._totals(conn, conn.state, P.decode_totals(payload))
-                return _APPLIED
-            if rtype == P.NAME:
-                if conn.state is None:
-                    raise _Refused("no_hello")
-                field_id, name = P.decode_name(payload)
-                if not P.valid_name(name):
-                    raise _Refused("invalid_name")
-                if field_id not in conn.names and len(conn.names) >= MAX_NAMES_PER_CONNECTION:
-                    raise _Refused("name_cap")
-                conn.names[field_id] = name
-                return _APPLIED
-            if rtype == P.HELLO:
-                return self._hello(conn, payload)
-            if rtype in (P.EVAL, P.TRACK, P.CHECKPOINT, P.LAYERS):
-                if conn.state is None:
-                    raise _Refused("no_hello")
-                return self._occasional(conn, conn.state, rtype, payload)
-            if rtype == P.FINISH:
-                if conn.state is None:
-                    raise _Refused("no_hello")
-                status, _when = P.decode_finish(payload)
-                conn.state.finish(status)
-                conn.finished = True
-                return _APPLIED
-            raise _Refused("unknown_type")
-        except _Refused as exc:
-            self.metrics._invalid[exc.reason].inc()
-            return _CLOSE if exc.reason in _FATAL else _REFUSED
-        except P.ProtocolError as exc:
-            self.metrics._invalid[exc.reason].inc()
-            return _CLOSE if rtype == P.HELLO else _REFUSED
-
-    def _occasional(
-        self, conn: Connection, state: RankState, rtype: int, payload: memoryview
-    ) -> object:
-        """EVAL, TRACK and CHECKPOINT records (rare: at most a few per minute)."""
-        if rtype == P.LAYERS:
-            (step, _when, checks, seconds), codes, ids, values = P.decode_layers(payload)
-            names = [conn.names.get(i) for i in ids]
-            export = state.rank in self.store.layer_ranks
-            n_layers = len(state.layers)
-            unknown, capped = state.observe_layers(
-                names, codes, values, self.store.max_layers, export
-            )
-            if unknown:
-                self.metrics.dropped_values.labels("unknown_field").inc(unknown)
-            if capped:
-                self.metrics.dropped_values.labels("layer_cap").inc(capped)
-            if not export and len(names) > unknown + capped:
-                self.metrics.dropped_values.labels("layer_rank").inc(len(names) - unknown - capped)
-            if len(state.layers) > n_layers:
-                self._budget(state.layers, len(state.layers) - n_layers, SERIES_PER_LAYER)
-            self._operation(state, "watch", [seconds, float(checks), 0.0])
-            return _APPLIED
-        if rtype == P.CHECKPOINT:
-            step, when, seconds = P.decode_checkpoint(payload)
-            state.checkpoint = (step, when, seconds)
-            state.checkpoints_total += 1
-            return _APPLIED
-        if rtype == P.TRACK:
-            field_id, active, seconds, count = P.decode_track(payload)
-            name = conn.names.get(field_id)
-            if name is None:
-                self.metrics.dropped_values.labels("unknown_field").inc()
-                return _REFUSED
-            self._operation(state, name, [seconds, float(count), 1.0 if active else 0.0])
-            return _APPLIED
-        step, _when, ids, values = P.decode_eval(payload)
-        val_loss = None
-        for fid, v in zip(ids, values, strict=True):
-            if fid in (1, 6):  # loss or val_loss
-                val_loss = v
-                continue
-            name = conn.names.get(fid)
-            if name is None:
-                self.metrics.dropped_values.labels("unknown_field").inc()
-            elif name in state.eval_values:
-                state.eval_values[name] = v
-            elif len(state.eval_values) >= self.store.max_custom_metrics:
-                self.metrics.dropped_values.labels("custom_cap").inc()
-            elif self.store.take_series(1):
-                state.eval_values[name] = v
-            else:
-                self.metrics.dropped_values.labels("series_budget").inc()
-        state.eval_step = step
-        if val_loss is not None:
-            state.eval_values["val_loss"] = val_loss
-        state.analytics.observe_eval(val_loss)
-        return _APPLIED
-
-    def _totals(self, conn: Connection, state: RankState, totals: P.Totals) -> None:
-        """Apply a TOTALS record: the client's accounting, and the gap of this connection.
-
-        The gap is what the client says it sent on this connection less what this exporter
-        applied from it (records it refused or dropped, or that never arrived); its growth is
-        added to the rank's ``unapplied_total``.
-        """
-        state.observe_totals(totals)
-        gap = totals.sent_connection - conn.applied
-        if gap > conn.gap:
-            state.unapplied_total += gap - conn.gap
-            conn.gap = gap
-
-    def _operation(self, state: RankState, name: str, value: list[float]) -> None:
-        """Set operation ``name`` of ``state``; a new name needs room under both caps."""
-        if name not in state.ops:
-            if len(state.ops) >= self.store.max_operations:
-                self.metrics.dropped_values.labels("operation_cap").inc()
-                return
-            if not self.store.take_series(SERIES_PER_OPERATION):
-                self.metrics.dropped_values.labels("series_budget").inc()
-                return
-        state.ops[name] = value
-
-    def _budget(self, table: dict[str, Any], added: int, cost: int) -> None:
-        """Charge ``added`` entries just inserted into ``table`` to the series budget.
-
-        Each costs ``cost`` series; the newest that do not fit are removed again and counted.
-        """
-        while added and not self.store.take_series(added * cost):
-            table.popitem()  # dicts keep insertion order: the newest name goes
-            added -= 1
-            self.metrics.dropped_values.labels("series_budget").inc()
-
     def _allowed(self, conn: Connection) -> bool:
-        """Whether the allow-lists (if any) admit the connected process."""
+        """Whether the allow-lists (if any) admit the connected process to send a HELLO."""
         if not self.allowed_uids and not self.allowed_gids:
             return True
         if conn.peer_uid in self.allowed_uids or conn.peer_gid in self.allowed_gids:
             return True
         return bool(self.allowed_gids) and not self.allowed_gids.isdisjoint(peer_groups(conn.sock))
-
-    def _hello(self, conn: Connection, payload: memoryview) -> object:
-        if conn.state is not None:
-            raise _Refused("duplicate_hello")
-        if not self._allowed(conn):
-            log.warning(
-                "refused a trainer of uid %s gid %s (pid %s): not in allowed_uids/allowed_gids",
-                conn.peer_uid,
-                conn.peer_gid,
-                conn.peer_pid,
-            )
-            raise _Refused("peer_not_allowed")
-        raw = P.decode_hello(payload)
-        try:
-            hello = HelloMessage.model_validate(raw)
-        except ValidationError as exc:
-            log.warning("refused HELLO: %s", exc.errors()[0].get("msg", "invalid"))
-            raise _Refused("bad_hello") from None
-        extra = sum(1 for k in raw if k not in HelloMessage.model_fields)
-        if extra:
-            self.metrics.dropped_values.labels("unknown_hello_key").inc(extra)
-        result = self.store.attach(hello.model_dump(), conn.peer_uid)
-        if isinstance(result, str):
-            if result == "not_owner":
-                owner = self.store.run_state(hello.run)
-                log.warning(
-                    "refused run %s rank %d from uid %s: the run belongs to uid %s",
-                    hello.run,
-                    hello.rank,
-                    conn.peer_uid,
-                    None if owner is None else owner.owner_uid,
-                )
-            else:
-                log.warning("refused run %s rank %d: %s", hello.run, hello.rank, result)
-            raise _Refused(result)
-        conn.state = result
-        result.peer_pid = conn.peer_pid
-        # The client re-sends every NAME after HELLO; forget what an earlier connection bound.
-        conn.names = {}
-        return _APPLIED
-
-
-class _Refused(Exception):
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
 
 
 _HUP = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0x2000)
@@ -898,20 +593,3 @@ def _peer_gone(sock: socket.socket) -> bool:
     except OSError:
         return True
     return any(ev & _HUP for _fd, ev in events)
-
-
-_DATA = P.DATA_RECORDS
-_APPLIED = object()
-_REFUSED = object()
-_CLOSE = object()
-_FATAL = frozenset(
-    {
-        "bad_hello",
-        "duplicate_rank",
-        "too_many_ranks",
-        "not_owner",
-        "peer_not_allowed",
-        "series_budget",
-    }
-)
-"""Refusals of a HELLO: the connection has no identity, so it is closed."""

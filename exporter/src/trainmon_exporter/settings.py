@@ -21,7 +21,6 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from trainmon_client._env import default_socket
-from trainmon_exporter.analytics import AnalyticsSettings
 
 DEFAULT_PORT = 9478
 DEFAULT_STEP_BUCKETS = (
@@ -40,6 +39,89 @@ DEFAULT_STEP_BUCKETS = (
     120.0,
     300.0,
 )
+
+
+SEVERITIES = ("minor", "major", "severe")
+"""Loss and grad-norm spike severities, in increasing order (``AnalyticsSettings.spike_z``)."""
+
+
+class AnalyticsSettings(BaseModel):
+    """Thresholds and windows of the detectors (``TRAINMON_ANALYTICS__<NAME>``)."""
+
+    ema_decay: float = Field(0.99, gt=0, lt=1, description="EMA decay d in ema = d*ema + (1-d)*x")
+    window_steps: int = Field(100, ge=5, description="steps in the rolling mean/std windows")
+    min_history_steps: int = Field(20, ge=2, description="values needed before judging")
+    spike_z: dict[str, float] = Field(
+        default_factory=lambda: {"minor": 4.0, "major": 6.0, "severe": 10.0},
+        description="z-score at which a spike reaches each severity",
+    )
+    rel_std_floor: float = Field(
+        1e-3, ge=0, description="std floor as a share of |mean| (constant series)"
+    )
+    spike_persist_steps: int = Field(
+        10, ge=1, description="consecutive spikes after which the values are a new level"
+    )
+    grad_explosion_norm: float = Field(100.0, gt=0, description="grad norm above: explosion")
+    grad_explosion_ratio: float = Field(
+        10.0, gt=1, description="grad norm above this multiple of its rolling mean: explosion"
+    )
+    grad_vanishing_norm: float = Field(1e-8, ge=0, description="grad norm below: vanishing")
+    hang_factor: float = Field(2.0, gt=0, description="hung after this many median step times")
+    hang_grace_seconds: float = Field(30.0, ge=0, description="plus this grace (s)")
+    step_time_window_steps: int = Field(50, ge=3, description="steps in the step-time median")
+    throughput_recent_steps: int = Field(20, ge=3, description="steps in the recent rate")
+    throughput_baseline_steps: int = Field(500, ge=10, description="steps in the baseline rate")
+    trend_window_steps: int = Field(200, ge=10, description="steps in the EMA slope fit")
+    plateau_tolerance: float = Field(0.01, ge=0, description="relative EMA change = plateau")
+    eval_slow_improvement: float = Field(0.01, description="improvement per eval below: slow")
+    eval_overfit_gap: float = Field(0.30, description="val/train gap ratio above: overfitting")
+    eval_plateau_change: float = Field(0.01, ge=0, description="relative change below: flat")
+    eval_plateau_evals: int = Field(3, ge=2, description="evaluations that must all be flat")
+    monitoring_budget_ratio: float = Field(
+        0.05, gt=0, description="monitoring share of wall time above: over budget"
+    )
+    throughput_drop_ratio: float = Field(
+        0.7, gt=0, lt=1, description="throughput ratio below: a drop (an episode is counted)"
+    )
+    straggler_ratio: float = Field(
+        1.5, gt=1, description="straggler ratio above: a straggler (an episode is counted)"
+    )
+    update_ratio_high: float = Field(
+        0.1, gt=0, description="a layer's update ratio ||dw||/||w|| above this is too high"
+    )
+    update_ratio_low: float = Field(
+        1e-7, ge=0, description="a layer's update ratio below this is too low (frozen)"
+    )
+    gain_drift_factor: float = Field(
+        2.0, gt=1, description="mean gradient gain off its baseline by this factor: drift"
+    )
+    leak_window_steps: int = Field(200, ge=10, description="steps of mem_allocated in the leak fit")
+    leak_min_growth_ratio: float = Field(
+        0.05, gt=0, description="growth across the window, as a share of the mean, to flag"
+    )
+    leak_min_r2: float = Field(
+        0.9, ge=0, le=1, description="how steady (R^2 of the linear fit) the growth must be"
+    )
+    gain_baseline_checks: int = Field(
+        10, ge=1, description="watch checks whose median mean gain is the baseline"
+    )
+    gain_window_checks: int = Field(
+        5, ge=1, description="watch checks whose median mean gain is compared to the baseline"
+    )
+    gain_drift_checks: int = Field(
+        3, ge=1, description="consecutive drifted checks that start (or in range, end) an episode"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> AnalyticsSettings:
+        if set(self.spike_z) != set(SEVERITIES):
+            raise ValueError(f"spike_z needs exactly the keys {SEVERITIES}")
+        z = [self.spike_z[s] for s in SEVERITIES]
+        if z != sorted(z) or z[0] <= 0:
+            raise ValueError("spike_z thresholds must be positive and increase with severity")
+        if self.throughput_recent_steps >= self.throughput_baseline_steps:
+            raise ValueError("throughput_recent_steps must be below throughput_baseline_steps")
+        return self
 
 
 class CollectorToggles(BaseModel):

@@ -1,33 +1,37 @@
-"""Push-side state: what the exporter knows about every (run, rank), updated per step.
+"""Push-side state: what the exporter knows about every (run, rank), updated per record.
 
-The ingest server (event-loop thread) mutates it; collectors and the JSON API (worker threads)
-read it. Both sides hold :attr:`Store.lock` for the duration of one packet or one snapshot.
+Every change to a rank's state is made here: :class:`Store` applies a record under its limits
+(custom metrics, layers, operations, the series budget) and :class:`RankState` keeps the
+rank's figures. :mod:`trainmon_exporter.apply` calls them from the ingest server's thread;
+collectors and the JSON API (worker threads) read. Both sides hold :attr:`Store.lock` for the
+duration of one packet or one snapshot.
+
+Values a record carries that cannot be kept are reported to a :data:`Drop` callable with
+their reason (a ``reason`` of ``trainmon_ingest_values_dropped_total``), never raised.
 """
 
 from __future__ import annotations
 
 import math
-import statistics
 import threading
 import time
 from bisect import bisect_left
 from collections import OrderedDict, deque
-from collections.abc import Container, Iterator
+from collections.abc import Callable, Container, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from trainmon_client import _protocol as P
-from trainmon_exporter.analytics import AnalyticsSettings, RankAnalytics
+from trainmon_exporter.analytics import RankAnalytics, RunAnalytics
+from trainmon_exporter.settings import AnalyticsSettings
 
 NONFINITE_FIELDS = ("loss", "grad_norm", "lr", "custom")
 """``field`` label values of ``trainmon_train_nonfinite_values_total``; ``custom`` sums every
 custom metric, so each series exists at 0 from a rank's first message."""
 STATUSES = ("running", "finished", "failed", "crashed")
-MIN_RATE_SPAN_S = 0.5
-"""Rates need steps spanning at least this long (s); shorter spans say nothing useful."""
-SERIES_PER_RANK = 105
+SERIES_PER_RANK = 107
 """Series one rank costs in the exposition before any custom metric, operation, evaluation
-value or layer: the rank budget of docs/scaling.md#cardinality-budget (108, measured with every
+value or layer: the rank budget of docs/scaling.md#cardinality-budget (110, measured with every
 feature and one tracked operation) less that operation's 3."""
 SERIES_PER_LAYER = len(P.LAYER_STATS) + len(P.LAYER_QUANTILES)
 """Series one exported layer costs at most (each statistic and gradient quantile)."""
@@ -38,6 +42,29 @@ EVICTION_ORDER = ("finished", "failed", "crashed", "running")
 (``running``: closed by the exporter, e.g. idle or at shutdown); oldest first within each."""
 RANK_CHUNK = 8
 """Ranks a scrape reads per hold of :attr:`Store.lock` (see :meth:`Store.iter_ranks`)."""
+_RESUMED_FIELDS = tuple(k for k in P.HELLO_FIELDS if k not in ("run", "rank"))
+"""HELLO fields a resumed rank takes from its new HELLO: all but its identity."""
+WATCH_OPERATION = "watch"
+"""Operation name of a rank's ``Run.watch`` checks (from its LAYERS records)."""
+
+Drop = Callable[[str, int], None]
+"""Told ``(reason, n)`` when ``n`` values of a record are not kept (``n`` > 0)."""
+
+
+def ignore_drops(reason: str, n: int) -> None:
+    """A :data:`Drop` that forgets what it is told."""
+
+
+@dataclass(slots=True)
+class Operation:
+    """A rank's tracked operation (``Run.track``, or its ``Run.watch`` checks), cumulative."""
+
+    seconds_total: float
+    """Wall time of its finished runs (s)."""
+    runs_total: int
+    """Its finished runs."""
+    active: bool = False
+    """Whether it runs now."""
 
 
 @dataclass(slots=True)
@@ -95,7 +122,6 @@ class RankState:
     dropped_encode_error: int = 0
     dropped_in_flight: int = 0
     unapplied_total: int = 0
-    bad_counters: int = 0  # cumulative totals refused since ingest last read (and reset) it
     values: dict[str, float] = field(default_factory=dict)
     custom: dict[str, float | None] = field(default_factory=dict)
     nonfinite: dict[str, int] = field(default_factory=lambda: dict.fromkeys(NONFINITE_FIELDS, 0))
@@ -103,8 +129,8 @@ class RankState:
     hist_sum: float = 0.0
     hist_count: int = 0
     window: deque[WindowPoint] = field(default_factory=lambda: deque(maxlen=2048))
-    ops: dict[str, list[float]] = field(default_factory=dict)  # name -> [seconds, count, active]
-    checkpoint: tuple[int, float, float] | None = None  # step, time, seconds
+    ops: dict[str, Operation] = field(default_factory=dict)
+    checkpoint: P.Checkpoint | None = None  # the last one reported
     checkpoints_total: int = 0
     eval_values: dict[str, float | None] = field(default_factory=dict)
     layers: dict[str, dict[int, float]] = field(default_factory=dict)  # layer -> stat code -> v
@@ -120,23 +146,27 @@ class RankState:
 
     def observe_step(
         self,
-        head: tuple[Any, ...],
-        ids: tuple[int, ...],
-        values: tuple[float, ...],
-        names: dict[int, str],
+        record: P.Step,
+        names: Mapping[int, str],
         window_s: float,
         max_custom: int = 256,
-    ) -> tuple[int, int]:
-        """Apply one STEP record; returns values dropped as ``(unknown id, over the cap)``.
+        drop: Drop = ignore_drops,
+    ) -> None:
+        """Apply one STEP record.
 
-        ``head`` is :data:`trainmon_client._protocol.STEP_HEADER`'s tuple; ``names`` maps the
-        connection's custom field ids to names; at most ``max_custom`` custom names are kept.
+        ``names`` maps the connection's custom field ids to names; at most ``max_custom``
+        custom names are kept. Drops: ``unknown_field`` (a custom id without a NAME),
+        ``custom_cap`` (a new name over ``max_custom``), ``bad_counter`` (see
+        :meth:`_checked_totals`).
         """
-        (step, steps, when, step_time, tokens, samples, overhead, d_disc, d_bp, refused) = head
+        header, ids, values = record
+        (step, steps, when, step_time, tokens, samples, overhead, d_disc, d_bp, refused) = header
         prev = self.step
         restarted = steps < self.steps_total  # a new client process resumed this rank
         rolled_back = not restarted and prev is not None and step < prev  # a checkpoint reload
-        tokens, samples, overhead = self._checked_totals(restarted, tokens, samples, overhead)
+        tokens, samples, overhead, bad = self._checked_totals(restarted, tokens, samples, overhead)
+        if bad:
+            drop("bad_counter", bad)
         if restarted or rolled_back:
             self.analytics.reseed()
         if restarted or (self.window and when < self.window[-1].time):
@@ -167,20 +197,20 @@ class RankState:
         unknown = capped = 0
         loss = grad_norm = mem = None
         std = P.STANDARD_NAMES
+        f_loss, f_grad_norm, f_mem = P.FIELD_LOSS, P.FIELD_GRAD_NORM, P.FIELD_MEM_ALLOCATED
         for fid, v in zip(ids, values, strict=True):
             name = std.get(fid)
             if name is not None:
                 self.values[name] = v
-                if fid == 1:
+                if fid == f_loss:
                     loss = v
-                elif fid == 3:
+                elif fid == f_grad_norm:
                     grad_norm = v
-                elif fid == 7:
+                elif fid == f_mem:
                     mem = v
                 if (name == "loss" or name == "grad_norm" or name == "lr") and not math.isfinite(v):
                     self.nonfinite[name] += 1
-                    self.analytics.last_step = step
-                    self.analytics.event(f"nonfinite_{name}", v)
+                    self.analytics.observe_nonfinite(step, name, v)
                 continue
             cname = names.get(fid)
             if cname is None:
@@ -192,21 +222,32 @@ class RankState:
             self.custom[cname] = v
             if not math.isfinite(v):
                 self.nonfinite["custom"] += 1
-                self.analytics.last_step = step
-                self.analytics.event("nonfinite_custom", v)
+                self.analytics.observe_nonfinite(step, "custom", v)
         self.analytics.observe_step(step, loss, grad_norm, step_time, new_tokens, mem, stride)
-        return unknown, capped
+        if unknown:
+            drop("unknown_field", unknown)
+        if capped:
+            drop("custom_cap", capped)
 
     def _checked_totals(
         self, restarted: bool, tokens: float, samples: float, overhead: float
-    ) -> tuple[float, float, float]:
-        """The cumulative totals of a STEP that may be applied.
+    ) -> tuple[float, float, float, int]:
+        """The cumulative totals of a STEP that may be applied, and how many were refused.
 
         Each one that is NaN, infinite, negative, or below its previous value without a client
         restart keeps its previous value (one poisoned step cannot poison a counter) and is
-        counted in :attr:`bad_counters`.
+        counted as refused (``bad_counter``).
         """
+        inf = math.inf
+        if (
+            not restarted
+            and self.tokens_total <= tokens < inf
+            and self.samples_total <= samples < inf
+            and self.overhead_total <= overhead < inf
+        ):
+            return tokens, samples, overhead, 0  # the usual step: every total went up or stayed
         out = []
+        bad = 0
         for new, old in (
             (tokens, self.tokens_total),
             (samples, self.samples_total),
@@ -216,18 +257,32 @@ class RankState:
             if floor <= new < math.inf:
                 out.append(new)
             else:
-                self.bad_counters += 1
+                bad += 1
                 out.append(0.0 if restarted else old)
-        return out[0], out[1], out[2]
+        return out[0], out[1], out[2], bad
 
-    def observe_totals(self, totals: P.Totals) -> None:
-        """Apply a TOTALS record's cumulative client figures (the gap is the caller's)."""
+    def observe_totals(self, totals: P.Totals, applied: int = 0, gap: int = 0) -> int:
+        """Apply a TOTALS record: the client's accounting, and the gap of its connection.
+
+        ``applied``: data records this exporter applied from the connection so far; ``gap``:
+        what :meth:`observe_totals` returned for it last time (0 at first). The gap is what
+        the client says it sent on the connection less ``applied`` (records refused, dropped,
+        or that never arrived); its growth is added to :attr:`unapplied_total`.
+
+        Returns:
+            The connection's gap now.
+        """
         self.sent_total = totals.sent_total
         self.dropped_disconnected = totals.dropped_disconnected
         self.dropped_backpressure = totals.dropped_backpressure
         self.dropped_encode_error = totals.dropped_encode_error
         self.dropped_in_flight = totals.dropped_in_flight
         self.refused_values = totals.refused_values
+        now = totals.sent_connection - applied
+        if now > gap:
+            self.unapplied_total += now - gap
+            return now
+        return gap
 
     def observe_layers(
         self,
@@ -236,11 +291,13 @@ class RankState:
         values: tuple[float, ...],
         cap: int,
         export: bool = True,
-    ) -> tuple[int, int]:
-        """Apply one LAYERS record; returns layers dropped as ``(unknown id, over the cap)``.
+        drop: Drop = ignore_drops,
+    ) -> None:
+        """Apply one LAYERS record's rows: ``names[r]`` is row ``r``'s layer (None: unknown id).
 
         With ``export`` false (a rank outside ``layer_ranks``) the layers feed the rank's
-        analytics but are not kept for the per-layer series; the caller counts them.
+        analytics but are not kept for the per-layer series. Drops: ``unknown_field`` (no
+        name), ``layer_cap`` (a new layer over ``cap``), ``layer_rank`` (analysed, not kept).
         """
         k = len(codes)
         unknown = capped = 0
@@ -260,15 +317,25 @@ class RankState:
                 continue
             rows.append((name, row))
         self.analytics.observe_layers(rows)
-        return unknown, capped
+        if unknown:
+            drop("unknown_field", unknown)
+        if capped:
+            drop("layer_cap", capped)
+        if not export and rows:
+            drop("layer_rank", len(rows))
+
+    def observe_checkpoint(self, record: P.Checkpoint) -> None:
+        """Apply a CHECKPOINT record."""
+        self.checkpoint = record
+        self.checkpoints_total += 1
 
     def ops_seconds(self) -> float:
         """Cumulative seconds of every tracked operation."""
-        return sum(op[0] for op in self.ops.values()) if self.ops else 0.0
+        return sum(op.seconds_total for op in self.ops.values()) if self.ops else 0.0
 
     def busy(self) -> bool:
         """Whether a tracked operation (``Run.track``) is running now."""
-        return any(op[2] for op in self.ops.values()) if self.ops else False
+        return any(op.active for op in self.ops.values()) if self.ops else False
 
     def finish(self, status: int) -> None:
         """Apply a FINISH record."""
@@ -278,7 +345,7 @@ class RankState:
             self.analytics.event("failed")
 
     def disconnect(self, finished: bool) -> None:
-        """The connection closed; without a FINISH first, the rank crashed."""
+        """The trainer closed the connection; without a FINISH first, the rank crashed."""
         self.connected = False
         self.disconnected_mono = time.monotonic()
         if not finished:
@@ -286,31 +353,15 @@ class RankState:
             self.crashes += 1
             self.analytics.event("crash")
 
-    def rates(self, now: float, window_s: float) -> tuple[float, float, float, float] | None:
-        """``(tokens/s, samples/s, client overhead ratio, monitoring ratio)`` over the window.
+    def closed_by_exporter(self, *, idle: bool) -> None:
+        """The exporter closed the connection, which is never a crash.
 
-        None before the window spans 0.5 s. The monitoring ratio adds tracked operations to
-        the client's own time.
-
-        Formula: Δ cumulative total / Δ client wall time between the oldest and the newest step
-        inside the window. When the newest step is older than the window, all three are 0: a
-        stopped run shows 0, not its last speed.
+        ``idle``: the trainer was silent for the idle timeout (the rank is disconnected from
+        now, and expires after the TTL); otherwise the exporter is shutting down.
         """
-        win = self.window
-        if len(win) < 2:
-            return None
-        first, last = win[0], win[-1]
-        dt = last.time - first.time
-        if dt < MIN_RATE_SPAN_S:  # e.g. two steps 1 ms apart, the first paying the connect
-            return None
-        if now - last.time > window_s:
-            return (0.0, 0.0, 0.0, 0.0)
-        return (
-            (last.tokens - first.tokens) / dt,
-            (last.samples - first.samples) / dt,
-            (last.overhead - first.overhead) / dt,
-            (last.monitoring - first.monitoring) / dt,
-        )
+        self.connected = False
+        if idle:
+            self.disconnected_mono = time.monotonic()
 
 
 class Store:
@@ -349,6 +400,7 @@ class Store:
         self.ttl_s = ttl_s
         self.expired_total = 0
         self.analytics = analytics or AnalyticsSettings()
+        self.judge = RunAnalytics()  # the periodic judgement (check_conditions)
 
     def iter_ranks(self, chunk: int = RANK_CHUNK) -> Iterator[RankState]:
         """Every rank state, holding :attr:`lock` for at most ``chunk`` ranks at a time.
@@ -424,12 +476,15 @@ class Store:
         """Any one rank of ``run`` (they share its owner), or None when it has no state."""
         return next((s for s in self.ranks.values() if s.run == run), None)
 
-    def attach(self, hello: dict[str, Any], uid: int | None = None) -> RankState | str:
+    def attach(
+        self, hello: dict[str, Any], uid: int | None = None, pid: int | None = None
+    ) -> RankState | str:
         """Bind a new connection to its (run, rank) state, creating or resuming it.
 
-        ``uid`` is the connecting process's (``SO_PEERCRED``). A run belongs to the uid that
-        opened it for as long as any of its ranks has state here (until the last one expires):
-        another uid, root included, can neither add a rank nor resume one.
+        ``uid`` and ``pid`` are the connecting process's (``SO_PEERCRED``; ``pid`` in the
+        exporter's PID namespace, kept as :attr:`RankState.peer_pid`). A run belongs to the uid
+        that opened it for as long as any of its ranks has state here (until the last one
+        expires): another uid, root included, can neither add a rank nor resume one.
 
         Returns the state, or a refusal reason: ``not_owner`` (the run belongs to another
         uid), ``duplicate_rank`` (that rank is already connected) or ``too_many_ranks``
@@ -463,9 +518,10 @@ class Store:
             state.disconnected_mono = None
             state.connections += 1
             for op in state.ops.values():
-                op[2] = 0.0  # a new process runs no operation yet
-            for k in P.HELLO_FIELDS[2:]:  # everything but run and rank
+                op.active = False  # a new process runs no operation yet
+            for k in _RESUMED_FIELDS:
                 setattr(state, k, hello[k])
+            state.peer_pid = pid
             return state
         while len(self.ranks) >= self.max_ranks:
             if not self._evict_one():  # finished and crashed ranks make room first
@@ -479,8 +535,126 @@ class Store:
             analytics=RankAnalytics(self.analytics),
         )
         state.owner_uid = uid
+        state.peer_pid = pid
         self.ranks[key] = state
         return state
+
+    # ------------------------------------------------------------------ applying records
+
+    def observe_step(
+        self, state: RankState, record: P.Step, names: Mapping[int, str], drop: Drop
+    ) -> None:
+        """Apply a STEP record to ``state`` (:meth:`RankState.observe_step`).
+
+        New custom names are charged to the series budget; those that do not fit are removed
+        again (``series_budget``).
+        """
+        n = len(state.custom)
+        state.observe_step(record, names, self.window_s, self.max_custom_metrics, drop)
+        if len(state.custom) > n:
+            self._charge(state.custom, len(state.custom) - n, 1, drop)
+
+    def observe_layers(
+        self, state: RankState, record: P.Layers, names: Mapping[int, str], drop: Drop
+    ) -> None:
+        """Apply a LAYERS record: its layers, and the ``watch`` operation (checks and cost).
+
+        The layers go to :meth:`RankState.observe_layers`. Only ranks in ``layer_ranks``
+        keep their layers, at most ``max_layers``, each charged to the series budget.
+        """
+        n = len(state.layers)
+        state.observe_layers(
+            [names.get(i) for i in record.ids],
+            record.codes,
+            record.values,
+            self.max_layers,
+            state.rank in self.layer_ranks,
+            drop,
+        )
+        if len(state.layers) > n:
+            self._charge(state.layers, len(state.layers) - n, SERIES_PER_LAYER, drop)
+        head = record.header
+        self._operation(state, WATCH_OPERATION, head.seconds_total, head.checks_total, False, drop)
+
+    def observe_eval(
+        self, state: RankState, record: P.Eval, names: Mapping[int, str], drop: Drop
+    ) -> None:
+        """Apply an EVAL record: its validation loss and its named values.
+
+        The validation loss is field ``loss`` or ``val_loss``. Named values are capped like
+        custom metrics (``custom_cap``) and charged to the series budget (``series_budget``).
+        """
+        val_loss = None
+        values = state.eval_values
+        for fid, v in zip(record.ids, record.values, strict=True):
+            if fid == P.FIELD_LOSS or fid == P.FIELD_VAL_LOSS:  # either is the validation loss
+                val_loss = v
+                continue
+            name = names.get(fid)
+            if name is None:
+                drop("unknown_field", 1)
+            elif name in values:
+                values[name] = v
+            elif len(values) >= self.max_custom_metrics:
+                drop("custom_cap", 1)
+            elif self.take_series(1):
+                values[name] = v
+            else:
+                drop("series_budget", 1)
+        state.eval_step = record.step
+        if val_loss is not None:
+            values["val_loss"] = val_loss
+        state.analytics.observe_eval(val_loss)
+
+    def observe_track(
+        self, state: RankState, record: P.Track, names: Mapping[int, str], drop: Drop
+    ) -> bool:
+        """Apply a TRACK record; False (and ``unknown_field``) when its name id is unbound."""
+        name = names.get(record.field_id)
+        if name is None:
+            drop("unknown_field", 1)
+            return False
+        self._operation(state, name, record.seconds_total, record.runs_total, record.active, drop)
+        return True
+
+    def _operation(
+        self,
+        state: RankState,
+        name: str,
+        seconds_total: float,
+        runs_total: int,
+        active: bool,
+        drop: Drop,
+    ) -> None:
+        """Set operation ``name`` of ``state``.
+
+        A new name needs room under ``max_operations`` (``operation_cap``) and in the series
+        budget (``series_budget``).
+        """
+        op = state.ops.get(name)
+        if op is not None:
+            op.seconds_total, op.runs_total, op.active = seconds_total, runs_total, active
+            return
+        if len(state.ops) >= self.max_operations:
+            drop("operation_cap", 1)
+        elif not self.take_series(SERIES_PER_OPERATION):
+            drop("series_budget", 1)
+        else:
+            state.ops[name] = Operation(seconds_total, runs_total, active)
+
+    def _charge(self, table: dict[str, Any], added: int, cost: int, drop: Drop) -> None:
+        """Charge ``added`` entries just inserted into ``table`` to the series budget.
+
+        Each costs ``cost`` series; the newest that do not fit are removed again and counted
+        (``series_budget``).
+        """
+        refused = 0
+        while added and not self.take_series(added * cost):
+            table.popitem()  # dicts keep insertion order: the newest name goes
+            added -= 1
+            refused += 1
+        if refused:
+            drop("series_budget", refused)
 
     def expire(self, now_mono: float | None = None) -> int:
         """Drop ranks disconnected for longer than the TTL. Returns how many were dropped."""
@@ -505,38 +679,12 @@ class Store:
         return len(dead)
 
     def check_conditions(self, now: float, rates: bool = True) -> list[tuple[RankState, str]]:
-        """Judge the time-based detectors of every rank.
+        """Judge the time-based detectors of every rank, under the lock.
 
-        Hangs always; with ``rates`` also throughput drops and stragglers (medians over
-        hundreds of steps, so judged less often).
+        :meth:`RunAnalytics.check <trainmon_exporter.analytics.RunAnalytics.check>`: hangs
+        always; with ``rates`` also throughput drops, memory leaks and stragglers.
 
         Returns the ``(rank, kind)`` episodes that just started.
         """
-        started: list[tuple[RankState, str]] = []
         with self.lock:
-            runs: dict[str, list[tuple[RankState, float]]] = {}
-            for s in self.ranks.values():
-                a = s.analytics
-                if s.connected and s.last_step_time is not None:
-                    if a.check_hang(now - s.last_step_time, s.busy()):
-                        started.append((s, "hang"))
-                    if not rates:
-                        continue
-                    if a.check_throughput():
-                        started.append((s, "throughput_drop"))
-                    if a.check_memory():
-                        started.append((s, "memory_leak"))
-                    recent = a.recent_step_time()
-                    if recent is not None:
-                        runs.setdefault(s.run, []).append((s, recent))
-                else:
-                    a.hung = False
-                    a.straggler = None
-            for ranks in runs.values() if rates else ():
-                for s, recent in ranks:
-                    others = [r for o, r in ranks if o is not s]
-                    median = statistics.median(others) if others else 0.0
-                    ratio = recent / median if median > 0 else None
-                    if s.analytics.set_straggler(ratio):
-                        started.append((s, "straggler"))
-        return started
+            return self.judge.check(list(self.ranks.values()), now, rates=rates)

@@ -51,6 +51,9 @@ class Collector(Protocol):
 
 
 FACTORIES: dict[str, Callable[[CollectorContext], Collector]] = {}
+ORDER = ("rank_gpu", "exporter", "gpu", "health", "layers", "process", "training")
+"""The order collectors run in, hence the order of families in ``/metrics``
+(tests/golden/session.exposition.txt); others registered run after these."""
 
 
 def register(
@@ -118,8 +121,3 @@ def build_collectors(ctx: CollectorContext) -> list[Collector]:
     toggles = ctx.settings.collectors.model_dump()
     names = sorted(FACTORIES, key=lambda n: ORDER.index(n) if n in ORDER else len(ORDER))
     return [FACTORIES[name](ctx) for name in names if toggles.get(name, True)]
-
-
-ORDER = ("rank_gpu", "exporter", "gpu", "health", "layers", "process", "training")
-"""The order of the collectors' families in the exposition: fixed here, never the order in
-which their modules happened to be imported (which differed between processes)."""

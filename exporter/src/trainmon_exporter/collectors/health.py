@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 
 from prometheus_client.metrics_core import Metric
 
-from trainmon_exporter import catalog
+from trainmon_exporter import catalog, derive
 from trainmon_exporter.analytics import SEVERITIES, RankAnalytics
 from trainmon_exporter.catalog import Family
 from trainmon_exporter.collectors import CollectorContext, register
@@ -32,11 +32,13 @@ _GAUGES: tuple[tuple[Family, _Getter], ...] = (
     (catalog.TRAIN_STEP_TIME_MEDIAN_SECONDS, lambda s, a: a.median_step_time()),
     (catalog.TRAIN_HUNG, lambda s, a: 1.0 if a.hung else 0.0),
     (catalog.TRAIN_THROUGHPUT_RATIO, lambda s, a: a.throughput_ratio()),
+    (catalog.TRAIN_THROUGHPUT_DROPPED, lambda s, a: 1.0 if a.throughput_dropped else 0.0),
     (catalog.TRAIN_STRAGGLER_RATIO, lambda s, a: a.straggler),
+    (catalog.TRAIN_STRAGGLING, lambda s, a: 1.0 if a.is_straggling() else 0.0),
     (catalog.TRAIN_GRAD_GAIN_MEAN, lambda s, a: a.gain_mean),
     (catalog.TRAIN_GRAD_GAIN_DRIFT_RATIO, lambda s, a: a.gain_drift),
     (catalog.TRAIN_MEMORY_GROWTH_BYTES_PER_STEP, lambda s, a: a.memory_growth),
-    (catalog.TRAIN_STEP_OVERDUE_RATIO, lambda s, a: _overdue(s, a)),
+    (catalog.TRAIN_STEP_OVERDUE_RATIO, lambda s, a: derive.overdue_ratio(s, time.time())),
     (catalog.TRAIN_LOSS_EMA_SLOPE, lambda s, a: a.ema_slope()),
     (catalog.TRAIN_LOSS_PLATEAU, lambda s, a: _flag(a.plateau())),
     (catalog.EVAL_LOSS, lambda s, a: a.eval_loss),
@@ -44,22 +46,22 @@ _GAUGES: tuple[tuple[Family, _Getter], ...] = (
     (catalog.EVAL_IMPROVEMENT_RATIO, lambda s, a: a.eval_improvement()),
     (
         catalog.EVAL_SLOW_IMPROVEMENT,
-        lambda s, a: _flag(_lt(a.eval_improvement(), a.cfg.eval_slow_improvement)),
+        lambda s, a: _flag(derive.slow_improvement(a)),
     ),
     (catalog.EVAL_GENERALIZATION_GAP_RATIO, lambda s, a: a.eval_gap()),
-    (catalog.EVAL_OVERFITTING, lambda s, a: _flag(_gt(a.eval_gap(), a.cfg.eval_overfit_gap))),
+    (catalog.EVAL_OVERFITTING, lambda s, a: _flag(derive.overfitting(a))),
     (catalog.EVAL_PLATEAU, lambda s, a: _flag(a.eval_plateau())),
     (
         catalog.CHECKPOINT_LAST_TIMESTAMP_SECONDS,
-        lambda s, a: None if s.checkpoint is None else s.checkpoint[1],
+        lambda s, a: None if s.checkpoint is None else s.checkpoint.time,
     ),
     (
         catalog.CHECKPOINT_LAST_DURATION_SECONDS,
-        lambda s, a: None if s.checkpoint is None else _fin(s.checkpoint[2]),
+        lambda s, a: None if s.checkpoint is None else _fin(s.checkpoint.seconds),
     ),
     (
         catalog.CHECKPOINT_LAST_STEP,
-        lambda s, a: None if s.checkpoint is None else float(s.checkpoint[0]),
+        lambda s, a: None if s.checkpoint is None else float(s.checkpoint.step),
     ),
 )
 
@@ -78,27 +80,12 @@ _COUNTERS: tuple[tuple[Family, Callable[[RankState, RankAnalytics], float]], ...
 )
 
 
-def _overdue(s: RankState, a: RankAnalytics) -> float | None:
-    median = a.median_interval()
-    if not s.connected or s.last_step_time is None or not median:
-        return None
-    return max(0.0, time.time() - s.last_step_time) / median
-
-
 def _fin(v: float) -> float | None:
     return v if math.isfinite(v) else None
 
 
 def _flag(v: bool | None) -> float | None:
     return None if v is None else (1.0 if v else 0.0)
-
-
-def _lt(v: float | None, bound: float) -> bool | None:
-    return None if v is None else v < bound
-
-
-def _gt(v: float | None, bound: float) -> bool | None:
-    return None if v is None else v > bound
 
 
 @register("health")
@@ -110,7 +97,7 @@ class HealthCollector:
     def __init__(self, ctx: CollectorContext) -> None:
         self.store = ctx.store
         self.window_s = ctx.settings.rate_window_seconds
-        self.budget = ctx.settings.analytics.monitoring_budget_ratio
+        self.cfg = ctx.settings.analytics
 
     def collect(self) -> Iterable[Metric]:
         """Return the health families (formulas: trainmon_exporter.analytics)."""
@@ -137,14 +124,15 @@ class HealthCollector:
             for sev in SEVERITIES:
                 loss_spikes.add_metric([*labels, sev], float(a.loss_spikes[sev]))
                 grad_spikes.add_metric([*labels, sev], float(a.grad_spikes[sev]))
-            rates = s.rates(now, self.window_s)
+            rates = derive.rates(s, now, self.window_s)
             if rates is not None:
-                mon_ratio.add_metric(labels, rates[3])
-                over_budget.add_metric(labels, 1.0 if rates[3] > self.budget else 0.0)
-            for op, (secs, count, active) in s.ops.items():
-                op_seconds.add_metric([*labels, op], secs)
-                op_count.add_metric([*labels, op], count)
-                op_active.add_metric([*labels, op], active)
+                mon_ratio.add_metric(labels, rates.monitoring_ratio)
+                over = derive.over_budget(rates.monitoring_ratio, self.cfg)
+                over_budget.add_metric(labels, 1.0 if over else 0.0)
+            for name, op in s.ops.items():
+                op_seconds.add_metric([*labels, name], op.seconds_total)
+                op_count.add_metric([*labels, name], float(op.runs_total))
+                op_active.add_metric([*labels, name], 1.0 if op.active else 0.0)
             for name, v in s.eval_values.items():
                 if v is not None and name != "val_loss":
                     eval_value.add_metric([*labels, name], v)

@@ -12,7 +12,8 @@ MFU (PaLM, Chowdhery et al. 2022, appendix B)::
     model FLOP/s = tokens/s x flops_per_token       (client: 6 x num_params by default)
     MFU          = model FLOP/s / peak dense FLOP/s of that GPU model for the client's dtype
 
-with the peak from :mod:`trainmon_exporter.peaks` or the ``peak_flops`` setting.
+with the peak from :mod:`trainmon_exporter.peaks` or the ``peak_flops`` setting
+(:func:`trainmon_exporter.derive.mfu`).
 """
 
 from __future__ import annotations
@@ -22,11 +23,9 @@ from collections.abc import Iterable
 
 from prometheus_client.metrics_core import Metric
 
-from trainmon_exporter import catalog
+from trainmon_exporter import catalog, derive
 from trainmon_exporter.collectors import CollectorContext, register
-from trainmon_exporter.peaks import Mfu, rank_mfu
-from trainmon_exporter.sampler import NOT_STARTED, GpuSample, GpuSampler, GpuSnapshot
-from trainmon_exporter.state import RankState
+from trainmon_exporter.sampler import NOT_STARTED, GpuSampler, GpuSnapshot
 
 MFU_REASONS = (
     "no_flops_per_token",
@@ -36,25 +35,6 @@ MFU_REASONS = (
     "unknown_dtype",
 )
 """Why a rank has no MFU (label ``reason`` of ``trainmon_train_mfu_unavailable``)."""
-
-
-def state_mfu(
-    s: RankState,
-    tokens_per_second: float | None,
-    gpus: dict[str, GpuSample],
-    override: float | None,
-) -> tuple[Mfu, GpuSample | None]:
-    """A rank's MFU (:func:`trainmon_exporter.peaks.rank_mfu`) and the GPU it joined to."""
-    g = gpus.get(s.gpu_uuid) if s.gpu_uuid else None
-    m = rank_mfu(
-        tokens_per_second,
-        s.flops_per_token,
-        s.dtype,
-        s.gpu_uuid,
-        None if g is None else (g.name, g.pci_device_id),
-        override,
-    )
-    return m, g
 
 
 @register("rank_gpu")
@@ -82,11 +62,12 @@ class RankGpuCollector:
         now = time.time()
         for s in self.store.iter_ranks():
             labels = [s.run, str(s.rank)]
-            pid = s.peer_pid or s.pid
+            pid = derive.process_pid(s)
             if pid in pids:
                 memory.add_metric(labels, pids[pid])
-            rates = s.rates(now, self.window_s)
-            m, _ = state_mfu(s, None if rates is None else rates[0], gpus, self.override)
+            rates = derive.rates(s, now, self.window_s)
+            tps = None if rates is None else rates.tokens_per_second
+            m, _ = derive.mfu(s, tps, gpus, self.override)
             if m.model_flops is not None:
                 achieved.add_metric(labels, m.model_flops)
             if m.peak is not None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from prometheus_client.metrics_core import Metric
 
-from trainmon_exporter import catalog
+from trainmon_exporter import catalog, derive
 from trainmon_exporter.catalog import Family
 from trainmon_exporter.collectors import CollectorContext, register
 from trainmon_exporter.state import NONFINITE_FIELDS, RankState
@@ -108,11 +108,11 @@ class TrainingCollector:
                 ],
                 1.0,
             )
-            rates = s.rates(now, self.window_s)
+            rates = derive.rates(s, now, self.window_s)
             if rates is not None:
-                tps.add_metric(labels, rates[0])
-                sps.add_metric(labels, rates[1])
-                ovr.add_metric(labels, rates[2])
+                tps.add_metric(labels, rates.tokens_per_second)
+                sps.add_metric(labels, rates.samples_per_second)
+                ovr.add_metric(labels, rates.client_overhead_ratio)
             step_hist.add_metric(labels, _cumulative(buckets, s.hist_counts), s.hist_sum)
             for field in NONFINITE_FIELDS:
                 nonfinite.add_metric([*labels, field], float(s.nonfinite[field]))

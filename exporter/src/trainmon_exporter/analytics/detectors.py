@@ -1,65 +1,7 @@
-"""Training-health analytics at step resolution, one :class:`RankAnalytics` per (run, rank).
+"""Per-rank detectors: :class:`RankAnalytics` judges every step, watch check and evaluation.
 
-Prometheus samples gauges every scrape (15 s by default), so a one-step spike between two
-scrapes is invisible in a gauge. Every step-level event is therefore detected here, on every
-step the exporter receives, and exported as a counter. The detectors and their formulas:
-
-- **EMA of the loss**: ``ema = d * ema + (1 - d) * loss`` with ``d = ema_decay`` (0.99). It is
-  initialised from the first finite loss, and continues when a rank reconnects under the same
-  run id while the exporter still holds its state. Spikes stay out of it as they stay out of
-  the window, and so does a loss more than ``OUTLIER_FACTOR`` (1,000) times the EMA's
-  magnitude away from it, either way (robust to one absurd value such as 1e308).
-- **Rolling statistics**: mean and standard deviation of the loss and grad norm over the last
-  ``window_steps`` finite values (running sums, O(1) per step).
-- **Spikes** (loss and grad norm): the one-sided z-score of a value against the *preceding*
-  window, ``z = (x - mean) / max(std, rel_std_floor * |mean|)``, judged once
-  ``min_history_steps`` values are in. The severity is the highest of ``spike_z`` it reaches.
-  The floor keeps a near-constant series from turning round-off into spikes.
-  - The grad norm is judged in log space (``x = ln(grad_norm)``): norms are heavy-tailed, and
-    a tenfold jump should weigh the same at any scale.
-  - Spikes stay out of the window (robust statistics), so one bad batch does not mask the next.
-    After ``spike_persist_steps`` consecutive spikes the values are taken as a new level.
-- **Loss-to-average ratio**: ``loss / rolling mean``, so a "10x the moving average" rule is one
-  comparison.
-- **Gradient explosion**: ``grad_norm > grad_explosion_norm``, or ``grad_norm >
-  grad_explosion_ratio * rolling mean`` once the history is in.
-  **Vanishing**: ``grad_norm < grad_vanishing_norm``.
-- **Hang**: connected, no operation under ``Run.track`` running, and no step for longer than
-  ``hang_factor * median step time + hang_grace_seconds``. It is judged only after
-  ``min_history_steps`` step times, and counted once per episode.
-- **Throughput**: the median per-step rate (tokens/s, or steps/s without tokens) of the last
-  ``throughput_recent_steps``, over the median of the last ``throughput_baseline_steps``.
-- **Straggler** (across the ranks of a run): the rank's recent median step time over the median
-  of the *other* ranks' recent medians (leave-one-out, so two ranks work too). Under
-  synchronous data parallelism, collectives equalise the time between ``log()`` calls, so this
-  shows stragglers only where ranks do not wait for each other (see docs/detection.md).
-- **Trend**: the least-squares slope of the EMA over the last ``trend_window_steps`` steps
-  (loss units per step). **Plateau**: a full window whose EMA changed by less than
-  ``plateau_tolerance`` (relative).
-- **Memory leak**: over the last ``leak_window_steps`` of ``mem_allocated``, the
-  least-squares growth ``slope * steps`` above ``leak_min_growth_ratio`` of the mean, with
-  ``R^2 >= leak_min_r2`` (steady growth, not a jump).
-- **Layers** (``Run.watch``): a layer's update ratio ``||dw||/||w||`` above
-  ``update_ratio_high`` is counted per layer and check; below ``update_ratio_low`` too, while
-  the check's median layer ratio is at or above it (one layer frozen while the others learn).
-  A whole model below the floor is the learning rate, not a layer: a cosine schedule ends
-  near 0 (the example trainer's last checks of a 6,000-step run had every layer under 1e-7,
-  which paged ``TrainmonUpdateRatioOutOfRange`` on a healthy run); it counts nothing. The
-  *gradient gain* between consecutive layers (module order) is ``||g_i|| / ||g_{i+1}||``. Its
-  mean is the geometric mean over the layer pairs. The baseline is the median mean gain of the
-  first ``gain_baseline_checks`` checks. Drift is the median mean gain of the last
-  ``gain_window_checks`` checks over the baseline (one noisy check cannot move it). An episode
-  starts after ``gain_drift_checks`` consecutive checks with ``|ln drift| > ln
-  gain_drift_factor`` and ends after as many consecutive checks back within it; each start is
-  counted. On a healthy 2-layer MLP (one layer pair: the noisiest gain), single checks
-  against a 5-check baseline counted 33 episodes in six clean 3,000-step runs; these defaults
-  count none and find a 4x step change 5 checks after it
-  (``benchmarks/detection/gain_drift.py``, ``docs/detection.md``).
-- **Evaluation**:
-  - improvement per evaluation ``(prev - cur) / |prev|``, slow under ``eval_slow_improvement``;
-  - gap ``(val_loss - train EMA) / train EMA``, overfitting over ``eval_overfit_gap``;
-  - plateau: the last ``eval_plateau_evals`` evaluations each within ``eval_plateau_change``
-    of the one before.
+It owns its state transitions (episodes start and end here) and exposes read-only verdicts;
+the formulas are in :mod:`trainmon_exporter.analytics`.
 """
 
 from __future__ import annotations
@@ -67,229 +9,14 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-import time
 from collections import deque
-from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import NamedTuple
 
-from pydantic import BaseModel, Field, model_validator
+from trainmon_client import _protocol as P
+from trainmon_exporter.analytics.events import EventLog
+from trainmon_exporter.analytics.stats import RollingStats, is_outlier, judge_spike, least_squares
+from trainmon_exporter.settings import SEVERITIES, AnalyticsSettings
 
-SEVERITIES = ("minor", "major", "severe")
-MAX_EVENTS = 64
-"""Detector firings kept per rank for the API and the status page."""
-
-
-@dataclass(slots=True)
-class Event:
-    """A detector firing: what, at which training step, when (exporter Unix s), the value.
-
-    Firings of the same kind on consecutive steps are one event with a ``count`` and
-    ``last_step``, so a NaN that repeats every step after it appears does not evict the first
-    firing.
-    """
-
-    kind: str
-    step: int | None
-    time: float
-    value: float | None
-    count: int = 1
-    last_step: int | None = None
-
-
-class AnalyticsSettings(BaseModel):
-    """Thresholds and windows of the detectors (``TRAINMON_ANALYTICS__<NAME>``)."""
-
-    ema_decay: float = Field(0.99, gt=0, lt=1, description="EMA decay d in ema = d*ema + (1-d)*x")
-    window_steps: int = Field(100, ge=5, description="steps in the rolling mean/std windows")
-    min_history_steps: int = Field(20, ge=2, description="values needed before judging")
-    spike_z: dict[str, float] = Field(
-        default_factory=lambda: {"minor": 4.0, "major": 6.0, "severe": 10.0},
-        description="z-score at which a spike reaches each severity",
-    )
-    rel_std_floor: float = Field(
-        1e-3, ge=0, description="std floor as a share of |mean| (constant series)"
-    )
-    spike_persist_steps: int = Field(
-        10, ge=1, description="consecutive spikes after which the values are a new level"
-    )
-    grad_explosion_norm: float = Field(100.0, gt=0, description="grad norm above: explosion")
-    grad_explosion_ratio: float = Field(
-        10.0, gt=1, description="grad norm above this multiple of its rolling mean: explosion"
-    )
-    grad_vanishing_norm: float = Field(1e-8, ge=0, description="grad norm below: vanishing")
-    hang_factor: float = Field(2.0, gt=0, description="hung after this many median step times")
-    hang_grace_seconds: float = Field(30.0, ge=0, description="plus this grace (s)")
-    step_time_window_steps: int = Field(50, ge=3, description="steps in the step-time median")
-    throughput_recent_steps: int = Field(20, ge=3, description="steps in the recent rate")
-    throughput_baseline_steps: int = Field(500, ge=10, description="steps in the baseline rate")
-    trend_window_steps: int = Field(200, ge=10, description="steps in the EMA slope fit")
-    plateau_tolerance: float = Field(0.01, ge=0, description="relative EMA change = plateau")
-    eval_slow_improvement: float = Field(0.01, description="improvement per eval below: slow")
-    eval_overfit_gap: float = Field(0.30, description="val/train gap ratio above: overfitting")
-    eval_plateau_change: float = Field(0.01, ge=0, description="relative change below: flat")
-    eval_plateau_evals: int = Field(3, ge=2, description="evaluations that must all be flat")
-    monitoring_budget_ratio: float = Field(
-        0.05, gt=0, description="monitoring share of wall time above: over budget"
-    )
-    throughput_drop_ratio: float = Field(
-        0.7, gt=0, lt=1, description="throughput ratio below: a drop (an episode is counted)"
-    )
-    straggler_ratio: float = Field(
-        1.5, gt=1, description="straggler ratio above: a straggler (an episode is counted)"
-    )
-    update_ratio_high: float = Field(
-        0.1, gt=0, description="a layer's update ratio ||dw||/||w|| above this is too high"
-    )
-    update_ratio_low: float = Field(
-        1e-7, ge=0, description="a layer's update ratio below this is too low (frozen)"
-    )
-    gain_drift_factor: float = Field(
-        2.0, gt=1, description="mean gradient gain off its baseline by this factor: drift"
-    )
-    leak_window_steps: int = Field(200, ge=10, description="steps of mem_allocated in the leak fit")
-    leak_min_growth_ratio: float = Field(
-        0.05, gt=0, description="growth across the window, as a share of the mean, to flag"
-    )
-    leak_min_r2: float = Field(
-        0.9, ge=0, le=1, description="how steady (R^2 of the linear fit) the growth must be"
-    )
-    gain_baseline_checks: int = Field(
-        10, ge=1, description="watch checks whose median mean gain is the baseline"
-    )
-    gain_window_checks: int = Field(
-        5, ge=1, description="watch checks whose median mean gain is compared to the baseline"
-    )
-    gain_drift_checks: int = Field(
-        3, ge=1, description="consecutive drifted checks that start (or in range, end) an episode"
-    )
-
-    @model_validator(mode="after")
-    def _check(self) -> AnalyticsSettings:
-        if set(self.spike_z) != set(SEVERITIES):
-            raise ValueError(f"spike_z needs exactly the keys {SEVERITIES}")
-        z = [self.spike_z[s] for s in SEVERITIES]
-        if z != sorted(z) or z[0] <= 0:
-            raise ValueError("spike_z thresholds must be positive and increase with severity")
-        if self.throughput_recent_steps >= self.throughput_baseline_steps:
-            raise ValueError("throughput_recent_steps must be below throughput_baseline_steps")
-        return self
-
-
-class RollingStats:
-    """Mean and population standard deviation of the last ``size`` values, O(1) per value.
-
-    Running sums drift with floating-point error, so they are recomputed from the window
-    every ``size`` updates.
-    """
-
-    __slots__ = ("_since_exact", "_sum", "_sumsq", "size", "values")
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.values: deque[float] = deque(maxlen=size)
-        self._sum = 0.0
-        self._sumsq = 0.0
-        self._since_exact = 0
-
-    def __len__(self) -> int:
-        return len(self.values)
-
-    def add(self, x: float) -> None:
-        """Append ``x`` (finite), evicting the oldest value when full."""
-        if len(self.values) == self.size:
-            old = self.values[0]
-            self._sum -= old
-            self._sumsq -= old * old
-        self.values.append(x)
-        self._sum += x
-        self._sumsq += x * x
-        self._since_exact += 1
-        if self._since_exact >= self.size:
-            try:
-                self._sum = math.fsum(self.values)
-                self._sumsq = math.fsum(v * v for v in self.values)
-            except OverflowError:  # finite extremes (1e308): plain sums overflow to inf instead
-                self._sum = sum(self.values)
-                self._sumsq = sum(v * v for v in self.values)
-            self._since_exact = 0
-
-    def mean(self) -> float:
-        """Mean of the window (NaN when empty)."""
-        n = len(self.values)
-        return self._sum / n if n else math.nan
-
-    def std(self) -> float:
-        """Population standard deviation of the window (NaN when empty)."""
-        n = len(self.values)
-        if not n:
-            return math.nan
-        m = self._sum / n
-        return math.sqrt(max(self._sumsq / n - m * m, 0.0))
-
-
-OUTLIER_FACTOR = 1e3
-"""A loss more than this many times the EMA's magnitude away from it is kept out of the EMA and
-the rolling window like a spike (also before ``min_history_steps``, when no z-score exists, and
-below the mean, which the one-sided z-score does not judge)."""
-
-
-def _outlier(x: float, ref: float) -> bool:
-    return abs(x - ref) > OUTLIER_FACTOR * max(abs(ref), 1e-12)
-
-
-class SpikeResult(NamedTuple):
-    """Outcome of judging one value: its z-score (NaN before enough history) and severity."""
-
-    z: float
-    severity: str | None
-
-
-def judge_spike(stats: RollingStats, x: float, cfg: AnalyticsSettings) -> SpikeResult:
-    """One-sided z-score of ``x`` against ``stats`` (before ``x`` is added) and its severity."""
-    if len(stats) < cfg.min_history_steps:
-        return SpikeResult(math.nan, None)
-    mean = stats.mean()
-    std = max(stats.std(), cfg.rel_std_floor * abs(mean), 1e-12)
-    z = (x - mean) / std
-    severity = None
-    for name in SEVERITIES:
-        if z >= cfg.spike_z[name]:
-            severity = name
-    return SpikeResult(z, severity)
-
-
-def least_squares(points: Iterable[tuple[float, float]]) -> tuple[float, float] | None:
-    """``(slope, R^2)`` of the least-squares line through ``points``; None when x is constant.
-
-    One pass over sums of the points shifted by the first one (shifting keeps the sums small,
-    so ``Σx² − (Σx)²/n`` does not cancel when x are large step numbers).
-    """
-    it = iter(points)
-    first = next(it, None)
-    if first is None:
-        return None
-    x0, y0 = first
-    n = 1
-    sx = sy = sxx = sxy = syy = 0.0
-    for x, y in it:
-        dx = x - x0
-        dy = y - y0
-        n += 1
-        sx += dx
-        sy += dy
-        sxx += dx * dx
-        sxy += dx * dy
-        syy += dy * dy
-    if n < 2:
-        return None
-    sxx -= sx * sx / n
-    if sxx <= 0:
-        return None
-    sxy -= sx * sy / n
-    syy -= sy * sy / n
-    r2 = sxy * sxy / (sxx * syy) if syy > 0 else 0.0
-    return sxy / sxx, r2
+__all__ = ["RankAnalytics"]
 
 
 class RankAnalytics:
@@ -327,12 +54,11 @@ class RankAnalytics:
         self.eval_total = 0
         self.eval_loss: float | None = None
         self.last_step: int | None = None
-        self.events: deque[Event] = deque(maxlen=MAX_EVENTS)
-        self._latest: dict[str, Event] = {}  # newest event of each kind, for coalescing
+        self.events = EventLog()
         self.throughput_dropped = False
         self.throughput_drops = 0
         self.straggling = False
-        self.straggler: float | None = None  # last run-level ratio (Store.check_conditions)
+        self.straggler: float | None = None  # last run-level ratio (RunAnalytics.check)
         self.straggler_episodes = 0
         self.update_high = 0
         self.update_low = 0
@@ -366,20 +92,12 @@ class RankAnalytics:
         A firing on the step right after the last firing of the same kind extends that event
         (count, last_step) instead of adding one, whatever fired in between.
         """
-        step = self.last_step
-        prev = self._latest.get(kind)
-        if (
-            prev is not None
-            and step is not None
-            and prev.last_step is not None
-            and 0 <= step - prev.last_step <= 1
-        ):
-            prev.count += 1
-            prev.last_step = step
-            return
-        ev = Event(kind, step, time.time(), value, 1, step)
-        self.events.append(ev)
-        self._latest[kind] = ev
+        self.events.add(kind, self.last_step, value)
+
+    def observe_nonfinite(self, step: int, field: str, value: float) -> None:
+        """A NaN or infinite ``value`` of ``field`` (loss, grad_norm, lr or custom) at ``step``."""
+        self.last_step = step
+        self.event(f"nonfinite_{field}", value)
 
     # ----------------------------------------------------------------------------- per step
 
@@ -417,7 +135,7 @@ class RankAnalytics:
             d = cfg.ema_decay
             # A value absurdly far from the EMA (either way, or before spikes are judged) is
             # kept out like a spike: one outlier must not poison the window or the EMA.
-            if severity is None and self.ema is not None and _outlier(loss, self.ema):
+            if severity is None and self.ema is not None and is_outlier(loss, self.ema):
                 severity = "absurd"
             self._loss_streak = self._keep(stats, loss, severity, self._loss_streak)
             if severity is not None and self._loss_streak < cfg.spike_persist_steps:
@@ -566,6 +284,22 @@ class RankAnalytics:
         self.throughput_dropped = dropped
         return started
 
+    def stopped(self) -> None:
+        """The rank is not running (disconnected, or no step yet): not hung, no straggler ratio.
+
+        Episodes stay as they were; a rank that runs again continues them.
+        """
+        self.hung = False
+        self.straggler = None
+
+    def is_straggling(self) -> bool:
+        """The straggler verdict: the rank runs, and its last ratio was above ``straggler_ratio``.
+
+        A rank that stopped (:meth:`stopped`) is no longer compared, so it is not straggling,
+        though its episode stays open until it is compared again.
+        """
+        return self.straggling and self.straggler is not None
+
     def set_straggler(self, ratio: float | None) -> bool:
         """Update the straggler state from the run-level ratio; True when an episode starts."""
         self.straggler = ratio
@@ -620,12 +354,17 @@ class RankAnalytics:
     def observe_layers(self, rows: list[tuple[str, dict[int, float]]]) -> None:
         """Apply one watch check: ``(layer, {stat code: value})`` in module order.
 
-        Stat codes: 1 grad norm, 5 update ratio (``trainmon_client._watch.STATS``).
+        Stat codes are :data:`trainmon_client._protocol.LAYER_STATS`; the detectors read the
+        update ratio (``STAT_UPDATE_RATIO``) and the gradient norm (``STAT_GRAD_NORM``).
         """
         cfg = self.cfg
         high = low = 0
         worst = 0.0
-        ratios = [r for _, row in rows if (r := row.get(5)) is not None and math.isfinite(r)]
+        ratios = [
+            r
+            for _, row in rows
+            if (r := row.get(P.STAT_UPDATE_RATIO)) is not None and math.isfinite(r)
+        ]
         learning = bool(ratios) and statistics.median(ratios) >= cfg.update_ratio_low
         for ratio in ratios:
             if ratio > cfg.update_ratio_high:
@@ -639,7 +378,7 @@ class RankAnalytics:
         if low:
             self.update_low += low
             self.event("update_ratio_low")
-        norms = [row.get(1) for _, row in rows]
+        norms = [row.get(P.STAT_GRAD_NORM) for _, row in rows]
         logs = [
             math.log(a) - math.log(b)  # a / b of finite extremes under- or overflows
             for a, b in itertools.pairwise(norms)

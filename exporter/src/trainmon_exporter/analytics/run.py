@@ -1,0 +1,98 @@
+"""Judgements on the detector clock, across every rank: hangs, throughput, leaks, stragglers.
+
+Steps judge themselves as they arrive (:class:`~.detectors.RankAnalytics`); what depends on
+time passing without steps, or on the other ranks of a run, is judged here, periodically.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+from typing import Protocol, TypeVar
+
+from trainmon_exporter.analytics.detectors import RankAnalytics
+
+__all__ = ["RankClock", "RunAnalytics"]
+
+
+class RankClock(Protocol):
+    """What the periodic judgement reads of a rank (:class:`~trainmon_exporter.state.RankState`)."""
+
+    @property
+    def run(self) -> str:
+        """The rank's run id: stragglers are judged among the ranks of one run."""
+
+    @property
+    def connected(self) -> bool:
+        """Whether its trainer is connected now."""
+
+    @property
+    def last_step_time(self) -> float | None:
+        """Client wall time of its last step (Unix s); None before the first."""
+
+    @property
+    def analytics(self) -> RankAnalytics:
+        """Its detectors."""
+
+    def busy(self) -> bool:
+        """Whether a tracked operation runs now (a rank in validation is not hung)."""
+
+
+R = TypeVar("R", bound=RankClock)
+
+
+class RunAnalytics:
+    """Judges every rank on the detector clock (the exporter ticks every 0.1 s).
+
+    Hangs on every tick; throughput drops, memory leaks and stragglers on ``rates`` ticks
+    (medians over hundreds of steps, so judged less often: every 1 s). A rank that is not
+    running (disconnected, or no step yet) is neither hung nor compared
+    (:meth:`RankAnalytics.stopped`).
+    """
+
+    @staticmethod
+    def straggler_ratios(recent: Sequence[float]) -> list[float | None]:
+        """Each rank's ratio to the others of its run: leave-one-out, so two ranks work too.
+
+        ``recent``: the recent median step time of each rank of one run (s). A rank's ratio is
+        its own over the median of the *other* ranks' (None where that median is not above 0,
+        e.g. a rank alone in its run).
+        """
+        ratios: list[float | None] = []
+        for i, mine in enumerate(recent):
+            others = [*recent[:i], *recent[i + 1 :]]
+            median = statistics.median(others) if others else 0.0
+            ratios.append(mine / median if median > 0 else None)
+        return ratios
+
+    def check(self, ranks: Iterable[R], now: float, *, rates: bool = True) -> list[tuple[R, str]]:
+        """Judge ``ranks`` at wall time ``now`` (Unix s).
+
+        Returns the ``(rank, kind)`` episodes that just started (``hang``,
+        ``throughput_drop``, ``memory_leak``, ``straggler``), each also counted and kept as an
+        event by the rank's detectors.
+        """
+        started: list[tuple[R, str]] = []
+        runs: dict[str, list[tuple[R, float]]] = {}
+        for s in ranks:
+            a = s.analytics
+            if not s.connected or s.last_step_time is None:
+                a.stopped()
+                continue
+            if a.check_hang(now - s.last_step_time, s.busy()):
+                started.append((s, "hang"))
+            if not rates:
+                continue
+            if a.check_throughput():
+                started.append((s, "throughput_drop"))
+            if a.check_memory():
+                started.append((s, "memory_leak"))
+            recent = a.recent_step_time()
+            if recent is not None:
+                runs.setdefault(s.run, []).append((s, recent))
+        for members in runs.values():
+            ratios = self.straggler_ratios([recent for _, recent in members])
+            for (s, _), ratio in zip(members, ratios, strict=True):
+                if s.analytics.set_straggler(ratio):
+                    started.append((s, "straggler"))
+        return started

@@ -1,0 +1,337 @@
+"""Applying a trainer's records: each packet's records become changes to its rank's state.
+
+The socket server (:mod:`trainmon_exporter.ingest`) reads packets and hands each one, with the
+:class:`Link` of its connection, to :meth:`Applier.packet`. Here the packet is split into
+records, each record is decoded to its typed form (:func:`trainmon_client._protocol.decode_record`)
+and checked against what its connection may send (a HELLO first and only once, a NAME within
+its cap), then dispatched once, by type, to the :class:`~trainmon_exporter.state.Store` or
+:class:`~trainmon_exporter.state.RankState` method that applies it. Nothing here changes a
+rank's state itself.
+
+Bad input never raises out of here: a refused packet or record increments
+``trainmon_ingest_messages_invalid_total{reason}``, and a value a record carries that cannot
+be kept ``trainmon_ingest_values_dropped_total{reason}``. A packet's records are refused for
+the protocol's reasons (:data:`trainmon_client._protocol.PROTOCOL_ERRORS`), for
+:data:`REFUSALS`, or as :data:`INTERNAL_ERROR`; :class:`~trainmon_client._protocol.ProtocolError`
+and :class:`Refused` check their reason is one of theirs, so every reason counted has its
+counter.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from typing import Final
+
+from prometheus_client import Counter
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from trainmon_client import _protocol as P
+from trainmon_exporter.state import RankState, Store
+
+__all__ = [
+    "FATAL",
+    "INTERNAL_ERROR",
+    "MAX_NAMES_PER_CONNECTION",
+    "REFUSALS",
+    "Applier",
+    "HelloMessage",
+    "Link",
+    "Outcome",
+    "Refused",
+]
+
+log = logging.getLogger("trainmon_exporter.ingest")
+
+REFUSALS: Final = (
+    "no_hello",
+    "duplicate_hello",
+    "bad_hello",
+    "invalid_name",
+    "duplicate_rank",
+    "too_many_ranks",
+    "name_cap",
+    "not_owner",
+    "peer_not_allowed",
+    "series_budget",
+)
+"""Every reason a well-formed record is refused for (a :class:`Refused` with another reason
+is a bug); :meth:`Store.attach`'s refusals are among them."""
+INTERNAL_ERROR: Final = "internal_error"
+"""Reason of a record whose application raised an exception nobody foresaw."""
+FATAL: Final = frozenset(
+    {
+        "bad_hello",
+        "duplicate_rank",
+        "too_many_ranks",
+        "not_owner",
+        "peer_not_allowed",
+        "series_budget",
+    }
+)
+"""Refusals of a HELLO: the connection has no identity, so it is closed."""
+MAX_NAMES_PER_CONNECTION: Final = 4096
+"""Names one connection may bind (custom metrics, operations, layers): a memory bound. The
+client binds at most 1,024 custom names plus its layers and operations."""
+
+
+class Refused(Exception):
+    """A well-formed record this connection may not send now.
+
+    Attributes:
+        reason: one of :data:`REFUSALS` (anything else raises ``ValueError``).
+    """
+
+    def __init__(self, reason: str) -> None:
+        if reason not in REFUSALS:
+            raise ValueError(f"not a refusal reason: {reason!r}")
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Outcome(enum.Enum):
+    """What became of one record."""
+
+    APPLIED = enum.auto()
+    """Applied (counted in ``trainmon_ingest_messages_total{type}``)."""
+    SKIPPED = enum.auto()
+    """Not applied, counted as invalid or dropped; the rest of the packet applies."""
+    CLOSE = enum.auto()
+    """Refused, and the connection must close (a HELLO that cannot be accepted)."""
+
+
+def _printable(value: str, limit: int) -> str:
+    if len(value) > limit or not value.isprintable():
+        raise ValueError(f"must be at most {limit} printable characters")
+    return value
+
+
+class HelloMessage(BaseModel):
+    """Validated HELLO record (keys: :data:`trainmon_client._protocol.HELLO_FIELDS`)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    run: str
+    rank: int = Field(ge=0, le=1 << 20)
+    local_rank: int = Field(ge=0, le=1 << 20)
+    world_size: int = Field(ge=1, le=1 << 20)
+    hostname: str = ""
+    pid: int = Field(0, ge=0)
+    client_version: str = ""
+    gpu_uuid: str | None = None
+    started_at: float = Field(0.0, allow_inf_nan=False)
+    flops_per_token: float | None = Field(None, gt=0, allow_inf_nan=False)
+    dtype: str = "bf16"
+
+    @field_validator("dtype")
+    @classmethod
+    def _dtype(cls, v: str) -> str:
+        return _printable(v, 16).lower()
+
+    @field_validator("run")
+    @classmethod
+    def _run(cls, v: str) -> str:
+        if not P.valid_run_id(v):
+            raise ValueError("invalid run id")
+        return v
+
+    @field_validator("hostname")
+    @classmethod
+    def _hostname(cls, v: str) -> str:
+        return _printable(v, 253)
+
+    @field_validator("client_version")
+    @classmethod
+    def _version(cls, v: str) -> str:
+        return _printable(v, 64)
+
+    @field_validator("gpu_uuid")
+    @classmethod
+    def _uuid(cls, v: str | None) -> str | None:
+        return None if v is None else _printable(v, 96)
+
+
+class Link:
+    """What applying records knows of one trainer connection.
+
+    Its peer (``SO_PEERCRED``; each None where the kernel does not say), whether the socket's
+    allow-lists admit that peer, the rank its HELLO bound it to, the names its NAME records
+    bound, whether it sent FINISH, and its delivery accounting: data records applied from it,
+    and the gap last computed from its TOTALS (:meth:`RankState.observe_totals`).
+    """
+
+    __slots__ = (
+        "admitted",
+        "applied",
+        "finished",
+        "gap",
+        "names",
+        "peer_gid",
+        "peer_pid",
+        "peer_uid",
+        "state",
+    )
+
+    def __init__(
+        self,
+        peer_pid: int | None = None,
+        peer_uid: int | None = None,
+        peer_gid: int | None = None,
+    ) -> None:
+        self.peer_pid, self.peer_uid, self.peer_gid = peer_pid, peer_uid, peer_gid
+        self.admitted = True
+        self.state: RankState | None = None
+        self.names: dict[int, str] = {}
+        self.finished = False
+        self.applied = 0
+        self.gap = 0
+
+
+class Applier:
+    """Applies packets to a :class:`Store`, counting what it refuses and drops.
+
+    Args:
+        store: where rank state lives; a packet applies under its lock.
+        invalid: ``trainmon_ingest_messages_invalid_total`` (label ``reason``).
+        applied: ``trainmon_ingest_messages_total`` (label ``type``).
+        dropped: ``trainmon_ingest_values_dropped_total`` (label ``reason``).
+    """
+
+    def __init__(self, store: Store, invalid: Counter, applied: Counter, dropped: Counter) -> None:
+        self.store = store
+        self._invalid = {r: invalid.labels(r) for r in (*P.PROTOCOL_ERRORS, *REFUSALS)}
+        self._invalid[INTERNAL_ERROR] = invalid.labels(INTERNAL_ERROR)
+        self._applied = {t: applied.labels(name) for t, name in P.RECORD_NAMES.items()}
+        self._dropped = dropped
+        self._drop = self.drop  # bound once: STEP records pass it on the hot path
+
+    def packet(self, link: Link, data: bytes) -> bool:
+        """Apply one packet's records in order; never raises.
+
+        Returns:
+            True when the connection must close (its HELLO was refused; the records after
+            it in the packet are counted as ``no_hello``, not applied).
+        """
+        invalid = self._invalid
+        counts: dict[int, int] = {}
+        close = False
+        applied, data_records = Outcome.APPLIED, P.DATA_RECORDS
+        with self.store.lock:
+            try:
+                for rtype, payload in P.iter_records(data):
+                    if close:
+                        invalid["no_hello"].inc()
+                        continue
+                    try:
+                        outcome = self._record(link, rtype, payload)
+                    except Refused as exc:
+                        invalid[exc.reason].inc()
+                        outcome = Outcome.CLOSE if exc.reason in FATAL else Outcome.SKIPPED
+                    except P.ProtocolError as exc:
+                        invalid[exc.reason].inc()
+                        outcome = Outcome.CLOSE if rtype == P.HELLO else Outcome.SKIPPED
+                    except Exception:  # a bug or a value nobody foresaw: this record only
+                        invalid[INTERNAL_ERROR].inc()
+                        log.exception(
+                            "ingest: a %s record raised", P.RECORD_NAMES.get(rtype, rtype)
+                        )
+                        continue
+                    if outcome is applied:
+                        counts[rtype] = counts.get(rtype, 0) + 1
+                        if rtype in data_records:
+                            link.applied += 1
+                    elif outcome is Outcome.CLOSE:
+                        close = True
+            except P.ProtocolError as exc:  # the packet's header, or a record cut short
+                invalid[exc.reason].inc()
+        for rtype, n in counts.items():
+            self._applied[rtype].inc(n)
+        return close
+
+    def drop(self, reason: str, n: int) -> None:
+        """Count ``n`` values dropped for ``reason`` (a :data:`~.state.Drop`)."""
+        self._dropped.labels(reason).inc(n)
+
+    def _record(self, link: Link, rtype: int, payload: memoryview) -> Outcome:
+        """Check, decode and apply one record (raises :class:`Refused` or ``ProtocolError``).
+
+        What the connection may send is checked before the record is decoded, so a HELLO on
+        a connection that has one is ``duplicate_hello`` and a record before any HELLO
+        ``no_hello``, whatever their content.
+        """
+        state = link.state
+        if rtype == P.HELLO:
+            if state is not None:
+                raise Refused("duplicate_hello")
+            if not link.admitted:
+                log.warning(
+                    "refused a trainer of uid %s gid %s (pid %s): not in allowed_uids/allowed_gids",
+                    link.peer_uid,
+                    link.peer_gid,
+                    link.peer_pid,
+                )
+                raise Refused("peer_not_allowed")
+        elif state is None and rtype in P.RECORD_NAMES:
+            raise Refused("no_hello")
+        record = P.decode_record(rtype, payload)
+        if state is None:  # only a HELLO gets here without a rank
+            assert isinstance(record, P.Hello)
+            return self._hello(link, record)
+        match record:
+            case P.Step():
+                self.store.observe_step(state, record, link.names, self._drop)
+            case P.Totals():
+                link.gap = state.observe_totals(record, link.applied, link.gap)
+            case P.Name():
+                self._name(link, record)
+            case P.Layers():
+                self.store.observe_layers(state, record, link.names, self._drop)
+            case P.Eval():
+                self.store.observe_eval(state, record, link.names, self._drop)
+            case P.Track():
+                if not self.store.observe_track(state, record, link.names, self._drop):
+                    return Outcome.SKIPPED
+            case P.Checkpoint():
+                state.observe_checkpoint(record)
+            case P.Finish():
+                state.finish(record.status)
+                link.finished = True
+            case P.Hello():  # not reached: refused above, before decoding
+                raise Refused("duplicate_hello")
+        return Outcome.APPLIED
+
+    def _name(self, link: Link, record: P.Name) -> None:
+        if not P.valid_name(record.name):
+            raise Refused("invalid_name")
+        if record.field_id not in link.names and len(link.names) >= MAX_NAMES_PER_CONNECTION:
+            raise Refused("name_cap")
+        link.names[record.field_id] = record.name
+
+    def _hello(self, link: Link, record: P.Hello) -> Outcome:
+        raw = record.fields
+        try:
+            hello = HelloMessage.model_validate(raw)
+        except ValidationError as exc:
+            log.warning("refused HELLO: %s", exc.errors()[0].get("msg", "invalid"))
+            raise Refused("bad_hello") from None
+        extra = sum(1 for k in raw if k not in HelloMessage.model_fields)
+        if extra:
+            self.drop("unknown_hello_key", extra)
+        result = self.store.attach(hello.model_dump(), link.peer_uid, link.peer_pid)
+        if isinstance(result, str):
+            if result == "not_owner":
+                owner = self.store.run_state(hello.run)
+                log.warning(
+                    "refused run %s rank %d from uid %s: the run belongs to uid %s",
+                    hello.run,
+                    hello.rank,
+                    link.peer_uid,
+                    None if owner is None else owner.owner_uid,
+                )
+            else:
+                log.warning("refused run %s rank %d: %s", hello.run, hello.rank, result)
+            raise Refused(result)
+        link.state = result
+        # The client re-sends every NAME after HELLO; forget what an earlier connection bound.
+        link.names = {}
+        return Outcome.APPLIED

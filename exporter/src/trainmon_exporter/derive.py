@@ -1,0 +1,186 @@
+"""Read-side figures and verdicts: what a rank's state means, derived when it is read.
+
+Collectors and the JSON API ask here, so each figure has one definition: the rates over the
+rate window, MFU (the join of a rank to its GPU), how overdue the next step is, the
+read-side verdicts on evaluations and monitoring cost, and the health findings the API and
+the status page list. Nothing here changes state; every function is called under
+:attr:`Store.lock <trainmon_exporter.state.Store.lock>` (a scrape or a snapshot holds it) and
+costs microseconds.
+
+Verdicts that depend on time passing or on other ranks (hangs, throughput drops, stragglers)
+are the detectors' (:mod:`trainmon_exporter.analytics`); here they are only read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import NamedTuple, Protocol, TypeVar
+
+from trainmon_exporter.analytics import RankAnalytics
+from trainmon_exporter.peaks import Mfu, rank_mfu
+from trainmon_exporter.settings import AnalyticsSettings
+from trainmon_exporter.state import RankState
+
+__all__ = [
+    "MIN_RATE_SPAN_S",
+    "Rates",
+    "SampledGpu",
+    "findings",
+    "mfu",
+    "over_budget",
+    "overdue_ratio",
+    "overfitting",
+    "process_pid",
+    "rates",
+    "slow_improvement",
+]
+
+MIN_RATE_SPAN_S = 0.5
+"""Rates need steps spanning at least this long (s); shorter spans say nothing useful."""
+
+
+class Rates(NamedTuple):
+    """A rank's rates over the rate window (``rate_window_seconds``)."""
+
+    tokens_per_second: float
+    samples_per_second: float
+    client_overhead_ratio: float
+    """Share of wall time the client cost its trainer."""
+    monitoring_ratio: float
+    """The client's share plus tracked operations (``Run.track``)."""
+
+
+def rates(state: RankState, now: float, window_s: float) -> Rates | None:
+    """The rank's :class:`Rates` at wall time ``now`` (Unix s); None before they mean anything.
+
+    Formula: Δ cumulative total / Δ client wall time between the oldest and the newest step
+    inside the window. None before the window spans :data:`MIN_RATE_SPAN_S`. When the newest
+    step is older than the window, all are 0: a stopped run shows 0, not its last speed.
+    """
+    win = state.window
+    if len(win) < 2:
+        return None
+    first, last = win[0], win[-1]
+    dt = last.time - first.time
+    if dt < MIN_RATE_SPAN_S:  # e.g. two steps 1 ms apart, the first paying the connect
+        return None
+    if now - last.time > window_s:
+        return Rates(0.0, 0.0, 0.0, 0.0)
+    return Rates(
+        (last.tokens - first.tokens) / dt,
+        (last.samples - first.samples) / dt,
+        (last.overhead - first.overhead) / dt,
+        (last.monitoring - first.monitoring) / dt,
+    )
+
+
+class SampledGpu(Protocol):
+    """What the MFU join reads of a sampled GPU (the NVML sampler's per-GPU sample)."""
+
+    @property
+    def name(self) -> str:
+        """NVML's product name."""
+
+    @property
+    def pci_device_id(self) -> int:
+        """PCI device id (0: unknown)."""
+
+
+G = TypeVar("G", bound=SampledGpu)
+
+
+def mfu(
+    state: RankState,
+    tokens_per_second: float | None,
+    gpus: Mapping[str, G],
+    override: float | None,
+) -> tuple[Mfu, G | None]:
+    """A rank's MFU (:func:`trainmon_exporter.peaks.rank_mfu`) and the GPU it joined to.
+
+    ``gpus``: the sampled GPUs by UUID; the join key is the UUID the client reports, never a
+    device index. ``override``: the ``peak_flops`` setting.
+    """
+    g = gpus.get(state.gpu_uuid) if state.gpu_uuid else None
+    m = rank_mfu(
+        tokens_per_second,
+        state.flops_per_token,
+        state.dtype,
+        state.gpu_uuid,
+        None if g is None else (g.name, g.pci_device_id),
+        override,
+    )
+    return m, g
+
+
+def process_pid(state: RankState) -> int:
+    """The PID to look the rank's process up by in NVML's process list.
+
+    The kernel's (``SO_PEERCRED``, in the exporter's PID namespace), else the client's own.
+    """
+    return state.peer_pid or state.pid
+
+
+def overdue_ratio(state: RankState, now: float) -> float | None:
+    """Seconds since the rank's last step over its median time between steps, while connected.
+
+    1: a step is about due. None while disconnected, before a step, or before the median.
+    """
+    median = state.analytics.median_interval()
+    if not state.connected or state.last_step_time is None or not median:
+        return None
+    return max(0.0, now - state.last_step_time) / median
+
+
+def slow_improvement(a: RankAnalytics) -> bool | None:
+    """Whether the last evaluation improved by less than ``eval_slow_improvement``."""
+    improvement = a.eval_improvement()
+    return None if improvement is None else improvement < a.cfg.eval_slow_improvement
+
+
+def overfitting(a: RankAnalytics) -> bool | None:
+    """Whether the generalization gap exceeds ``eval_overfit_gap``."""
+    gap = a.eval_gap()
+    return None if gap is None else gap > a.cfg.eval_overfit_gap
+
+
+def over_budget(monitoring_ratio: float, cfg: AnalyticsSettings) -> bool:
+    """Whether monitoring costs more than ``monitoring_budget_ratio`` of wall time."""
+    return monitoring_ratio > cfg.monitoring_budget_ratio
+
+
+def findings(state: RankState, m: Mfu) -> list[str]:
+    """The problems seen on a rank, one human-readable line each (empty: none).
+
+    ``m``: the rank's MFU (:func:`mfu`); above 1 it is a finding, since no GPU beats its
+    dense peak: an input is wrong.
+    """
+    out = []
+    nonfinite = state.nonfinite
+    if nonfinite["loss"] or nonfinite["grad_norm"]:
+        out.append(
+            f"non-finite values: loss x{nonfinite['loss']}, grad_norm x{nonfinite['grad_norm']}"
+        )
+    if state.status == "crashed":
+        out.append("disconnected without finishing (crashed or killed)")
+    elif state.status == "failed":
+        out.append("finished with an uncaught exception")
+    a = state.analytics
+    if a.hung:
+        out.append("hung: no step for longer than usual")
+    if a.throughput_dropped:
+        out.append("throughput dropped")
+    if a.straggling:
+        out.append("straggler")
+    if m.mfu is not None and m.mfu > 1.0:
+        out.append("MFU above 100 %: check flops per token, tokens per step and the peak")
+    lost = (
+        state.dropped_disconnected
+        + state.dropped_backpressure
+        + state.dropped_encode_error
+        + state.dropped_in_flight
+    )
+    if lost:
+        out.append(f"client dropped {lost} messages")
+    if state.unapplied_total:
+        out.append(f"{state.unapplied_total} messages sent here were never applied")
+    return out

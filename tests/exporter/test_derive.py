@@ -1,0 +1,131 @@
+"""Read-side figures and verdicts on hand-built rank states (no socket, no sleep)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from trainmon_client import _protocol as P
+from trainmon_exporter import derive
+from trainmon_exporter.peaks import Mfu
+from trainmon_exporter.settings import AnalyticsSettings
+from trainmon_exporter.state import Operation, RankState
+
+from ..helpers.exporter import make_state
+
+
+def feed(s: RankState, steps: range, tokens: Any = None, step_time: float = 1.0) -> None:
+    """One step a second from Unix time 100; ``tokens(i)`` is the cumulative total."""
+    for i in steps:
+        total = 10.0 * i if tokens is None else tokens(i)
+        head = P.StepHeader(i, i + 1, 100.0 + i, step_time, total, 1.0 * i, 0.01 * i, 0, 0, 0)
+        s.observe_step(P.Step(head, (), ()), {}, 30.0)
+
+
+def test_rates_are_zero_when_steps_stop() -> None:
+    s = make_state()
+    feed(s, range(11))
+    assert derive.rates(s, 110.5, 30.0) == pytest.approx((10.0, 1.0, 0.01, 0.01))
+    assert derive.rates(s, 100.0 + 10 + 31, 30.0) == (0.0, 0.0, 0.0, 0.0)
+    # The window slides: only the last 30 s count.
+    feed(s, range(11, 100), tokens=lambda i: 10.0 * i + (i - 10) * 90)
+    r = derive.rates(s, 199.0, 30.0)
+    assert r is not None and r.tokens_per_second == pytest.approx(100.0)
+
+
+def test_rates_need_a_span_and_count_tracked_operations_as_monitoring() -> None:
+    s = make_state()
+    assert derive.rates(s, 100.0, 30.0) is None
+    feed(s, range(1))
+    head = P.StepHeader(1, 2, 100.1, 0.1, 10.0, 1.0, 0.0, 0, 0, 0)  # 0.1 s later: too short
+    s.observe_step(P.Step(head, (), ()), {}, 30.0)
+    assert derive.rates(s, 100.1, 30.0) is None
+    s = make_state()
+    feed(s, range(2))
+    s.ops["validation"] = Operation(0.5, 1)
+    feed(s, range(2, 3))
+    r = derive.rates(s, 102.0, 30.0)
+    assert r is not None
+    assert r.client_overhead_ratio == pytest.approx(0.01)
+    assert r.monitoring_ratio == pytest.approx(0.01 + 0.5 / 2)
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str = "NVIDIA H100 80GB HBM3"
+    pci_device_id: int = 0x2330
+    index: int = 3
+
+
+def test_mfu_joins_the_rank_to_its_gpu_by_uuid() -> None:
+    s = make_state()
+    s.gpu_uuid, s.flops_per_token = "GPU-a", 6e9
+    gpus = {"GPU-a": Gpu(), "GPU-b": Gpu(index=4)}
+    m, g = derive.mfu(s, 1e4, gpus, None)
+    assert g is gpus["GPU-a"] and m.model_flops == 6e13 and m.peak is not None
+    assert m.mfu == pytest.approx(6e13 / m.peak) and m.reason == ""
+    m, g = derive.mfu(s, 1e4, gpus, 1e14)  # the peak_flops setting wins
+    assert m.mfu == pytest.approx(0.6)
+    s.gpu_uuid = "GPU-gone"
+    m, g = derive.mfu(s, 1e4, gpus, None)
+    assert g is None and m.mfu is None and m.reason == "gpu_not_sampled"
+    s.flops_per_token = None
+    assert derive.mfu(s, 1e4, gpus, None)[0].reason == "no_flops_per_token"
+
+
+def test_the_process_is_found_by_the_kernels_pid_first() -> None:
+    s = make_state()
+    assert derive.process_pid(s) == s.pid == 1
+    s.peer_pid = 4242
+    assert derive.process_pid(s) == 4242
+
+
+def test_overdue_ratio_while_connected() -> None:
+    s = make_state()
+    assert derive.overdue_ratio(s, 1000.0) is None  # no step, no median
+    feed(s, range(30), step_time=2.0)
+    assert derive.overdue_ratio(s, 129.0 + 3.0) == pytest.approx(1.5)
+    assert derive.overdue_ratio(s, 100.0) == 0.0  # a clock behind the step's: not negative
+    s.connected = False
+    assert derive.overdue_ratio(s, 200.0) is None
+
+
+def test_evaluation_verdicts_use_the_settings() -> None:
+    s = make_state(eval_slow_improvement=0.05, eval_overfit_gap=0.3)
+    a = s.analytics
+    assert derive.slow_improvement(a) is None and derive.overfitting(a) is None
+    a.ema = 1.0
+    a.observe_eval(2.0)
+    a.observe_eval(1.96)  # 2 % better: slow under 5 %
+    assert derive.slow_improvement(a) is True
+    assert derive.overfitting(a) is True  # (1.96 - 1) / 1 > 0.3
+    a.ema = 1.8
+    assert derive.overfitting(a) is False
+
+
+def test_over_budget_uses_the_setting() -> None:
+    cfg = AnalyticsSettings(monitoring_budget_ratio=0.05)
+    assert not derive.over_budget(0.05, cfg) and derive.over_budget(0.051, cfg)
+
+
+def test_findings_of_a_troubled_rank() -> None:
+    s = make_state()
+    assert derive.findings(s, Mfu()) == []
+    s.nonfinite["loss"] = 2
+    s.status = "crashed"
+    s.analytics.hung = s.analytics.throughput_dropped = s.analytics.straggling = True
+    s.dropped_backpressure, s.dropped_in_flight, s.unapplied_total = 3, 1, 2
+    assert derive.findings(s, Mfu(mfu=1.2)) == [
+        "non-finite values: loss x2, grad_norm x0",
+        "disconnected without finishing (crashed or killed)",
+        "hung: no step for longer than usual",
+        "throughput dropped",
+        "straggler",
+        "MFU above 100 %: check flops per token, tokens per step and the peak",
+        "client dropped 4 messages",
+        "2 messages sent here were never applied",
+    ]
+    s.status = "failed"
+    assert "finished with an uncaught exception" in derive.findings(s, Mfu(mfu=0.5))
