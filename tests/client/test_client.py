@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
-import socket
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,94 +17,8 @@ from trainmon_client import _protocol as P
 from trainmon_client._env import detect_ranks, detect_run_id
 from trainmon_client._run import Run
 
-from ..conftest import short_tmpdir, wait_for
-
-
-class Listener:
-    """A minimal server: accepts one client at a time and decodes what it receives."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.sock.bind(str(path))
-        self.sock.listen(8)
-        self.conn: socket.socket | None = None
-
-    def accept(self, timeout: float = 5) -> socket.socket:
-        self.sock.settimeout(timeout)
-        self.conn, _ = self.sock.accept()
-        return self.conn
-
-    def packets(self, timeout: float = 0.3) -> list[bytes]:
-        assert self.conn is not None
-        out = []
-        self.conn.settimeout(timeout)
-        try:
-            while True:
-                data = self.conn.recv(P.MAX_PACKET_BYTES + 1)
-                if not data:
-                    break
-                out.append(data)
-        except TimeoutError:
-            pass
-        return out
-
-    def records(self, timeout: float = 0.3, totals: bool = False) -> list[tuple[int, Any]]:
-        """Decoded records; TOTALS (last in every packet the client sends) only with ``totals``."""
-        out: list[tuple[int, Any]] = []
-        for pkt in self.packets(timeout):
-            for rtype, payload in P.iter_records(pkt):
-                if rtype == P.TOTALS:
-                    if totals:
-                        out.append((rtype, P.decode_totals(payload)))
-                elif rtype == P.HELLO:
-                    out.append((rtype, P.decode_hello(payload)))
-                elif rtype == P.NAME:
-                    out.append((rtype, P.decode_name(payload)))
-                elif rtype == P.STEP:
-                    out.append((rtype, P.decode_step(payload)))
-                elif rtype == P.EVAL:
-                    out.append((rtype, P.decode_eval(payload)))
-                elif rtype == P.TRACK:
-                    out.append((rtype, P.decode_track(payload)))
-                elif rtype == P.CHECKPOINT:
-                    out.append((rtype, P.decode_checkpoint(payload)))
-                else:
-                    out.append((rtype, P.decode_finish(payload)))
-        return out
-
-    def close(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-        self.sock.close()
-        self.path.unlink(missing_ok=True)
-
-
-@pytest.fixture
-def sockdir() -> Iterator[Path]:
-    d = short_tmpdir()
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
-@pytest.fixture
-def listener(sockdir: Path) -> Iterator[Listener]:
-    lst = Listener(sockdir / "t.sock")
-    yield lst
-    lst.close()
-
-
-def make_run(path: Path | str, **kw: Any) -> Run:
-    kw.setdefault("run", "test-run")
-    kw.setdefault("rank", 0)
-    kw.setdefault("world_size", 1)
-    kw.setdefault("local_rank", 0)
-    return trainmon_client.init(socket_path=path, **kw)
-
-
-def steps_of(records: list[tuple[int, Any]]) -> list[tuple[Any, ...]]:
-    return [r[1] for r in records if r[0] == P.STEP]
-
+from ..conftest import wait_for
+from ..helpers.client import Listener, make_run, steps_of
 
 # ----------------------------------------------------------------------------- what it sends
 

@@ -25,9 +25,15 @@ from trainmon_client import _device, _run  # noqa: E402
 from trainmon_client import _protocol as P  # noqa: E402
 from trainmon_client._watch import Watcher  # noqa: E402
 
-from ..conftest import short_tmpdir  # noqa: E402
-from .test_client import Listener, make_run, steps_of  # noqa: E402
-from .test_watch import layer_records, step, table, tiny  # noqa: E402
+from ..helpers.client import (  # noqa: E402
+    Listener,
+    layer_records,
+    make_run,
+    steps_of,
+    table,
+    tiny,
+    train_step,
+)
 
 
 class FakeEvent:
@@ -94,13 +100,6 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[FakeEvent]]:
     monkeypatch.setattr(_device, "_recorded_event", recorded_event)
     yield FakeEvent.made
     assert DeviceScalar.reads == 0, "a device tensor was read on the host"
-
-
-@pytest.fixture
-def listener() -> Iterator[Listener]:
-    lst = Listener(short_tmpdir() / "t.sock")
-    yield lst
-    lst.close()
 
 
 def connected(listener: Listener, **kw: Any) -> Any:
@@ -226,7 +225,7 @@ def test_watch_sends_its_table_without_reading_the_device(
     run = connected(listener, flush_interval=0.0)
     watcher = run.watch(model, opt, every=1, quantiles_every=1, budget=1.0)
     assert isinstance(watcher, Watcher)
-    step(model, opt)
+    train_step(model, opt)
     run.log(1, loss=1.0)
     assert len(fake_cuda) == 1 and layer_records(listener) == []  # in flight
     fake_cuda[0].done = True

@@ -24,9 +24,8 @@ pytestmark = [
 
 from trainmon_client import _protocol as P  # noqa: E402
 
-from ..client.test_client import Listener, make_run, steps_of  # noqa: E402
-from ..client.test_watch import layer_records, table  # noqa: E402
 from ..conftest import short_tmpdir  # noqa: E402
+from ..helpers.client import Listener, layer_records, make_run, steps_of, table  # noqa: E402
 
 
 @pytest.fixture
