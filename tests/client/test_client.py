@@ -14,8 +14,9 @@ import pytest
 
 import trainmon_client
 from trainmon_client import _protocol as P
+from trainmon_client._encoder import MAX_CUSTOM_NAMES
 from trainmon_client._env import detect_ranks, detect_run_id
-from trainmon_client._run import Run
+from trainmon_client._transport import SendResult, Transport
 
 from ..conftest import wait_for
 from ..helpers.client import Listener, make_run, steps_of
@@ -63,8 +64,8 @@ def test_hello_then_batched_steps_with_cumulative_totals(listener: Listener) -> 
 
 def test_steps_are_batched_into_few_packets(listener: Listener) -> None:
     run = make_run(listener.path, flush_interval=10.0)
-    run.log(0, loss=1.0)
-    run._flush(time.perf_counter())  # connect now
+    run.log(0, loss=1.0)  # the first step is sent at once: it connects
+    wait_for(lambda: run.connected)
     listener.accept()
     listener.packets(0.05)
     for i in range(1, 201):
@@ -85,13 +86,13 @@ def test_log_never_sends_in_the_training_thread(
     """Every send but finish()'s happens in the flusher thread: log() makes no syscall, so the
     calls that used to flush cost what the others cost."""
     senders: list[str] = []
-    send = Run._send
+    send = Transport.send
 
-    def spy(self: Run, *args: Any, **kw: Any) -> bool:
+    def spy(self: Transport, *args: Any, **kw: Any) -> SendResult:
         senders.append(threading.current_thread().name)
-        return bool(send(self, *args, **kw))
+        return send(self, *args, **kw)
 
-    monkeypatch.setattr(Run, "_send", spy)
+    monkeypatch.setattr(Transport, "send", spy)
     run = make_run(listener.path, flush_interval=0.02)
     for i in range(30):
         run.log(i, loss=1.0, lr=0.1)
@@ -107,8 +108,8 @@ def test_log_never_sends_in_the_training_thread(
 
 def test_a_nan_is_sent_at_once(listener: Listener) -> None:
     run = make_run(listener.path, flush_interval=60.0)
-    run.log(0, loss=1.0)
-    run._flush(time.perf_counter())
+    run.log(0, loss=1.0)  # the first step is sent at once: it connects
+    wait_for(lambda: run.connected)
     listener.accept()
     listener.packets(0.05)
     run.log(1, loss=1.0)
@@ -212,13 +213,22 @@ def test_bad_values_and_names_are_refused_not_raised(listener: Listener) -> None
     assert run._internal_errors == 0
 
 
-def test_custom_name_cap(listener: Listener, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("trainmon_client._run.MAX_CUSTOM_NAMES", 10)
-    run = make_run(listener.path, flush_interval=0.0)
-    for i in range(100):
+def test_custom_name_cap(listener: Listener) -> None:
+    run = make_run(listener.path, flush_interval=60.0)  # a few large packets
+    run.log(0, m0=1.0)
+    listener.accept()
+    recs: list[tuple[int, Any]] = []
+    reader = threading.Thread(target=lambda: recs.extend(listener.records(2.0)))
+    reader.start()
+    over = 20
+    for i in range(1, MAX_CUSTOM_NAMES + over):
         run.log(i, **{f"m{i}": 1.0})
     run.finish()  # names are interned (or refused) when the flusher encodes the steps
-    assert len(run._names) == 10 and run.refused == 90
+    reader.join()
+    assert run.refused == over
+    names = {r[1] for r in recs if r[0] == P.NAME}
+    assert {name for _, name in names} == {f"m{i}" for i in range(MAX_CUSTOM_NAMES)}
+    assert len(steps_of(recs)) == MAX_CUSTOM_NAMES + over  # the steps go, without the value
 
 
 def test_full_socket_buffer_drops_instead_of_blocking(listener: Listener) -> None:

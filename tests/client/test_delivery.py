@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from trainmon_client import Run
 from trainmon_client import _protocol as P
-from trainmon_client._run import FINISH_TIMEOUT_S, Run
+from trainmon_client._transport import FINISH_TIMEOUT_S
 
 from ..helpers.client import Listener, make_run, steps_of
 
