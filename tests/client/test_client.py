@@ -186,7 +186,7 @@ def test_no_exporter_never_raises_and_counts_drops(sockdir: Path) -> None:
         run.log(i, loss=1.0, tokens=10)
     run.finish()
     assert run.dropped["disconnected"] == 100  # steps; the FINISH record is not a step
-    assert run._internal_errors == 0
+    assert run.internal_errors == 0
 
 
 def test_socket_directory_that_does_not_exist(tmp_path: Path) -> None:
@@ -210,7 +210,7 @@ def test_bad_values_and_names_are_refused_not_raised(listener: Listener) -> None
     assert [h.step for h, _, _ in steps] == [0, 1, 2]
     assert dict(zip(steps[0][1], steps[0][2], strict=True)) == {64: 1.0}
     assert steps[-1][0].refused_values_total == 8  # refused_values_total on the wire
-    assert run._internal_errors == 0
+    assert run.internal_errors == 0
 
 
 def test_custom_name_cap(listener: Listener) -> None:
@@ -451,5 +451,42 @@ def test_bad_eval_track_checkpoint_input_is_refused_not_raised(listener: Listene
         pass
     run.checkpoint("x")
     run.checkpoint(1, seconds=-3)
-    assert run.refused == 5 and run._internal_errors == 0
+    assert run.refused == 5 and run.internal_errors == 0
     run.finish()
+
+
+def test_track_returns_an_operation_to_start_and_stop(listener: Listener) -> None:
+    """Callbacks start an operation in one hook and stop it in another."""
+    run = make_run(listener.path, flush_interval=0.0)
+    op = run.track("generation")
+    assert not op.running  # nothing is sent until it starts
+    op.start()
+    op.start()  # already running: nothing more
+    assert op.running
+    op.stop()
+    op.stop()  # already stopped: nothing more
+    with run.track("generation") as again:
+        assert again.running
+    assert not again.running
+    listener.accept()
+    run.finish()
+    assert run.closed
+    op.start()  # on a finished run: nothing, no exception
+    assert not op.running
+    tracks = [r[1] for r in listener.records() if r[0] == P.TRACK]
+    assert [(t.active, t.runs_total) for t in tracks] == [
+        (True, 0),
+        (False, 1),
+        (True, 1),
+        (False, 2),
+    ]
+    assert run.refused == 0 and run.internal_errors == 0
+
+
+def test_closed() -> None:
+    run = trainmon_client.init(run="r", socket_path="/nonexistent/t.sock", enabled=False)
+    assert run.closed
+    run = trainmon_client.init(run="r", socket_path="/nonexistent/t.sock")
+    assert not run.closed
+    run.finish()
+    assert run.closed

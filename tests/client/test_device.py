@@ -180,7 +180,7 @@ def test_finish_waits_for_copies_in_flight(fake_cuda: list[FakeEvent], listener:
     recs = listener.records(0.2)
     assert [values_of(s)[1] for s in steps_of(recs)] == [1.0, 2.0, 3.0]
     assert recs[-1][0] == P.FINISH
-    assert run.refused == 0 and run._internal_errors == 0
+    assert run.refused == 0 and run.internal_errors == 0
 
 
 def test_bad_device_values_are_refused_and_counted(

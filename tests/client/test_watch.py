@@ -30,7 +30,7 @@ def test_watch_sends_per_layer_statistics_every_n_steps(listener: Listener) -> N
     for row in t.values():
         assert row[P.LAYER_STATS["grad_norm"]] > 0 and row[P.LAYER_STATS["weight_norm"]] > 0
         assert 0 < row[P.LAYER_STATS["update_ratio"]] < 1
-    assert watcher.checks == 4 and run._internal_errors == 0
+    assert watcher.checks == 4 and run.internal_errors == 0
 
 
 def test_update_ratio_and_grad_stats_are_exact(listener: Listener) -> None:

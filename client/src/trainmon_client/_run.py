@@ -43,7 +43,6 @@ tests replace them to put steps on a fake clock.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
@@ -51,7 +50,6 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
@@ -72,6 +70,64 @@ DTYPES = ("bf16", "fp16", "fp8", "tf32", "fp32")
 _perf = time.perf_counter
 _wall = time.time
 _NAN = math.nan
+
+
+class Operation:
+    """A monitoring operation of a run, from :meth:`Run.track`: timed between start and stop.
+
+    Use it as a context manager (``with run.track("validation"):``), or call :meth:`start`
+    and :meth:`stop` where one block cannot span it (callbacks: one hook starts it, a later
+    one stops it). :meth:`start` on a running operation and :meth:`stop` on a stopped one do
+    nothing; stopped, it can start again. Neither raises; a refused name is counted once per
+    :meth:`start` (:attr:`Run.refused`) and the operation does not run.
+
+    Example:
+        >>> run = init(run="doc", socket_path="/nonexistent/x.sock")
+        >>> sampling = run.track("sampling")
+        >>> sampling.start()
+        >>> sampling.running
+        True
+        >>> sampling.stop()
+    """
+
+    __slots__ = ("_field_id", "_run", "_t0", "name")
+
+    def __init__(self, run: Run, name: str) -> None:
+        self._run = run
+        self.name = name
+        """The operation's name."""
+        self._field_id = 0  # its name's id while it runs, else 0
+        self._t0 = 0.0
+
+    @property
+    def running(self) -> bool:
+        """Whether it was started (and the exporter told) and not stopped since."""
+        return self._field_id != 0
+
+    def start(self) -> None:
+        """Tell the exporter the operation runs now (sent at once, about 0.1 ms)."""
+        if not self._field_id:
+            self._field_id = self._run._track_begin(self.name)
+            self._t0 = _perf()
+
+    def stop(self) -> None:
+        """Add the time since :meth:`start` to the operation's totals and send them at once."""
+        field_id = self._field_id
+        if field_id:
+            self._field_id = 0
+            self._run._track_end(field_id, _perf() - self._t0)
+
+    def __enter__(self) -> Operation:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()  # the block's own exception propagates
 
 
 class Run:
@@ -286,8 +342,7 @@ class Run:
         finally:
             self._overhead += _perf() - now
 
-    @contextlib.contextmanager
-    def track(self, name: str) -> Iterator[None]:
+    def track(self, name: str) -> Operation:
         """Time a monitoring operation (validation, sample generation, checkpoint writing).
 
         The exporter exports the time per operation and the total monitoring share of wall
@@ -298,17 +353,17 @@ class Run:
         Args:
             name: operation name, same rules as a custom metric name.
 
+        Returns:
+            An :class:`Operation`, which sends nothing until it starts: use it in a ``with``
+            block, or call its ``start()`` and ``stop()`` where no one block spans the
+            operation (e.g. from two callbacks).
+
         Example:
             >>> run = init(run="doc", socket_path="/nonexistent/x.sock")
             >>> with run.track("validation"):
             ...     pass  # evaluate the model here
         """
-        field_id = self._track_begin(name)
-        t0 = _perf()
-        try:
-            yield
-        finally:
-            self._track_end(field_id, _perf() - t0)
+        return Operation(self, name)
 
     def checkpoint(self, step: int, /, *, seconds: float | None = None) -> None:
         """Record that a checkpoint of ``step`` was written, taking ``seconds``. Never raises.
@@ -398,7 +453,7 @@ class Run:
         self._refused += n
 
     def count_internal_error(self) -> None:
-        """Count one failure an integration swallowed (an internal error).
+        """Count one failure an integration swallowed, in :attr:`internal_errors`.
 
         For code in a framework's hooks that must never break training: catch, count, go on.
         """
@@ -535,9 +590,26 @@ class Run:
         return self._overhead + self._flush_seconds
 
     @property
+    def internal_errors(self) -> int:
+        """Failures inside trainmon itself, swallowed so that training goes on (0 normally).
+
+        Each is logged at DEBUG on the ``trainmon_client`` logger; integrations count theirs
+        here too (:meth:`count_internal_error`).
+        """
+        return self._internal_errors
+
+    @property
     def connected(self) -> bool:
         """Whether the last send reached an exporter."""
         return self._transport.connected
+
+    @property
+    def closed(self) -> bool:
+        """Whether the run has ended; its methods then do nothing.
+
+        True after :meth:`finish`, for a run built with ``enabled=False``, and in a forked child.
+        """
+        return self._closed
 
     def __repr__(self) -> str:
         return (
