@@ -142,7 +142,7 @@ class Run:
         ...     run.log(step, loss=2.5 - step * 0.1, lr=3e-4, tokens=4096)
         >>> run.finish()
         >>> run.dropped["disconnected"]  # no exporter listening: counted, never raised
-        4
+        3
     """
 
     def __init__(
