@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
-import socket
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,97 +14,12 @@ import pytest
 
 import trainmon_client
 from trainmon_client import _protocol as P
+from trainmon_client._encoder import MAX_CUSTOM_NAMES
 from trainmon_client._env import detect_ranks, detect_run_id
-from trainmon_client._run import Run
+from trainmon_client._transport import SendResult, Transport
 
-from ..conftest import short_tmpdir, wait_for
-
-
-class Listener:
-    """A minimal server: accepts one client at a time and decodes what it receives."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.sock.bind(str(path))
-        self.sock.listen(8)
-        self.conn: socket.socket | None = None
-
-    def accept(self, timeout: float = 5) -> socket.socket:
-        self.sock.settimeout(timeout)
-        self.conn, _ = self.sock.accept()
-        return self.conn
-
-    def packets(self, timeout: float = 0.3) -> list[bytes]:
-        assert self.conn is not None
-        out = []
-        self.conn.settimeout(timeout)
-        try:
-            while True:
-                data = self.conn.recv(P.MAX_PACKET_BYTES + 1)
-                if not data:
-                    break
-                out.append(data)
-        except TimeoutError:
-            pass
-        return out
-
-    def records(self, timeout: float = 0.3, totals: bool = False) -> list[tuple[int, Any]]:
-        """Decoded records; TOTALS (last in every packet the client sends) only with ``totals``."""
-        out: list[tuple[int, Any]] = []
-        for pkt in self.packets(timeout):
-            for rtype, payload in P.iter_records(pkt):
-                if rtype == P.TOTALS:
-                    if totals:
-                        out.append((rtype, P.decode_totals(payload)))
-                elif rtype == P.HELLO:
-                    out.append((rtype, P.decode_hello(payload)))
-                elif rtype == P.NAME:
-                    out.append((rtype, P.decode_name(payload)))
-                elif rtype == P.STEP:
-                    out.append((rtype, P.decode_step(payload)))
-                elif rtype == P.EVAL:
-                    out.append((rtype, P.decode_eval(payload)))
-                elif rtype == P.TRACK:
-                    out.append((rtype, P.decode_track(payload)))
-                elif rtype == P.CHECKPOINT:
-                    out.append((rtype, P.decode_checkpoint(payload)))
-                else:
-                    out.append((rtype, P.decode_finish(payload)))
-        return out
-
-    def close(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-        self.sock.close()
-        self.path.unlink(missing_ok=True)
-
-
-@pytest.fixture
-def sockdir() -> Iterator[Path]:
-    d = short_tmpdir()
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
-@pytest.fixture
-def listener(sockdir: Path) -> Iterator[Listener]:
-    lst = Listener(sockdir / "t.sock")
-    yield lst
-    lst.close()
-
-
-def make_run(path: Path | str, **kw: Any) -> Run:
-    kw.setdefault("run", "test-run")
-    kw.setdefault("rank", 0)
-    kw.setdefault("world_size", 1)
-    kw.setdefault("local_rank", 0)
-    return trainmon_client.init(socket_path=path, **kw)
-
-
-def steps_of(records: list[tuple[int, Any]]) -> list[tuple[Any, ...]]:
-    return [r[1] for r in records if r[0] == P.STEP]
-
+from ..conftest import wait_for
+from ..helpers.client import Listener, make_run, steps_of
 
 # ----------------------------------------------------------------------------- what it sends
 
@@ -152,8 +64,8 @@ def test_hello_then_batched_steps_with_cumulative_totals(listener: Listener) -> 
 
 def test_steps_are_batched_into_few_packets(listener: Listener) -> None:
     run = make_run(listener.path, flush_interval=10.0)
-    run.log(0, loss=1.0)
-    run._flush(time.perf_counter())  # connect now
+    run.log(0, loss=1.0)  # the first step is sent at once: it connects
+    wait_for(lambda: run.connected)
     listener.accept()
     listener.packets(0.05)
     for i in range(1, 201):
@@ -174,13 +86,13 @@ def test_log_never_sends_in_the_training_thread(
     """Every send but finish()'s happens in the flusher thread: log() makes no syscall, so the
     calls that used to flush cost what the others cost."""
     senders: list[str] = []
-    send = Run._send
+    send = Transport.send
 
-    def spy(self: Run, *args: Any, **kw: Any) -> bool:
+    def spy(self: Transport, *args: Any, **kw: Any) -> SendResult:
         senders.append(threading.current_thread().name)
-        return bool(send(self, *args, **kw))
+        return send(self, *args, **kw)
 
-    monkeypatch.setattr(Run, "_send", spy)
+    monkeypatch.setattr(Transport, "send", spy)
     run = make_run(listener.path, flush_interval=0.02)
     for i in range(30):
         run.log(i, loss=1.0, lr=0.1)
@@ -196,8 +108,8 @@ def test_log_never_sends_in_the_training_thread(
 
 def test_a_nan_is_sent_at_once(listener: Listener) -> None:
     run = make_run(listener.path, flush_interval=60.0)
-    run.log(0, loss=1.0)
-    run._flush(time.perf_counter())
+    run.log(0, loss=1.0)  # the first step is sent at once: it connects
+    wait_for(lambda: run.connected)
     listener.accept()
     listener.packets(0.05)
     run.log(1, loss=1.0)
@@ -274,7 +186,7 @@ def test_no_exporter_never_raises_and_counts_drops(sockdir: Path) -> None:
         run.log(i, loss=1.0, tokens=10)
     run.finish()
     assert run.dropped["disconnected"] == 100  # steps; the FINISH record is not a step
-    assert run._internal_errors == 0
+    assert run.internal_errors == 0
 
 
 def test_socket_directory_that_does_not_exist(tmp_path: Path) -> None:
@@ -298,16 +210,25 @@ def test_bad_values_and_names_are_refused_not_raised(listener: Listener) -> None
     assert [h.step for h, _, _ in steps] == [0, 1, 2]
     assert dict(zip(steps[0][1], steps[0][2], strict=True)) == {64: 1.0}
     assert steps[-1][0].refused_values_total == 8  # refused_values_total on the wire
-    assert run._internal_errors == 0
+    assert run.internal_errors == 0
 
 
-def test_custom_name_cap(listener: Listener, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("trainmon_client._run.MAX_CUSTOM_NAMES", 10)
-    run = make_run(listener.path, flush_interval=0.0)
-    for i in range(100):
+def test_custom_name_cap(listener: Listener) -> None:
+    run = make_run(listener.path, flush_interval=60.0)  # a few large packets
+    run.log(0, m0=1.0)
+    listener.accept()
+    recs: list[tuple[int, Any]] = []
+    reader = threading.Thread(target=lambda: recs.extend(listener.records(2.0)))
+    reader.start()
+    over = 20
+    for i in range(1, MAX_CUSTOM_NAMES + over):
         run.log(i, **{f"m{i}": 1.0})
     run.finish()  # names are interned (or refused) when the flusher encodes the steps
-    assert len(run._names) == 10 and run.refused == 90
+    reader.join()
+    assert run.refused == over
+    names = {r[1] for r in recs if r[0] == P.NAME}
+    assert {name for _, name in names} == {f"m{i}" for i in range(MAX_CUSTOM_NAMES)}
+    assert len(steps_of(recs)) == MAX_CUSTOM_NAMES + over  # the steps go, without the value
 
 
 def test_full_socket_buffer_drops_instead_of_blocking(listener: Listener) -> None:
@@ -530,5 +451,42 @@ def test_bad_eval_track_checkpoint_input_is_refused_not_raised(listener: Listene
         pass
     run.checkpoint("x")
     run.checkpoint(1, seconds=-3)
-    assert run.refused == 5 and run._internal_errors == 0
+    assert run.refused == 5 and run.internal_errors == 0
     run.finish()
+
+
+def test_track_returns_an_operation_to_start_and_stop(listener: Listener) -> None:
+    """Callbacks start an operation in one hook and stop it in another."""
+    run = make_run(listener.path, flush_interval=0.0)
+    op = run.track("generation")
+    assert not op.running  # nothing is sent until it starts
+    op.start()
+    op.start()  # already running: nothing more
+    assert op.running
+    op.stop()
+    op.stop()  # already stopped: nothing more
+    with run.track("generation") as again:
+        assert again.running
+    assert not again.running
+    listener.accept()
+    run.finish()
+    assert run.closed
+    op.start()  # on a finished run: nothing, no exception
+    assert not op.running
+    tracks = [r[1] for r in listener.records() if r[0] == P.TRACK]
+    assert [(t.active, t.runs_total) for t in tracks] == [
+        (True, 0),
+        (False, 1),
+        (True, 1),
+        (False, 2),
+    ]
+    assert run.refused == 0 and run.internal_errors == 0
+
+
+def test_closed() -> None:
+    run = trainmon_client.init(run="r", socket_path="/nonexistent/t.sock", enabled=False)
+    assert run.closed
+    run = trainmon_client.init(run="r", socket_path="/nonexistent/t.sock")
+    assert not run.closed
+    run.finish()
+    assert run.closed

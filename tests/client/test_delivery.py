@@ -4,7 +4,6 @@ dropped with a reason, or refused, and ``finish()`` keeps one deadline whatever 
 
 from __future__ import annotations
 
-import shutil
 import socket
 import threading
 import time
@@ -13,25 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from trainmon_client import Run
 from trainmon_client import _protocol as P
-from trainmon_client._run import FINISH_TIMEOUT_S, Run
+from trainmon_client._transport import FINISH_TIMEOUT_S
 
-from ..conftest import short_tmpdir
-from .test_client import Listener, make_run, steps_of
-
-
-@pytest.fixture
-def sockdir() -> Iterator[Path]:
-    d = short_tmpdir()
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
-@pytest.fixture
-def listener(sockdir: Path) -> Iterator[Listener]:
-    lst = Listener(sockdir / "t.sock")
-    yield lst
-    lst.close()
+from ..helpers.client import Listener, make_run, steps_of
 
 
 def accounted(run: Run) -> int:

@@ -21,13 +21,19 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from trainmon_client import _device, _run  # noqa: E402
+from trainmon_client import _device  # noqa: E402
 from trainmon_client import _protocol as P  # noqa: E402
 from trainmon_client._watch import Watcher  # noqa: E402
 
-from ..conftest import short_tmpdir  # noqa: E402
-from .test_client import Listener, make_run, steps_of  # noqa: E402
-from .test_watch import layer_records, step, table, tiny  # noqa: E402
+from ..helpers.client import (  # noqa: E402
+    Listener,
+    layer_records,
+    make_run,
+    steps_of,
+    table,
+    tiny,
+    train_step,
+)
 
 
 class FakeEvent:
@@ -39,12 +45,14 @@ class FakeEvent:
         self.done = False
         self.recorded = False
         self.waited = False
+        self.seen_done = False  # query() said the copy had landed: the client took it
         FakeEvent.made.append(self)
 
     def record(self) -> None:
         self.recorded = True
 
     def query(self) -> bool:
+        self.seen_done |= self.done
         return self.done
 
     def synchronize(self) -> None:
@@ -89,18 +97,11 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[FakeEvent]]:
         return event
 
     real_copy_async = _device.copy_async
-    monkeypatch.setattr(_run, "is_device_tensor", is_device)
-    monkeypatch.setattr(_run, "copy_async", copy_async)
-    monkeypatch.setattr(_device, "_recorded_event", recorded_event)
+    monkeypatch.setattr(_device, "is_device_tensor", is_device)
+    monkeypatch.setattr(_device, "copy_async", copy_async)
+    monkeypatch.setattr(_device, "recorded_event", recorded_event)
     yield FakeEvent.made
     assert DeviceScalar.reads == 0, "a device tensor was read on the host"
-
-
-@pytest.fixture
-def listener() -> Iterator[Listener]:
-    lst = Listener(short_tmpdir() / "t.sock")
-    yield lst
-    lst.close()
 
 
 def connected(listener: Listener, **kw: Any) -> Any:
@@ -179,7 +180,7 @@ def test_finish_waits_for_copies_in_flight(fake_cuda: list[FakeEvent], listener:
     recs = listener.records(0.2)
     assert [values_of(s)[1] for s in steps_of(recs)] == [1.0, 2.0, 3.0]
     assert recs[-1][0] == P.FINISH
-    assert run.refused == 0 and run._internal_errors == 0
+    assert run.refused == 0 and run.internal_errors == 0
 
 
 def test_bad_device_values_are_refused_and_counted(
@@ -201,7 +202,7 @@ def test_bad_device_values_are_refused_and_counted(
 def test_too_many_copies_in_flight_fall_back_to_a_read(
     fake_cuda: list[FakeEvent], listener: Listener, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_run, "MAX_WAITING", 2)
+    monkeypatch.setattr(_device, "MAX_WAITING", 2)
     run = connected(listener, flush_interval=0.0)
     run.log(1, loss=on_device(torch.tensor(1.0)))
     run.log(2, loss=on_device(torch.tensor(2.0)))
@@ -216,17 +217,12 @@ def test_too_many_copies_in_flight_fall_back_to_a_read(
 def test_watch_sends_its_table_without_reading_the_device(
     fake_cuda: list[FakeEvent], listener: Listener, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The watcher's table is marked as a device tensor at the point it would be copied.
-    monkeypatch.setattr(
-        _run.Run,
-        "_send_layer_table",
-        _wrap_table(_run.Run._send_layer_table),
-    )
     model, opt = tiny()
     run = connected(listener, flush_interval=0.0)
     watcher = run.watch(model, opt, every=1, quantiles_every=1, budget=1.0)
-    assert isinstance(watcher, Watcher)
-    step(model, opt)
+    assert isinstance(watcher, Watcher) and watcher.sink is run
+    watcher.sink = DeviceTables(run)
+    train_step(model, opt)
     run.log(1, loss=1.0)
     assert len(fake_cuda) == 1 and layer_records(listener) == []  # in flight
     fake_cuda[0].done = True
@@ -241,11 +237,20 @@ def test_watch_sends_its_table_without_reading_the_device(
     run.finish()
 
 
-def _wrap_table(original: Any) -> Any:
-    def send(self: Any, step: int, names: Any, codes: Any, tbl: Any, *rest: Any) -> None:
-        original(self, step, names, codes, on_device(tbl), *rest)
+class DeviceTables:
+    """The run as the watcher's sink (``LayerSink``), each table marked as on the device."""
 
-    return send
+    def __init__(self, run: Any) -> None:
+        self.run = run
+
+    def send_layer_table(self, step: int, names: Any, codes: Any, tbl: Any, *rest: Any) -> None:
+        self.run.send_layer_table(step, names, codes, on_device(tbl), *rest)
+
+    def count_refused(self, n: int = 1) -> None:
+        self.run.count_refused(n)
+
+    def count_internal_error(self) -> None:
+        self.run.count_internal_error()
 
 
 def test_copy_async_on_the_cpu_converts_and_flattens() -> None:
@@ -271,7 +276,8 @@ def test_copies_in_flight_stay_bounded(fake_cuda: list[FakeEvent], listener: Lis
     for i in range(1, 200):
         run.log(i, loss=on_device(torch.tensor(float(i))))
         fake_cuda[-1].done = True
-    assert len(run._waiting) <= 1
+    # Every copy but the newest was found landed (and so applied) before finish().
+    assert all(e.seen_done for e in fake_cuda[:-1])
     t = time.perf_counter()
     run.finish()
     assert time.perf_counter() - t < 5

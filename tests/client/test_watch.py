@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -12,51 +11,7 @@ torch = pytest.importorskip("torch")
 
 from trainmon_client import _protocol as P  # noqa: E402
 
-from ..conftest import short_tmpdir, tiny_model  # noqa: E402
-from .test_client import Listener, make_run  # noqa: E402
-
-
-def tiny() -> tuple[Any, Any]:
-    model, _ = tiny_model()
-    return model, torch.optim.SGD(model.parameters(), lr=0.1)
-
-
-def step(model: Any, opt: Any) -> None:
-    x = torch.randn(32, 8)
-    loss = (model(x) - 1.0).pow(2).mean()
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-
-
-def layer_records(listener: Listener) -> list[tuple[Any, dict[int, str], Any]]:
-    names: dict[int, str] = {}
-    out = []
-    for pkt in listener.packets():
-        for rtype, payload in P.iter_records(pkt):
-            if rtype == P.NAME:
-                fid, name = P.decode_name(payload)
-                names[fid] = name
-            elif rtype == P.LAYERS:
-                out.append((P.decode_layers(payload), dict(names), None))
-    return out
-
-
-@pytest.fixture
-def listener() -> Any:
-    d = short_tmpdir()
-    lst = Listener(d / "t.sock")
-    yield lst
-    lst.close()
-
-
-def table(rec: Any) -> dict[str, dict[int, float]]:
-    (_head, codes, ids, values), names, _ = rec
-    k = len(codes)
-    return {
-        names[i]: dict(zip(codes, values[r * k : (r + 1) * k], strict=True))
-        for r, i in enumerate(ids)
-    }
+from ..helpers.client import Listener, layer_records, make_run, table, tiny, train_step  # noqa: E402
 
 
 def test_watch_sends_per_layer_statistics_every_n_steps(listener: Listener) -> None:
@@ -64,7 +19,7 @@ def test_watch_sends_per_layer_statistics_every_n_steps(listener: Listener) -> N
     run = make_run(listener.path, flush_interval=0.0)
     watcher = run.watch(model, opt, every=5, quantiles_every=0, budget=1.0)
     for i in range(20):
-        step(model, opt)
+        train_step(model, opt)
         run.log(i, loss=1.0)
     listener.accept()
     run.finish()
@@ -75,7 +30,7 @@ def test_watch_sends_per_layer_statistics_every_n_steps(listener: Listener) -> N
     for row in t.values():
         assert row[P.LAYER_STATS["grad_norm"]] > 0 and row[P.LAYER_STATS["weight_norm"]] > 0
         assert 0 < row[P.LAYER_STATS["update_ratio"]] < 1
-    assert watcher.checks == 4 and run._internal_errors == 0
+    assert watcher.checks == 4 and run.internal_errors == 0
 
 
 def test_update_ratio_and_grad_stats_are_exact(listener: Listener) -> None:
@@ -110,7 +65,7 @@ def test_quantiles_and_activations(listener: Listener) -> None:
     run = make_run(listener.path, flush_interval=0.0)
     run.watch(model, opt, every=2, quantiles_every=2, activations=True, budget=1.0)
     for i in range(2):
-        step(model, opt)
+        train_step(model, opt)
         run.log(i, loss=1.0)
     listener.accept()
     run.finish()
@@ -129,7 +84,7 @@ def test_watch_backs_off_when_over_budget(listener: Listener) -> None:
     run = make_run(listener.path, flush_interval=0.0)
     watcher = run.watch(model, opt, every=1, quantiles_every=1, budget=1e-9)
     for _ in range(8):
-        step(model, opt)
+        train_step(model, opt)
     assert watcher.every > 1  # any cost is over a 1e-9 budget: it doubled
     run.finish()
 
@@ -139,11 +94,11 @@ def test_remove_and_pause_leave_training_alone(listener: Listener) -> None:
     run = make_run(listener.path, flush_interval=0.0)
     watcher = run.watch(model, opt, every=1, budget=1.0)
     watcher.enabled = False
-    step(model, opt)
+    train_step(model, opt)
     assert watcher.checks == 0
     watcher.remove()
     watcher.enabled = True
-    step(model, opt)
+    train_step(model, opt)
     assert watcher.checks == 0
     run.finish()
 

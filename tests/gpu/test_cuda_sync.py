@@ -24,9 +24,8 @@ pytestmark = [
 
 from trainmon_client import _protocol as P  # noqa: E402
 
-from ..client.test_client import Listener, make_run, steps_of  # noqa: E402
-from ..client.test_watch import layer_records, table  # noqa: E402
 from ..conftest import short_tmpdir  # noqa: E402
+from ..helpers.client import Listener, layer_records, make_run, steps_of, table  # noqa: E402
 
 
 @pytest.fixture
@@ -66,7 +65,7 @@ def test_log_and_watch_with_cuda_tensors_never_synchronise(listener: Listener) -
         run.log(41, loss=loss * math.nan)  # a NaN on the device
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert run._internal_errors == 0 and run.refused == 0
+    assert run.internal_errors == 0 and run.refused == 0
     run.finish()  # waits for the last copies (off the loop)
     recs = listener.records(0.5)
     steps = {h.step: dict(zip(ids, vals, strict=True)) for h, ids, vals in steps_of(recs)}

@@ -23,6 +23,9 @@ index tensors the reductions need are built once per device, and the quantiles c
 sort and a gather at positions computed on the host (``torch.quantile`` checks its ``q`` on
 the device, which synchronises). The watcher times itself. When its cost exceeds ``budget``
 of the wall time since the previous watched step, it doubles ``every``.
+
+The watcher knows its run only as a :class:`LayerSink`: it hands each check's table to
+``send_layer_table`` and counts what it refuses or fails at; ``Run`` implements it.
 """
 
 from __future__ import annotations
@@ -30,14 +33,12 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from trainmon_client import _protocol as P
-
-if TYPE_CHECKING:
-    from trainmon_client._run import Run
+from trainmon_client._device import Tally
 
 log = logging.getLogger("trainmon_client")
 
@@ -47,12 +48,35 @@ QUANTILE_CODE0 = P.QUANTILE_CODE0
 MAX_SAMPLE = 65_536
 
 
+class LayerSink(Tally, Protocol):
+    """Where a :class:`Watcher` sends its checks (``Run`` implements it)."""
+
+    def send_layer_table(
+        self,
+        step: int,
+        names: list[str],
+        codes: list[int],
+        table: Any,
+        checks_total: int,
+        seconds_total: float,
+    ) -> None:
+        """Send one check: ``table`` is ``[len(names), len(codes)]`` (a tensor, on any device).
+
+        ``step``: the optimizer step; ``checks_total`` and ``seconds_total``: the checks so far
+        (this one included) and their cumulative cost.
+        """
+
+
 class Watcher:
-    """Handle returned by :meth:`Run.watch`; :meth:`remove` detaches every hook."""
+    """Handle returned by :meth:`Run.watch`; :meth:`remove` detaches every hook.
+
+    Attributes:
+        sink: where the checks go (the run).
+    """
 
     def __init__(
         self,
-        run: Run,
+        sink: LayerSink,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
         *,
@@ -63,7 +87,7 @@ class Watcher:
         budget: float,
         max_layers: int,
     ) -> None:
-        self.run = run
+        self.sink = sink
         self.every = every
         self.quantiles_every = quantiles_every
         self.exact_update = exact_update
@@ -74,7 +98,7 @@ class Watcher:
             if params:
                 self.layers.append((name or "model", params))
         if len(self.layers) > max_layers:
-            run._refused += len(self.layers) - max_layers
+            sink.count_refused(len(self.layers) - max_layers)
             self.layers = self.layers[:max_layers]
         self.params: list[torch.Tensor] = [p for _, ps in self.layers for p in ps]
         self.layer_of = [i for i, (_, ps) in enumerate(self.layers) for _ in ps]
@@ -139,7 +163,7 @@ class Watcher:
                 if self.exact_update:
                     self._before = list(torch._foreach_mul(self.params, 1.0))
         except Exception:
-            self.run._internal_errors += 1
+            self.sink.count_internal_error()
             log.debug("trainmon_client: watch() failed before the step", exc_info=True)
             self._watching = False
         self._cost += time.perf_counter() - t0
@@ -152,7 +176,7 @@ class Watcher:
             with torch.no_grad():
                 self._finish_check()
         except Exception:
-            self.run._internal_errors += 1
+            self.sink.count_internal_error()
             log.debug("trainmon_client: watch() failed after the step", exc_info=True)
         finally:
             self._before = None
@@ -248,7 +272,7 @@ class Watcher:
             columns += [qs[:, i] for i in range(len(QUANTILES))]
             codes += [QUANTILE_CODE0 + i for i in range(len(QUANTILES))]
         table = torch.stack(columns, dim=1)  # [layers, codes], still on the device
-        self.run._send_layer_table(
+        self.sink.send_layer_table(
             self.steps,
             [name for name, _ in self.layers],
             codes,

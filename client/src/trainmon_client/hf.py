@@ -31,6 +31,10 @@ itself. Ranks, local ranks and the world size come from ``TrainingArguments``
 (``process_index``, ``local_process_index``, ``world_size``). ``flops_per_token`` defaults to
 ``6 * model.num_parameters(exclude_embeddings=True)`` (Kaplan et al. 2020, §2.1) and the dtype
 to ``bf16``, ``fp16``, ``tf32`` or ``fp32`` from the arguments, so the exporter can compute MFU.
+
+The callback uses the public :class:`~trainmon_client.Run` API only. A failure in its own hooks
+is caught, so that the training step goes on, and counted with
+:meth:`Run.count_internal_error` (:attr:`Run.internal_errors`).
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from trainmon_client._run import Run, init
+from trainmon_client._run import Operation, Run, init
 
 __all__ = ["TrainmonCallback"]
 
@@ -80,8 +84,7 @@ class TrainmonCallback(TrainerCallback):  # type: ignore[misc]
         self._reset_step()
         self._pending: tuple[int, dict[str, Any]] | None = None
         self._lr: Any = None
-        self._evaluating = 0  # track id while an evaluation runs
-        self._t_eval = 0.0
+        self._evaluation: Operation | None = None  # running while an evaluation runs
         self._world = 1
         self._t_event = time.perf_counter()
 
@@ -90,7 +93,7 @@ class TrainmonCallback(TrainerCallback):  # type: ignore[misc]
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Start the run (all ranks) and hook the model's forward."""
         model = kwargs.get("model")
-        if self.run is None or self.run._closed:
+        if self.run is None or self.run.closed:
             fpt = self._flops_per_token
             if fpt is None and model is not None:
                 fpt = 6.0 * _non_embedding_params(model) or None
@@ -145,7 +148,7 @@ class TrainmonCallback(TrainerCallback):  # type: ignore[misc]
                 self._samples += ids.shape[0]
         except Exception:  # never break the training step
             if self.run is not None:
-                self.run._internal_errors += 1
+                self.run.count_internal_error()
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Read the learning rate this step used (before the scheduler steps)."""
@@ -201,15 +204,16 @@ class TrainmonCallback(TrainerCallback):  # type: ignore[misc]
 
     def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Start timing the evaluation at its first batch."""
-        if not self._evaluating and self.run is not None:
+        evaluation = self._evaluation
+        if (evaluation is None or not evaluation.running) and self.run is not None:
             self._emit()
-            self._evaluating = self.run._track_begin("evaluation")
-            self._t_eval = time.perf_counter()
+            self._evaluation = self.run.track("evaluation")
+            self._evaluation.start()
 
     def _end_evaluation(self) -> None:
-        if self._evaluating and self.run is not None:
-            self.run._track_end(self._evaluating, time.perf_counter() - self._t_eval)
-        self._evaluating = 0
+        if self._evaluation is not None:
+            self._evaluation.stop()
+        self._evaluation = None
 
     def on_evaluate(
         self,

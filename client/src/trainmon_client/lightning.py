@@ -28,6 +28,10 @@ runs before the file is written, so the seconds in between are the write. Ranks 
 ``trainer.global_rank``, ``local_rank`` and ``world_size``. Rank 0's run id is broadcast in
 ``setup``, so every rank agrees on it whatever the launcher. An exception in ``fit`` finishes
 the run as failed.
+
+The callback uses the public :class:`~trainmon_client.Run` API only. A failure in its own hooks
+is caught, so that the training step goes on, and counted with
+:meth:`Run.count_internal_error` (:attr:`Run.internal_errors`).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import torch
 from lightning.pytorch import Callback
 
 from trainmon_client._env import detect_run_id
-from trainmon_client._run import Run, init
+from trainmon_client._run import Operation, Run, init
 
 __all__ = ["TrainmonCallback"]
 
@@ -84,8 +88,7 @@ class TrainmonCallback(Callback):  # type: ignore[misc]
         self._norm: Any = None
         self._lr: Any = None
         self._global_step = 0
-        self._validating = 0
-        self._t_validation = 0.0
+        self._validation: Operation | None = None
         self._checkpoint: tuple[int, float] | None = None
         self._params: list[Any] | None = None
 
@@ -93,7 +96,7 @@ class TrainmonCallback(Callback):  # type: ignore[misc]
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         """Start the run for ``fit`` on every rank, with rank 0's run id."""
-        if stage != "fit" or (self.run is not None and not self.run._closed):
+        if stage != "fit" or (self.run is not None and not self.run.closed):
             return
         run_id = self._run_id
         if run_id is None:
@@ -142,7 +145,7 @@ class TrainmonCallback(Callback):  # type: ignore[misc]
                     self._norm = torch.linalg.vector_norm(torch.stack(norms).float())
         except Exception:  # never break the optimizer step
             if self.run is not None:
-                self.run._internal_errors += 1
+                self.run.count_internal_error()
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
@@ -162,7 +165,7 @@ class TrainmonCallback(Callback):  # type: ignore[misc]
             if self._count_tokens is not None:
                 self._tokens += int(self._count_tokens(batch))
         except Exception:
-            run._internal_errors += 1
+            run.count_internal_error()
         step = trainer.global_step
         if step == self._global_step:
             return  # accumulating: no optimizer step yet
@@ -188,17 +191,17 @@ class TrainmonCallback(Callback):  # type: ignore[misc]
         """Time the validation loop (not the sanity check)."""
         self._checkpoint_written()
         if self.run is not None and not trainer.sanity_checking:
-            self._validating = self.run._track_begin("validation")
-            self._t_validation = time.perf_counter()
+            self._validation = self.run.track("validation")
+            self._validation.start()
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         """Stop the timing and send the ``val*`` callback metrics."""
         run = self.run
         if run is None or trainer.sanity_checking:
             return
-        if self._validating:
-            run._track_end(self._validating, time.perf_counter() - self._t_validation)
-            self._validating = 0
+        if self._validation is not None:
+            self._validation.stop()
+            self._validation = None
         values: dict[str, Any] = {}
         for key, value in trainer.callback_metrics.items():
             if not key.startswith("val"):

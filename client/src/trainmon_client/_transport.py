@@ -1,0 +1,338 @@
+"""The connection to the exporter: connect, send without blocking, say what became of a packet.
+
+A :class:`Transport` owns the ``SOCK_SEQPACKET`` socket and what only the connection knows: the
+backoff schedule, the records sent on this connection and how many of them the exporter was
+seen to read, and ``finish()``'s deadline. It keeps no count of the run's: every call says
+what happened, and the run (``Run``) counts it in its totals (``Run.dropped``, ``Run.sent``).
+
+Drop semantics, by :class:`Outcome` of :meth:`Transport.send`:
+
+- ``SENT``: the kernel took the packet (``send`` with ``MSG_DONTWAIT``); the run counts its
+  records as sent. It is *delivered* once the exporter has read it, which :meth:`check`
+  confirms before each flush from the socket's unread byte count (``SIOCOUTQ``).
+- ``BACKPRESSURE``: the socket buffer was full (``EAGAIN``, ``ENOBUFS``, ``EMSGSIZE``), or
+  ``finish()`` waited for room until its deadline. The packet is dropped and the connection
+  kept. The packet may have carried NAME records, so the run announces every name again.
+- ``DISCONNECTED``: no connection, or the send failed for good (the connection is then
+  closed). The packet is dropped. :meth:`connect` makes one lazily, at the next send after
+  the backoff (0.1 s, doubling to 2 s after each failure): no listener, a missing directory,
+  or with ``TRAINMON_EXPORTER_UID`` a listener of another uid, are all the same failure.
+- *in flight*: when a connection ends (a failed send, or a hang-up that :meth:`check` sees),
+  the records it carried that were never confirmed read are returned
+  (:attr:`SendResult.in_flight`, :meth:`check`); so are those still unconfirmed at
+  ``finish()``'s deadline (:meth:`await_read`). An upper bound of what an exporter that froze,
+  died or restarted never read.
+
+Only ``finish()`` waits: :meth:`start_deadline` sets the one deadline
+(:data:`FINISH_TIMEOUT_S`) that its sends (``wait=``) and :meth:`await_read` share.
+
+The clock of :meth:`connect`'s backoff is the caller's (``now``); the deadline's is this
+module's ``time.perf_counter``.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import fcntl
+import logging
+import math
+import select
+import socket
+import sys
+import termios
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import NamedTuple
+
+__all__ = [
+    "BACKOFF_MAX_S",
+    "BACKOFF_MIN_S",
+    "FINISH_TIMEOUT_S",
+    "Outcome",
+    "SendResult",
+    "Transport",
+    "expected_exporter_uid",
+]
+
+log = logging.getLogger("trainmon_client")
+
+BACKOFF_MIN_S = 0.1
+"""Seconds before the first reconnect attempt after a failure."""
+BACKOFF_MAX_S = 2.0
+"""Longest wait between reconnect attempts (the backoff doubles up to it)."""
+FINISH_TIMEOUT_S = 1.0
+"""Total time (s) ``finish()`` may wait for socket buffer space to deliver what is left and its
+FINISH record, however many packets that is, and then for the exporter to read them; what
+does not fit in time is dropped and counted (``backpressure``, ``in_flight``)."""
+_SEND_FLAGS = getattr(socket, "MSG_DONTWAIT", 0) | getattr(socket, "MSG_NOSIGNAL", 0)
+_WAIT_FLAGS = _SEND_FLAGS & ~getattr(socket, "MSG_DONTWAIT", 0)
+_OUTQ = getattr(termios, "TIOCOUTQ", 0x5411)  # SIOCOUTQ: bytes the peer has not read yet
+_SKB_MIN_OVERHEAD = 384
+"""Bytes a queued packet adds to ``SIOCOUTQ`` beyond its length, at least: the kernel counts
+each one's buffer (``skb->truesize``: the data rounded up, plus ``struct sk_buff`` and
+``skb_shared_info``, over 512 bytes on 64-bit Linux; measured 768 for a 100-byte packet)."""
+_HUP = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0x2000)
+# Python 3.9: a timed-out blocking send raises socket.timeout, not yet an alias of TimeoutError.
+_FULL_ERRORS = (BlockingIOError, InterruptedError, TimeoutError, socket.timeout)
+_perf = time.perf_counter
+
+
+class Outcome(enum.Enum):
+    """What became of one packet (see the module docstring for what the run counts)."""
+
+    SENT = "sent"
+    BACKPRESSURE = "backpressure"
+    DISCONNECTED = "disconnected"
+
+
+class SendResult(NamedTuple):
+    """The result of :meth:`Transport.send`.
+
+    Attributes:
+        outcome: what became of the packet.
+        in_flight: with ``DISCONNECTED`` after a failed send, the records the connection
+            carried that were never confirmed read (0 otherwise).
+    """
+
+    outcome: Outcome
+    in_flight: int = 0
+
+    @property
+    def resend_names(self) -> bool:
+        """Whether the names must be announced again (a dropped packet may have held some)."""
+        return self.outcome is Outcome.BACKPRESSURE
+
+
+_SENT = SendResult(Outcome.SENT)
+_FULL = SendResult(Outcome.BACKPRESSURE)
+_NO_CONNECTION = SendResult(Outcome.DISCONNECTED)
+
+
+def expected_exporter_uid(env: Mapping[str, str]) -> int | None:
+    """``TRAINMON_EXPORTER_UID``: the uid the exporter must run as, or None (no check).
+
+    Raises:
+        ValueError: it is set but not a non-negative integer.
+    """
+    value = env.get("TRAINMON_EXPORTER_UID", "").strip()
+    if not value:
+        return None
+    if not value.isdigit():
+        raise ValueError(f"TRAINMON_EXPORTER_UID={value!r} is not a uid (a non-negative integer)")
+    return int(value)
+
+
+def _check_listener(sock: socket.socket, expected: int) -> None:
+    """Refuse a listener that does not run as ``expected`` (its ``SO_PEERCRED`` uid).
+
+    Raises:
+        OSError: ``EPERM`` when it runs as another uid, ``ENOTSUP`` without ``SO_PEERCRED``
+            (the caller drops and counts, as for any failed connect).
+    """
+    peercred = getattr(socket, "SO_PEERCRED", None)
+    if peercred is None:  # not Linux: nothing to check with, so nothing is sent
+        raise OSError(errno.ENOTSUP, "TRAINMON_EXPORTER_UID needs SO_PEERCRED (Linux)")
+    raw = sock.getsockopt(socket.SOL_SOCKET, peercred, 12)
+    uid = int.from_bytes(raw[4:8], sys.byteorder)
+    if uid != expected:
+        raise OSError(errno.EPERM, f"it runs as uid {uid}, not TRAINMON_EXPORTER_UID={expected}")
+
+
+class Transport:
+    """One client's connection to the exporter's socket at ``path``; not thread-safe.
+
+    Args:
+        path: the exporter's Unix socket.
+        exporter_uid: the uid the listener must run as (``TRAINMON_EXPORTER_UID``), or None.
+
+    Attributes:
+        sent_connection: data records handed to the kernel on this connection (0 again after
+            every connect): TOTALS ``sent_connection`` before the next packet.
+    """
+
+    def __init__(self, path: str, exporter_uid: int | None = None) -> None:
+        self.path = path
+        self.exporter_uid = exporter_uid
+        self._sock: socket.socket | None = None
+        self._next_connect = 0.0
+        self._backoff = BACKOFF_MIN_S
+        self._warned = False
+        self._deadline = math.inf
+        self._no_outq = False  # SIOCOUTQ failed: nothing can be confirmed read
+        self.sent_connection = 0
+        self._confirmed = 0  # of sent_connection, records the exporter was seen to read
+        # Packets sent since the last confirmation: (bytes, sent_connection after it).
+        self._unconfirmed: deque[tuple[int, int]] = deque(maxlen=4096)
+
+    @property
+    def connected(self) -> bool:
+        """Whether a connection is up (as far as the last send or check knows)."""
+        return self._sock is not None
+
+    def connect(self, now: float, hello: Callable[[], list[bytes]]) -> bool:
+        """Connect, unless a failure's backoff runs past ``now``; send the ``hello()`` packets.
+
+        Returns:
+            True when connected. A failure logs a warning (once per run) and sets the backoff.
+        """
+        if now < self._next_connect:
+            return False
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            sock.setblocking(False)
+            sock.connect(self.path)
+            if self.exporter_uid is not None:
+                _check_listener(sock, self.exporter_uid)
+            for packet in hello():
+                sock.send(packet, _SEND_FLAGS)
+        except OSError as exc:
+            sock.close()
+            self._next_connect = now + self._backoff
+            self._backoff = min(self._backoff * 2, BACKOFF_MAX_S)
+            if not self._warned:
+                self._warned = True
+                log.warning(
+                    "trainmon: no exporter at %s (%s); metrics are dropped and counted until "
+                    "one listens",
+                    self.path,
+                    exc.strerror or exc,
+                )
+            return False
+        self._backoff = BACKOFF_MIN_S
+        self._sock = sock
+        self.sent_connection = self._confirmed = 0
+        self._unconfirmed.clear()
+        return True
+
+    def retry_now(self) -> None:
+        """Let the next :meth:`connect` try at once, whatever the backoff (``finish()``)."""
+        self._next_connect = 0.0
+
+    def send(self, wire: bytes, n: int, now: float, wait: float | None = None) -> SendResult:
+        """Send one packet that holds ``n`` data records; never raises ``OSError``.
+
+        Args:
+            wire: the whole packet, its TOTALS record included.
+            n: its data records.
+            now: the caller's clock, for the backoff should the connection end.
+            wait: seconds to wait for buffer space (``finish()`` only); None: never wait.
+        """
+        sock = self._sock
+        if sock is None:
+            return _NO_CONNECTION
+        flags = _SEND_FLAGS
+        if wait is not None:
+            sock.settimeout(wait)
+            flags = _WAIT_FLAGS
+        try:
+            sock.send(wire, flags)
+        except _FULL_ERRORS:
+            return _FULL
+        except OSError as exc:
+            if exc.errno in (errno.ENOBUFS, errno.EMSGSIZE):
+                return _FULL
+            log.debug("trainmon_client: send failed (%s); reconnecting", exc)
+            return SendResult(Outcome.DISCONNECTED, self._lose(now))
+        self.sent_connection += n
+        self._unconfirmed.append((len(wire), self.sent_connection))
+        return _SENT
+
+    def check(self, now: float) -> int:
+        """Before a flush: note what the exporter has read, or notice that it went away.
+
+        An empty send queue (``SIOCOUTQ``) while the peer is still there means the exporter
+        has read every packet sent so far. The queue is read *before* the hang-up check: the
+        kernel flags the hang-up before it discards the queue, so a 0 seen on a live socket
+        is never a discarded queue.
+
+        Returns:
+            The records lost in flight when the connection turned out to be gone, else 0.
+        """
+        sock = self._sock
+        if sock is None:
+            return 0
+        try:
+            raw = fcntl.ioctl(sock.fileno(), _OUTQ, b"\0\0\0\0")
+            outq = int.from_bytes(raw, sys.byteorder, signed=True)
+        except OSError:  # a kernel without SIOCOUTQ on Unix sockets: nothing is confirmed
+            outq = -1
+            self._no_outq = True
+        try:
+            poller = select.poll()
+            poller.register(sock, _HUP)
+            gone = any(ev & _HUP for _fd, ev in poller.poll(0))
+        except OSError:
+            gone = True
+        if gone:
+            return self._lose(now)
+        if outq == 0:
+            self._confirmed = self.sent_connection
+            self._unconfirmed.clear()
+        elif outq > 0:
+            # The unread packets are the newest, and each holds at least its length plus
+            # _SKB_MIN_OVERHEAD of the queue's bytes (the kernel counts buffer sizes): every
+            # packet older than the newest ones whose minimum sizes add up past ``outq`` has
+            # been read.
+            q = self._unconfirmed
+            acc = 0
+            for i in range(len(q) - 1, -1, -1):
+                acc += q[i][0] + _SKB_MIN_OVERHEAD
+                if acc > outq:
+                    self._confirmed = q[i][1]
+                    for _ in range(i + 1):
+                        q.popleft()
+                    break
+        return 0
+
+    def start_deadline(self) -> None:
+        """Start ``finish()``'s one deadline, :data:`FINISH_TIMEOUT_S` from now."""
+        self._deadline = _perf() + FINISH_TIMEOUT_S
+
+    def time_left(self) -> float:
+        """Seconds to ``finish()``'s deadline (infinite before :meth:`start_deadline`)."""
+        return self._deadline - _perf()
+
+    def await_read(self) -> int:
+        """``finish()``: wait until the exporter has read everything sent, or the deadline.
+
+        Returns:
+            The records not seen read by then, or carried by a connection that ended
+            meanwhile (``in_flight``): an exporter that is frozen (or about to die) would lose
+            them with no one the wiser. 0 when the kernel cannot tell (no ``SIOCOUTQ``).
+        """
+        lost = 0
+        while self._sock is not None and self._confirmed < self.sent_connection:
+            if self._no_outq:
+                return lost
+            if _perf() >= self._deadline:
+                lost += self.sent_connection - self._confirmed
+                self._confirmed = self.sent_connection
+                self._unconfirmed.clear()
+                return lost
+            time.sleep(0.001)
+            lost += self.check(_perf())
+        return lost
+
+    def close(self) -> None:
+        """Close the socket (the next send connects again)."""
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            except OSError:
+                pass
+            self._sock = None
+
+    def abandon(self) -> None:
+        """Forget the socket without closing it: a forked child's, which the parent owns."""
+        self._sock = None
+
+    def _lose(self, now: float) -> int:
+        """The connection ended: close it, back off, return the records never seen read."""
+        lost = self.sent_connection - self._confirmed
+        self.sent_connection = self._confirmed = 0
+        self._unconfirmed.clear()
+        self.close()
+        self._next_connect = now + self._backoff
+        return lost
