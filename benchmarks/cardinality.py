@@ -1,6 +1,6 @@
 """Print the series a real exporter exports per rank, GPU, node, run and watched layer.
 
-The session and the counting rules are in ``tests/cardinality.py``; the budget that
+The session and the counting rules are in ``tests/helpers/cardinality.py``; the budget that
 ``tests/exporter/test_cardinality.py`` holds the exporter to, and the fleet table it
 publishes in docs/scaling.md, follow from these figures.
 
@@ -18,8 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.cardinality import GPUS, RANKS, measure  # noqa: E402
-from tests.exporter.test_cardinality import BUDGET, table  # noqa: E402
+from tests.helpers.cardinality import BUDGET, GPUS, RANKS, measure, table  # noqa: E402  # noqa: E402
 
 
 def main() -> None:

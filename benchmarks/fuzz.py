@@ -30,8 +30,16 @@ sys.path.insert(0, str(ROOT))
 from hypothesis import HealthCheck, given, seed, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from tests.exporter.test_fuzz import new_state, step_heads_and_fields  # noqa: E402
-from tests.fuzzing import Target, decode_all, floats, layer_rows, packets, raw_packets  # noqa: E402
+from tests.helpers.fuzzing import (  # noqa: E402
+    Target,
+    decode_all,
+    floats,
+    layer_rows,
+    new_state,
+    packets,
+    raw_packets,
+    step_heads_and_fields,
+)
 from trainmon_client import _protocol as P  # noqa: E402
 
 BATCH = 200

@@ -38,7 +38,7 @@ import yaml
 from trainmon_exporter.settings import environment_names
 
 from ..conftest import ROOT, child_env, free_port, require_tool, wait_for
-from ..exporter.test_cardinality import BUDGET
+from ..helpers.cardinality import BUDGET
 
 K8S = ROOT / "deploy" / "kubernetes"
 SCHEMAS = Path(__file__).with_name("schemas") / "prometheus-operator-v0.93.0"

@@ -12,7 +12,7 @@ from trainmon_exporter.analytics import AnalyticsSettings
 from trainmon_exporter.settings import CollectorToggles, Settings
 
 from ..conftest import ROOT, InProcessExporter
-from .test_metrics import scripted_session
+from ..helpers.exporter import scripted_session
 
 
 def test_every_metric_family_is_documented(exporter: InProcessExporter) -> None:

@@ -16,22 +16,17 @@ from hypothesis import strategies as st
 
 from trainmon_client import _protocol as P
 from trainmon_exporter import derive
-from trainmon_exporter.analytics import AnalyticsSettings, RankAnalytics
-from trainmon_exporter.state import RankState
 
-from ..fuzzing import Target, decode_all, floats, layer_rows, packets, raw_packets, step_fields
-from ..fuzzing import step_heads as _step_heads
-
-step_heads_and_fields = st.tuples(_step_heads, step_fields)
-
-
-def new_state() -> RankState:
-    return RankState(
-        run="r", rank=0, local_rank=0, world_size=1, hostname="h", pid=1,
-        client_version="t", gpu_uuid=None, started_at=1.0, flops_per_token=6e9, dtype="bf16",
-        buckets=(0.1, 1.0, 10.0), analytics=RankAnalytics(AnalyticsSettings()),
-    )  # fmt: skip
-
+from ..helpers.fuzzing import (
+    Target,
+    decode_all,
+    floats,
+    layer_rows,
+    new_state,
+    packets,
+    raw_packets,
+    step_heads_and_fields,
+)
 
 BOUNDED = settings(
     max_examples=150,

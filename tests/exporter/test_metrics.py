@@ -15,32 +15,7 @@ from ..conftest import (
     sample,
     wait_for,
 )
-
-
-def scripted_session(ex: InProcessExporter, run: str = "scripted", ranks: int = 2) -> None:
-    for rank in range(ranks):
-        r = connect(ex, run, rank=rank, world_size=ranks, num_params=10_000)
-        for i in range(20):
-            r.log(
-                i,
-                loss=3.0 - 0.1 * i,
-                lr=1e-3,
-                grad_norm=0.7,
-                tokens=512,
-                samples=4,
-                batch_size=4,
-                seq_len=128,
-                **{"opt/update_ratio": 1e-3, "moe.aux": 0.01},
-            )
-            time.sleep(0.03)  # 20 steps span 0.6 s: enough for rates
-            if i == 9:
-                with r.track("validation"):
-                    r.eval(i, val_loss=2.5, accuracy=0.4)
-                r.checkpoint(i, seconds=0.25)
-        r.log(20, loss=float("nan"))
-        if rank == 0:
-            r.finish()
-    wait_for(lambda: all((k := ex.rank(run, i)) and k["step"] == 20 for i in range(ranks)))
+from ..helpers.exporter import scripted_session
 
 
 def test_promtool_accepts_the_exposition(exporter: InProcessExporter) -> None:

@@ -6,13 +6,14 @@ stores and rank states are the exporter's own, made small so tests can fill them
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from trainmon_client import _protocol as P
 from trainmon_exporter.analytics import AnalyticsSettings, RankAnalytics
 from trainmon_exporter.state import RankState, Store
 
-from ..conftest import InProcessExporter, sample
+from ..conftest import InProcessExporter, connect, sample, wait_for
 
 HELLO: dict[str, Any] = {
     "run": "raw",
@@ -86,3 +87,30 @@ def make_state(**analytics: Any) -> RankState:
         buckets=(1.0,),
         analytics=RankAnalytics(AnalyticsSettings(**analytics)),
     )
+
+
+def scripted_session(ex: InProcessExporter, run: str = "scripted", ranks: int = 2) -> None:
+    """Two ranks of one run with every kind of record, a NaN, and rank 0 finished."""
+    for rank in range(ranks):
+        r = connect(ex, run, rank=rank, world_size=ranks, num_params=10_000)
+        for i in range(20):
+            r.log(
+                i,
+                loss=3.0 - 0.1 * i,
+                lr=1e-3,
+                grad_norm=0.7,
+                tokens=512,
+                samples=4,
+                batch_size=4,
+                seq_len=128,
+                **{"opt/update_ratio": 1e-3, "moe.aux": 0.01},
+            )
+            time.sleep(0.03)  # 20 steps span 0.6 s: enough for rates
+            if i == 9:
+                with r.track("validation"):
+                    r.eval(i, val_loss=2.5, accuracy=0.4)
+                r.checkpoint(i, seconds=0.25)
+        r.log(20, loss=float("nan"))
+        if rank == 0:
+            r.finish()
+    wait_for(lambda: all((k := ex.rank(run, i)) and k["step"] == 20 for i in range(ranks)))

@@ -17,9 +17,11 @@ from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
 from trainmon_client import _protocol as P
+from trainmon_exporter.analytics import AnalyticsSettings, RankAnalytics
 from trainmon_exporter.app import build_exporter
 from trainmon_exporter.ingest import Connection
 from trainmon_exporter.settings import Settings
+from trainmon_exporter.state import RankState
 
 EXTREMES = [
     0.0,
@@ -234,3 +236,14 @@ layer_rows = st.lists(
 )
 step_heads = st.tuples(u64, u64, floats, floats, floats, floats, floats, u64, u64, u64)
 step_fields = st.lists(st.tuples(st.integers(1, 11), floats), max_size=6)
+
+
+step_heads_and_fields = st.tuples(step_heads, step_fields)
+
+
+def new_state() -> RankState:
+    return RankState(
+        run="r", rank=0, local_rank=0, world_size=1, hostname="h", pid=1,
+        client_version="t", gpu_uuid=None, started_at=1.0, flops_per_token=6e9, dtype="bf16",
+        buckets=(0.1, 1.0, 10.0), analytics=RankAnalytics(AnalyticsSettings()),
+    )  # fmt: skip
