@@ -24,7 +24,6 @@ from prometheus_client import CollectorRegistry, disable_created_metrics
 from prometheus_client.exposition import choose_encoder, generate_latest
 
 from trainmon_exporter import __version__
-from trainmon_exporter.api import GpusResponse, RankView, RunsResponse, gpu_snapshot, snapshot
 from trainmon_exporter.collectors import CollectorContext, ScrapeCollector, build_collectors
 from trainmon_exporter.exposition import TextExposition
 from trainmon_exporter.httplimits import GatedResponse, HttpStats, ScrapeGate
@@ -35,6 +34,7 @@ from trainmon_exporter.sampler import FAILED, NO_DRIVER, NOT_STARTED, GpuSampler
 from trainmon_exporter.settings import Settings
 from trainmon_exporter.sockfile import IngestSocket
 from trainmon_exporter.state import Store
+from trainmon_exporter.views.api import GpusResponse, RankView, RunsResponse, gpu_snapshot, snapshot
 
 log = logging.getLogger("trainmon_exporter")
 
