@@ -9,6 +9,6 @@
 - :mod:`~trainmon_exporter.views.cells`: how a value is written in a cell, shared by the page
   and the terminal.
 
-The terminal runs on its own (no daemon in the process), so nothing here imports FastAPI,
-uvicorn, prometheus_client or NVML at import time.
+``trainmon status`` runs without the daemon: ``api``, ``cells`` and ``terminal`` import
+neither FastAPI, uvicorn, prometheus_client nor pynvml (tests/exporter/test_imports.py).
 """
