@@ -38,3 +38,13 @@ def test_the_package_loads_its_public_names_on_first_use() -> None:
     assert trainmon_exporter.main is main
     assert trainmon_exporter.Settings is Settings
     assert set(trainmon_exporter.__all__) <= set(dir(trainmon_exporter))
+
+
+def test_the_terminal_view_loads_none_of_the_daemon() -> None:
+    loaded = loaded_after("import trainmon_exporter.views.terminal")
+    assert "pydantic" in loaded  # the probe sees what it should (the view model is pydantic)
+    assert not loaded & set(HEAVY), sorted(loaded & set(HEAVY))
+    assert "pydantic_settings" not in loaded  # the settings model is the daemon's
+    # ``trainmon --help`` goes through the whole command line: still no daemon.
+    help_page = "from trainmon_exporter.views.terminal import cli\ncli(['status', '--help'])"
+    assert not loaded_after(help_page) & set(HEAVY)

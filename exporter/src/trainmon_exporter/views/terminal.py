@@ -4,9 +4,13 @@
     trainmon status --once                                         # one plain snapshot
 
 Reads ``/api/v1/runs`` and ``/api/v1/gpus`` of a running exporter (also reachable as
-``trainmon-exporter status``). ``--once`` prints whitespace-separated columns with a header
-line, ``-`` for a missing value and no colour, so scripts can parse it; rows are sorted by run
-and rank, then GPUs by index.
+``trainmon-exporter status``) into the API's own models (:mod:`trainmon_exporter.views.api`)
+and writes their cells as the status page does (:mod:`trainmon_exporter.views.cells`).
+``--once`` prints whitespace-separated columns with a header line, ``-`` for a missing value
+and no colour, so scripts can parse it; rows are sorted by run and rank, then GPUs by index.
+
+This module loads neither the daemon (FastAPI, uvicorn, prometheus_client, pynvml) nor the
+settings model, so the command starts fast; rich is imported when the live view first draws.
 """
 
 from __future__ import annotations
@@ -19,9 +23,13 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple, TypeVar
 
-from trainmon_exporter.settings import DEFAULT_PORT
+from pydantic import BaseModel, ValidationError
+
+from trainmon_exporter._defaults import DEFAULT_PORT
+from trainmon_exporter.views.api import GpusResponse, GpuView, RunsResponse
+from trainmon_exporter.views.cells import NONFINITE, TERMINAL
 
 DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
 
@@ -58,108 +66,94 @@ class StatusError(RuntimeError):
     """The exporter could not be read (one line for the user)."""
 
 
-def fetch(url: str, timeout: float = 5.0) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(runs, gpus)``: the bodies of ``/api/v1/runs`` and ``/api/v1/gpus``.
+_Body = TypeVar("_Body", bound=BaseModel)
+
+
+def _get(url: str, path: str, model: type[_Body], timeout: float) -> _Body:
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + path, timeout=timeout) as r:
+            body = json.loads(r.read())
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise StatusError(f"cannot read {url}{path}: {reason}") from None
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise StatusError(
+            f"cannot read {url}{path}: not a trainmon exporter's answer ({where}: {first['msg']})"
+        ) from None
+
+
+def fetch(url: str, timeout: float = 5.0) -> tuple[RunsResponse, GpusResponse]:
+    """``(runs, gpus)``: the bodies of ``/api/v1/runs`` and ``/api/v1/gpus``, parsed.
 
     Raises:
-        StatusError: the exporter is unreachable or answered with an error.
+        StatusError: the exporter is unreachable, answered with an error, or its answer does
+            not fit the API's models.
     """
-    out = []
-    for path in ("/api/v1/runs", "/api/v1/gpus"):
-        try:
-            with urllib.request.urlopen(url.rstrip("/") + path, timeout=timeout) as r:
-                out.append(json.loads(r.read()))
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise StatusError(f"cannot read {url}{path}: {reason}") from None
-    return out[0], out[1]
+    runs = _get(url, "/api/v1/runs", RunsResponse, timeout)
+    return runs, _get(url, "/api/v1/gpus", GpusResponse, timeout)
 
 
-def _pct(v: float | None) -> str:
-    return "-" if v is None else f"{v * 100:.1f}%"
-
-
-def _num(v: float | None, fmt: str) -> str:
-    return "-" if v is None else format(v, fmt)
-
-
-def _anomalies(r: dict[str, Any]) -> str:
-    parts = list(r.get("health") or [])
-    events = r.get("events") or []
-    if events:
-        last = events[-1]
-        parts.append(f"last event {last['kind']} at step {last['step']}")
-    return "; ".join(parts) or "ok"
-
-
-def rank_rows(runs: dict[str, Any], gpus: dict[str, Any]) -> list[dict[str, str]]:
-    """One row per rank, every value already formatted (``-`` when missing)."""
-    by_index = {g["index"]: g for g in gpus.get("gpus", [])}
+def rank_rows(runs: RunsResponse, gpus: GpusResponse) -> list[dict[str, str]]:
+    """One row per rank (keys: :data:`RANK_COLUMNS`), every value already formatted."""
+    c = TERMINAL
+    by_index = {g.index: g for g in gpus.gpus}
     rows = []
-    for run in runs.get("runs", []):
-        for r in run["ranks"]:
-            g = by_index.get(r.get("gpu"))
+    for run in runs.runs:
+        for r in run.ranks:
+            g = None if r.gpu is None else by_index.get(r.gpu)
             mem = None
-            if g and g.get("memory_used_bytes") is not None and g.get("memory_size_bytes"):
-                mem = g["memory_used_bytes"] / g["memory_size_bytes"]
-            mfu = _pct(r.get("mfu_ratio"))
-            if r.get("mfu_ratio") is None and r.get("mfu_unavailable_reason"):
-                mfu = f"-({r['mfu_unavailable_reason']})"
-            values = r.get("values") or {}
-            loss = (
-                "NaN/Inf"
-                if "loss" in values and values["loss"] is None
-                else _num(values.get("loss"), ".4g")
-            )
+            if g is not None and g.memory_used_bytes is not None and g.memory_size_bytes:
+                mem = g.memory_used_bytes / g.memory_size_bytes
+            anomalies = list(r.health)
+            if r.events:
+                last = r.events[-1]
+                anomalies.append(f"last event {last.kind} at step {last.step}")
             rows.append(
                 {
-                    "run": run["run"],
-                    "rank": f"{r['rank']}/{r['world_size']}",
-                    "host": r["hostname"] or "-",
-                    "status": r["status"],
-                    "step": "-" if r["step"] is None else str(r["step"]),
-                    "loss": loss,
-                    "loss_ema": _num(r.get("loss_ema"), ".4g"),
-                    "tokens_per_s": _num(r.get("tokens_per_second"), ".0f"),
-                    "mfu": mfu,
-                    "gpu": "-" if r.get("gpu") is None else str(r["gpu"]),
-                    "gpu_util": _pct(g.get("utilization_ratio")) if g else "-",
-                    "gpu_mem": _pct(mem),
-                    "anomalies": _anomalies(r),
+                    "run": run.run,
+                    "rank": f"{r.rank}/{r.world_size}",
+                    "host": r.hostname or c.missing,
+                    "status": r.status,
+                    "step": c.missing if r.step is None else str(r.step),
+                    "loss": c.logged(r.values, "loss", ".4g"),
+                    "loss_ema": c.number(r.loss_ema, ".4g"),
+                    "tokens_per_s": c.number(r.tokens_per_second, ".0f"),
+                    "mfu": c.mfu(r),
+                    "gpu": c.missing if r.gpu is None else str(r.gpu),
+                    "gpu_util": c.missing if g is None else c.percent(g.utilization_ratio),
+                    "gpu_mem": c.percent(mem),
+                    "anomalies": "; ".join(anomalies) or "ok",
                 }
             )
     return rows
 
 
-def gpu_rows(gpus: dict[str, Any]) -> list[dict[str, str]]:
-    """One row per GPU of the last NVML sample."""
-    rows = []
-    for g in sorted(gpus.get("gpus", []), key=lambda g: g["index"]):
-        gib = 2.0**30
-        rows.append(
-            {
-                "gpu": str(g["index"]),
-                "name": g["name"],
-                "util": _pct(g.get("utilization_ratio")),
-                "tensor": _pct(g.get("tensor_active_ratio")),
-                "mem_used_gib": _num(
-                    None if g.get("memory_used_bytes") is None else g["memory_used_bytes"] / gib,
-                    ".1f",
-                ),
-                "mem_total_gib": _num(
-                    None if g.get("memory_size_bytes") is None else g["memory_size_bytes"] / gib,
-                    ".1f",
-                ),
-                "power_w": _num(g.get("power_usage_watts"), ".0f"),
-                "temp_c": _num(g.get("temperature_celsius"), ".0f"),
-                "slowdown": ",".join(g.get("slowdown_reasons") or []) or "none",
-                "xids": str(g.get("xid_errors", 0)),
-            }
-        )
-    return rows
+def _gpu_row(g: GpuView) -> dict[str, str]:
+    c = TERMINAL
+    return {
+        "gpu": str(g.index),
+        "name": g.name,
+        "util": c.percent(g.utilization_ratio),
+        "tensor": c.percent(g.tensor_active_ratio),
+        "mem_used_gib": c.gib(g.memory_used_bytes),
+        "mem_total_gib": c.gib(g.memory_size_bytes),
+        "power_w": c.number(g.power_usage_watts, ".0f"),
+        "temp_c": c.number(g.temperature_celsius, ".0f"),
+        "slowdown": ",".join(g.slowdown_reasons) or "none",
+        "xids": str(g.xid_errors),
+    }
 
 
-def plain(runs: dict[str, Any], gpus: dict[str, Any]) -> str:
+def gpu_rows(gpus: GpusResponse) -> list[dict[str, str]]:
+    """One row per GPU of the last NVML sample (keys: :data:`GPU_COLUMNS`), by index."""
+    return [_gpu_row(g) for g in sorted(gpus.gpus, key=lambda g: g.index)]
+
+
+def plain(runs: RunsResponse, gpus: GpusResponse) -> str:
     """The ``--once`` snapshot: a ranks section, then a GPUs section.
 
     Columns are separated by two spaces or more (values never contain two spaces); ``-``
@@ -176,46 +170,55 @@ def plain(runs: dict[str, Any], gpus: dict[str, Any]) -> str:
 
     lines = ["# ranks", *table(RANK_COLUMNS, rank_rows(runs, gpus))]
     lines.append("")
-    if gpus.get("ok"):
-        lines.append(
-            f"# gpus (driver {gpus.get('driver_version') or '?'}, {gpus.get('lost_total', 0)} lost)"
-        )
+    if gpus.ok:
+        lines.append(f"# gpus (driver {gpus.driver_version or '?'}, {gpus.lost_total} lost)")
         lines += table(GPU_COLUMNS, gpu_rows(gpus))
     else:
-        lines.append(f"# gpus: none ({gpus.get('error') or 'GPU sampling off'})")
+        lines.append(f"# gpus: none ({gpus.error or 'GPU sampling off'})")
     return "\n".join(lines) + "\n"
 
 
-# The live view's columns: (key, header, priority, wraps). Lower priority numbers are kept
-# first when the terminal is narrow; a column that does not fit whole is dropped (and named in
-# the caption), never squeezed, so a number is never cut into another number. Only text columns
-# wrap, and only between words (their minimum width is their longest word).
-_RANK_VIEW = (
-    ("run", "run", 0, False),
-    ("rank", "rank", 1, False),
-    ("host", "host", 8, False),
-    ("status", "status", 2, False),
-    ("step", "step", 3, False),
-    ("loss", "loss", 4, False),
-    ("loss_ema", "loss ema", 11, False),
-    ("tokens_per_s", "tokens/s", 6, False),
-    ("mfu", "mfu", 7, False),
-    ("gpu", "gpu", 9, False),
-    ("gpu_util", "gpu util", 10, False),
-    ("gpu_mem", "gpu mem", 12, False),
-    ("anomalies", "anomalies", 5, True),
+class Column(NamedTuple):
+    """A column of the live view.
+
+    Lower ``priority`` numbers are kept first when the terminal is narrow; a column that does
+    not fit whole is dropped (and named in the caption), never squeezed, so a number is never
+    cut into another number. Only text columns (``wraps``) wrap, and only between words (their
+    minimum width is their longest word).
+    """
+
+    key: str
+    header: str
+    priority: int
+    wraps: bool
+
+
+LIVE_RANK_COLUMNS = (
+    Column("run", "run", 0, False),
+    Column("rank", "rank", 1, False),
+    Column("host", "host", 8, False),
+    Column("status", "status", 2, False),
+    Column("step", "step", 3, False),
+    Column("loss", "loss", 4, False),
+    Column("loss_ema", "loss ema", 11, False),
+    Column("tokens_per_s", "tokens/s", 6, False),
+    Column("mfu", "mfu", 7, False),
+    Column("gpu", "gpu", 9, False),
+    Column("gpu_util", "gpu util", 10, False),
+    Column("gpu_mem", "gpu mem", 12, False),
+    Column("anomalies", "anomalies", 5, True),
 )
-_GPU_VIEW = (
-    ("gpu", "gpu", 0, False),
-    ("name", "name", 6, True),
-    ("util", "util", 1, False),
-    ("tensor", "tensor", 7, False),
-    ("mem_used_gib", "mem GiB", 3, False),
-    ("mem_total_gib", "of GiB", 4, False),
-    ("power_w", "W", 8, False),
-    ("temp_c", "°C", 5, False),
-    ("slowdown", "slowdown", 2, True),
-    ("xids", "xids", 2, False),
+LIVE_GPU_COLUMNS = (
+    Column("gpu", "gpu", 0, False),
+    Column("name", "name", 6, True),
+    Column("util", "util", 1, False),
+    Column("tensor", "tensor", 7, False),
+    Column("mem_used_gib", "mem GiB", 3, False),
+    Column("mem_total_gib", "of GiB", 4, False),
+    Column("power_w", "W", 8, False),
+    Column("temp_c", "°C", 5, False),
+    Column("slowdown", "slowdown", 2, True),
+    Column("xids", "xids", 2, False),
 )
 # A bordered table with one space of padding each side: 3 cells per column plus one border.
 _CELL_OVERHEAD = 3
@@ -231,7 +234,7 @@ def _cell_width(text: str, wraps: bool) -> int:
 
 
 def fit_columns(
-    spec: Sequence[tuple[str, str, int, bool]], rows: list[dict[str, str]], width: int
+    spec: Sequence[Column], rows: list[dict[str, str]], width: int
 ) -> tuple[list[tuple[str, str, int, bool]], list[str]]:
     """The columns of ``spec`` that fit in ``width`` terminal cells, with their widths.
 
@@ -247,13 +250,13 @@ def fit_columns(
     minimum = {key: need(key, header, wraps) for key, header, _, wraps in spec}
     budget = width - 1  # the left border
     keep: set[str] = set()
-    for key, _, _, _ in sorted(spec, key=lambda c: c[2]):
+    for key, _, _, _ in sorted(spec, key=lambda c: c.priority):
         cost = minimum[key] + _CELL_OVERHEAD
         if cost <= budget or not keep:
             keep.add(key)
             budget -= cost
     widths = dict(minimum)
-    for key, header, _, wraps in sorted(spec, key=lambda c: c[2]):
+    for key, header, _, wraps in sorted(spec, key=lambda c: c.priority):
         if key in keep and wraps and budget > 0:
             grow = min(budget, need(key, header, False) - widths[key])
             widths[key] += max(0, grow)
@@ -269,7 +272,7 @@ class _FittedTable:
     def __init__(
         self,
         title: str | None,
-        spec: Sequence[tuple[str, str, int, bool]],
+        spec: Sequence[Column],
         rows: list[dict[str, str]],
         styles: list[tuple[str, dict[str, str]]],
         caption: str | None,
@@ -307,7 +310,7 @@ class _FittedTable:
         yield table
 
 
-def rich_view(runs: dict[str, Any], gpus: dict[str, Any], url: str) -> Any:
+def rich_view(runs: RunsResponse, gpus: GpusResponse, url: str) -> Any:
     """The live view: two rich tables, problems in colour, columns fitted to the terminal.
 
     At any width every number shown is whole: columns that do not fit are dropped by
@@ -324,12 +327,12 @@ def rich_view(runs: dict[str, Any], gpus: dict[str, Any], url: str) -> Any:
         cell_styles: dict[str, str] = {}
         if row["anomalies"] != "ok":
             cell_styles["anomalies"] = "yellow"
-        if row["loss"] == "NaN/Inf":
+        if row["loss"] == NONFINITE:
             cell_styles["loss"] = "bold red"
         styles.append((style, cell_styles))
     ranks = _FittedTable(
         f"trainmon · {url}",
-        _RANK_VIEW,
+        LIVE_RANK_COLUMNS,
         rows,
         styles,
         None if rows else "No trainer has connected yet.",
@@ -340,10 +343,10 @@ def rich_view(runs: dict[str, Any], gpus: dict[str, Any], url: str) -> Any:
         for r in grows
     ]
     caption = None
-    if not gpus.get("ok"):
-        hint = f" Hint: {gpus['hint']}" if gpus.get("hint") else ""
-        caption = f"No GPU metrics: {gpus.get('error')}.{hint}"
-    return Group(ranks, _FittedTable("GPUs", _GPU_VIEW, grows, gstyles, caption))
+    if not gpus.ok:
+        hint = f" Hint: {gpus.hint}" if gpus.hint else ""
+        caption = f"No GPU metrics: {gpus.error}.{hint}"
+    return Group(ranks, _FittedTable("GPUs", LIVE_GPU_COLUMNS, grows, gstyles, caption))
 
 
 def normalise_url(url: str) -> str:
