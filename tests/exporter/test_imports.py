@@ -48,3 +48,12 @@ def test_the_terminal_view_loads_none_of_the_daemon() -> None:
     # ``trainmon --help`` goes through the whole command line: still no daemon.
     help_page = "from trainmon_exporter.views.terminal import cli\ncli(['status', '--help'])"
     assert not loaded_after(help_page) & set(HEAVY)
+
+
+def test_the_old_module_of_the_terminal_still_runs_it() -> None:
+    # A ``trainmon`` script installed before views/terminal.py imports trainmon_exporter.status.
+    assert not loaded_after("import trainmon_exporter.status") & set(HEAVY)
+    from trainmon_exporter import status
+    from trainmon_exporter.views import terminal
+
+    assert status.cli is terminal.cli and status.main is terminal.main
