@@ -1,8 +1,12 @@
 """The FastAPI application: ``/metrics``, health probes, the JSON API and the status page.
 
-Everything with a lifetime (the ingest socket, the expiry sweeper) starts and stops in the
-lifespan. ``/metrics`` is a sync route, so Starlette runs it in its threadpool and collection
-never blocks the event loop that serves ingest.
+This module only wires: :func:`build_exporter` connects the store, registry, collectors, GPU
+sampler and ingest server; :func:`create_app` adds the lifespan and the routes. What the JSON
+API and the status page show is built in :mod:`trainmon_exporter.views`.
+
+Everything with a lifetime (the ingest socket, the GPU sampler, the expiry sweeper, the
+detector clock) starts and stops in the lifespan. ``/metrics`` is an async route that renders
+in a worker thread, so collection never blocks the event loop that serves ingest.
 """
 
 from __future__ import annotations
