@@ -21,6 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import trainmon_client
 from trainmon_exporter import Settings, create_app
+from trainmon_exporter.local import LocalExporter
+from trainmon_exporter.local import free_port as free_port  # the tests' free ports
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,12 +50,6 @@ def wait_for(cond: Callable[[], Any], timeout: float = 10.0, interval: float = 0
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s: {cond}")
         time.sleep(interval)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def short_tmpdir() -> Path:
@@ -130,64 +126,29 @@ def exporter(make_exporter: Callable[..., InProcessExporter]) -> InProcessExport
     return make_exporter()
 
 
-class ExporterProcess:
-    """``python -m trainmon_exporter`` as a real subprocess."""
+class ExporterProcess(LocalExporter):
+    """``python -m trainmon_exporter`` as a real subprocess on ``socket_path`` and ``port``.
+
+    A :class:`~trainmon_exporter.local.LocalExporter` at the default log level, its output
+    collected: ``stop()`` returns it, and a process that exits early fails the test with it.
+    """
 
     def __init__(
         self, socket_path: Path, port: int, *args: str, env: dict[str, str] | None = None
     ) -> None:
-        self.socket = str(socket_path)
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
-        self.args = args
-        self.env = env
-        self.proc: subprocess.Popen[str] | None = None
-
-    def start(self, wait: bool = True) -> ExporterProcess:
-        cmd = [
-            sys.executable,
-            "-m",
-            "trainmon_exporter",
-            "--socket",
-            self.socket,
-            "--listen",
-            f"127.0.0.1:{self.port}",
-            *self.args,
-        ]
-        self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=self.env
+        super().__init__(
+            *args, port=port, quiet=False, socket_path=socket_path, env=env, capture_output=True
         )
-        if wait:
-            wait_for(self.ready, timeout=20)
-        return self
 
-    def ready(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise AssertionError(
-                f"exporter exited: {self.proc.stdout.read() if self.proc.stdout else ''}"
-            )
-        try:
-            return httpx.get(self.url + "/readyz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
+    def start(self, timeout: float = 20.0, *, wait: bool = True) -> ExporterProcess:
+        super().start(timeout, wait=wait)
+        return self
 
     def metrics(self) -> dict[Any, float]:
         return parse_metrics(httpx.get(self.url + "/metrics", timeout=5).text)
 
     def runs(self) -> dict[str, Any]:
         return httpx.get(self.url + "/api/v1/runs", timeout=5).json()  # type: ignore[no-any-return]
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> str:
-        assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            out, _ = self.proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            out, _ = self.proc.communicate()
-        return out or ""
 
 
 @pytest.fixture

@@ -179,13 +179,13 @@ def help_flags(*argv: str) -> set[str]:
     return set(re.findall(r"(?<![\w-])--[a-z][\w.-]*[\w]", out.stdout)) - {"--help"}
 
 
+# The ``trainmon`` console command, as its entry point runs it.
+TRAINMON = "import sys; from trainmon_exporter.views.terminal import cli; sys.exit(cli())"
+
+
 @pytest.mark.parametrize(
     "argv",
-    [
-        ("-m", "trainmon_exporter"),
-        ("-c", "import sys; from trainmon_exporter.status import cli; sys.exit(cli())"),
-        ("-c", "import sys; from trainmon_exporter.status import cli; sys.exit(cli())", "status"),
-    ],
+    [("-m", "trainmon_exporter"), ("-c", TRAINMON), ("-c", TRAINMON, "status")],
     ids=["trainmon-exporter", "trainmon", "trainmon status"],
 )
 def test_every_cli_flag_is_documented(argv: tuple[str, ...]) -> None:

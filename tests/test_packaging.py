@@ -146,5 +146,5 @@ def test_build_and_install_into_a_clean_venv(tmp_path: Path) -> None:
         "git", "-c", "user.name=u", "-c", "user.email=u@x", "commit", "-q", "--allow-empty",
         "-m", "x", cwd=other,
     )  # fmt: skip
-    probe = "from trainmon_exporter._build import REVISION; print(REVISION)"
+    probe = "from trainmon_exporter._build import revision; print(revision())"
     assert _run(py, "-c", probe, cwd=other).strip() == rev

@@ -36,6 +36,7 @@ DROP = "import os; os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
 EXPORTER = (
     "import sys\n"
     "import trainmon_exporter.cli as cli\n"
+    "import trainmon_exporter.app, trainmon_exporter.httplimits\n"  # cli imports them to serve
     "import uvicorn.config, uvicorn.server, uvicorn.lifespan.on, uvicorn.loops.auto\n"
     "import uvicorn.loops.asyncio, uvicorn.protocols.http.auto, uvicorn.protocols.http.h11_impl\n"
     "import uvicorn.protocols.websockets.auto\n" + DROP + "sys.exit(cli.main(sys.argv[1:]))\n"

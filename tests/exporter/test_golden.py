@@ -33,10 +33,10 @@ import pytest
 
 from trainmon_client import _protocol as P
 from trainmon_exporter import Settings
-from trainmon_exporter.api import gpu_snapshot, snapshot
 from trainmon_exporter.app import build_exporter
 from trainmon_exporter.exposition import TextExposition
 from trainmon_exporter.ingest import Connection
+from trainmon_exporter.views.api import gpu_snapshot, snapshot
 
 from ..fakes.nvml_backend import FakeGpu, FakeNvmlBackend
 

@@ -12,8 +12,8 @@ from tests.conftest import InProcessExporter, connect, promtool_check_metrics, s
 from tests.fakes.nvml_backend import FakeGpu, FakeNvmlBackend
 from trainmon_client import init
 from trainmon_exporter import nvml, peaks
-from trainmon_exporter.api import gpu_snapshot
 from trainmon_exporter.sampler import FAILED, MAX_XID_CODES, NO_DRIVER, GpuSampler
+from trainmon_exporter.views.api import gpu_snapshot
 
 
 def uuid(i: int) -> str:

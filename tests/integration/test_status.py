@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import http.server
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -13,7 +15,7 @@ import pytest
 from tests.conftest import ExporterProcess, child_env, trainmon_status, wait_for
 from tests.fakes.libnvml import CONFIG_ENV, build, h100, write_config
 from trainmon_client import init
-from trainmon_exporter import status
+from trainmon_exporter.views import terminal
 
 
 @pytest.fixture(scope="module")
@@ -93,9 +95,9 @@ def test_status_once_and_live_view(
     # The live view renders the same data with rich.
     from rich.console import Console
 
-    runs_body, gpus_body = status.fetch(ex.url)
+    runs_body, gpus_body = terminal.fetch(ex.url)
     console = Console(record=True, width=160, color_system=None)
-    console.print(status.rich_view(runs_body, gpus_body, ex.url))
+    console.print(terminal.rich_view(runs_body, gpus_body, ex.url))
     screen = console.export_text()
     assert "status-demo" in screen and "NaN/Inf" in screen and "hw_thermal_slowdown" in screen
     for r in runs:
@@ -109,9 +111,34 @@ def test_status_says_when_the_exporter_is_unreachable() -> None:
     assert "Traceback" not in out.stderr
 
 
+def test_status_says_when_the_answer_is_not_the_exporters_api() -> None:
+    class Other(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b'{"runs": [{"run": "x"}]}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Other) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{server.server_port}"
+        try:
+            with pytest.raises(terminal.StatusError) as err:
+                terminal.fetch(url)
+        finally:
+            server.shutdown()
+    assert str(err.value) == (
+        f"cannot read {url}/api/v1/runs: not a trainmon exporter's answer (time: Field required)"
+    )
+
+
 def trainmon(*args: str) -> subprocess.CompletedProcess[str]:
     """The installed ``trainmon`` console command (its entry point), as a user runs it."""
-    code = "import sys; from trainmon_exporter.status import cli; sys.exit(cli())"
+    code = "import sys; from trainmon_exporter.views.terminal import cli; sys.exit(cli())"
     return subprocess.run(
         [sys.executable, "-c", code, *args],
         capture_output=True,

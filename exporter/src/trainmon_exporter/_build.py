@@ -5,10 +5,14 @@ build (``exporter/setup.py``) from the checkout it was built in. Running from a 
 trainmon itself (an editable install, the tests), the revision is asked of git there. Never
 of the current directory's repository: a venv inside a user's own checkout must not report
 the user's commit, so git is only asked when its work tree is the one this file lives in.
+
+The revision is read on first use (the first scrape of ``trainmon_build_info``), not at
+import: ``trainmon status`` and the CLI's argument checks never run git.
 """
 
 from __future__ import annotations
 
+import functools
 import subprocess
 from pathlib import Path
 
@@ -31,7 +35,9 @@ def _git(here: Path, *args: str) -> str:
     return out.stdout.strip() if out.returncode == 0 else ""
 
 
-def _revision() -> str:
+@functools.cache
+def revision() -> str:
+    """Short git revision trainmon was built from, or ``"unknown"`` (read once, then kept)."""
     here = Path(__file__).resolve().parent
     stamp = here / STAMP
     if stamp.is_file():
@@ -43,7 +49,3 @@ def _revision() -> str:
     if not ours.is_file() or ours.resolve() != Path(__file__).resolve():
         return "unknown"  # someone else's repository around an installed copy
     return _git(here, "rev-parse", "--short=12", "HEAD") or "unknown"
-
-
-REVISION = _revision()
-"""Short git revision trainmon was built from, or ``"unknown"``."""

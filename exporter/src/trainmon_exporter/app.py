@@ -1,15 +1,18 @@
 """The FastAPI application: ``/metrics``, health probes, the JSON API and the status page.
 
-Everything with a lifetime (the ingest socket, the expiry sweeper) starts and stops in the
-lifespan. ``/metrics`` is a sync route, so Starlette runs it in its threadpool and collection
-never blocks the event loop that serves ingest.
+This module only wires: :func:`build_exporter` connects the store, registry, collectors, GPU
+sampler and ingest server; :func:`create_app` adds the lifespan and the routes. What the JSON
+API and the status page show is built in :mod:`trainmon_exporter.views`.
+
+Everything with a lifetime (the ingest socket, the GPU sampler, the expiry sweeper, the
+detector clock) starts and stops in the lifespan. ``/metrics`` is an async route that renders
+in a worker thread, so collection never blocks the event loop that serves ingest.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import html
 import logging
 import threading
 import time
@@ -24,17 +27,18 @@ from prometheus_client import CollectorRegistry, disable_created_metrics
 from prometheus_client.exposition import choose_encoder, generate_latest
 
 from trainmon_exporter import __version__
-from trainmon_exporter.api import GpusResponse, RankView, RunsResponse, gpu_snapshot, snapshot
 from trainmon_exporter.collectors import CollectorContext, ScrapeCollector, build_collectors
 from trainmon_exporter.exposition import TextExposition
 from trainmon_exporter.httplimits import GatedResponse, HttpStats, ScrapeGate
 from trainmon_exporter.ingest import IngestMetrics, IngestServer, connection_cap
 from trainmon_exporter.logsetup import LogMetrics, report_pending
 from trainmon_exporter.nvml import NvmlBackend, PynvmlBackend
-from trainmon_exporter.sampler import FAILED, NO_DRIVER, NOT_STARTED, GpuSampler, GpuSnapshot
+from trainmon_exporter.sampler import FAILED, NOT_STARTED, GpuSampler, GpuSnapshot
 from trainmon_exporter.settings import Settings
 from trainmon_exporter.sockfile import IngestSocket
 from trainmon_exporter.state import Store
+from trainmon_exporter.views.api import GpusResponse, RunsResponse, gpu_snapshot, snapshot
+from trainmon_exporter.views.html import StatusPage, render_status
 
 log = logging.getLogger("trainmon_exporter")
 
@@ -262,9 +266,16 @@ def create_app(
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def status_page() -> str:
         """A small human-readable status page (refreshes every 5 s)."""
-        return render_status(
-            snapshot(ex.store, _gpus(ex), settings.peak_flops), gpu_snapshot(_gpus(ex)), ex
+        gpus = _gpus(ex)
+        page = StatusPage(
+            runs=snapshot(ex.store, gpus, settings.peak_flops),
+            gpus=gpu_snapshot(gpus),
+            socket=str(settings.socket),
+            socket_problem=ex.ingest.socket_problem(),
+            collectors=dict(ex.scrape.last_success),
+            gpu_state=None if ex.gpus is None else gpus.state,
         )
+        return render_status(page)
 
     return app
 
@@ -294,121 +305,3 @@ def _gpu_status(ex: Exporter) -> dict[str, object]:
         "error": snap.error,
         "hint": snap.hint,
     }
-
-
-def _f(v: float | None, fmt: str = ".4g") -> str:
-    return "–" if v is None else format(v, fmt)
-
-
-def _value(values: dict[str, float | None], key: str, fmt: str) -> str:
-    """A logged value; reported-but-null means it was NaN or infinite (JSON has neither)."""
-    if key in values and values[key] is None:
-        return "NaN/Inf"
-    return _f(values.get(key), fmt)
-
-
-def _scale(v: float | None, k: float) -> float | None:
-    return None if v is None else v * k
-
-
-def _mfu_cell(r: RankView) -> str:
-    if r.mfu_ratio is not None:
-        return f"{r.mfu_ratio * 100:.1f} %"
-    return "–" if r.mfu_unavailable_reason is None else f"– ({r.mfu_unavailable_reason})"
-
-
-def render_status(data: RunsResponse, gpus: GpusResponse, ex: Exporter) -> str:
-    """HTML for ``/``: every value escaped (run ids and names come from clients)."""
-    e = html.escape
-    rows = []
-    for run in data.runs:
-        for r in run.ranks:
-            health = "; ".join(r.health) or "ok"
-            if r.events:
-                last = r.events[-1]
-                times = f" x{last.count} to step {last.last_step}" if last.count > 1 else ""
-                health += f" · last event: {last.kind} at step {last.step}{times}"
-            rows.append(
-                "<tr>"
-                f"<td>{e(run.run)}</td><td>{r.rank}/{r.world_size}</td>"
-                f"<td>{e(r.hostname)}</td>"
-                f"<td class='{e(r.status)}'>{e(r.status)}</td>"
-                f"<td>{'' if r.step is None else r.step}</td>"
-                f"<td>{_value(r.values, 'loss', '.4g')}</td>"
-                f"<td>{_value(r.values, 'lr', '.3g')}</td>"
-                f"<td>{_value(r.values, 'grad_norm', '.3g')}</td>"
-                f"<td>{_f(r.tokens_per_second, ',.0f')}</td>"
-                f"<td>{e(_mfu_cell(r))}</td>"
-                f"<td>{'–' if r.gpu is None else r.gpu}</td>"
-                f"<td>{_f(_scale(r.step_time_mean_seconds, 1e3), '.1f')}</td>"
-                f"<td>{_f(_scale(r.client_overhead_ratio, 100), '.3f')}</td>"
-                f"<td>{_f(r.seconds_since_last_step, '.1f')}</td>"
-                f"<td>{e(health)}</td>"
-                "</tr>"
-            )
-    body = "\n".join(rows) or "<tr><td colspan='15'>No trainer has connected yet.</td></tr>"
-    gpu_rows = [
-        "<tr>"
-        f"<td>{g.index}</td><td>{e(g.name)}</td><td>{e(g.uuid)}</td>"
-        f"<td>{_f(_scale(g.utilization_ratio, 100), '.0f')}</td>"
-        f"<td>{_f(_scale(g.tensor_active_ratio, 100), '.0f')}</td>"
-        f"<td>{_f(_scale(g.memory_used_bytes, 2**-30), '.1f')} / "
-        f"{_f(_scale(g.memory_size_bytes, 2**-30), '.1f')}</td>"
-        f"<td>{_f(g.power_usage_watts, '.0f')}</td>"
-        f"<td>{_f(g.temperature_celsius, '.0f')}</td>"
-        f"<td>{_f(_scale(g.sm_clock_hertz, 1e-6), '.0f')}</td>"
-        f"<td>{e(', '.join(g.slowdown_reasons)) or 'none'}</td>"
-        f"<td>{g.xid_errors}</td>"
-        "</tr>"
-        for g in gpus.gpus
-    ]
-    if gpus.ok:
-        lost = f" · {gpus.lost_total} lost" if gpus.lost_total else ""
-        gpu_head = (
-            f"<p>NVML driver {e(gpus.driver_version)}: {len(gpus.gpus)} GPU(s){lost}, "
-            f"sampled in {gpus.sample_seconds * 1e3:.1f} ms.</p>"
-        )
-    elif ex.gpus is None:
-        gpu_head = "<p>GPU sampling is turned off (collectors gpu and rank_gpu).</p>"
-    elif ex.gpus.snapshot.state == NO_DRIVER:
-        gpu_head = (
-            f"<p>No GPU metrics: no NVIDIA driver on this node ({e(gpus.error)}). Training "
-            "metrics are unaffected.</p>"
-        )
-    else:
-        hint = f" Hint: {e(gpus.hint)}" if gpus.hint else ""
-        gpu_head = f"<p class='crashed'>No GPU metrics: {e(gpus.error)}.</p><p>{hint}</p>"
-    collectors = (
-        ", ".join(f"{e(k)}: {'ok' if v else 'FAILING'}" for k, v in ex.scrape.last_success.items())
-        or "not scraped yet"
-    )
-    return f"""<!doctype html>
-<html><head><meta charset="utf-8"><meta http-equiv="refresh" content="5">
-<title>trainmon exporter</title>
-<style>
-body{{font-family:system-ui,sans-serif;margin:1.5em;color:#222}}
-table{{border-collapse:collapse}}
-td,th{{padding:.3em .7em;border-bottom:1px solid #ddd;text-align:right}}
-td:first-child,th:first-child,td:nth-child(3),td:nth-child(4),td:last-child{{text-align:left}}
-.crashed,.failed{{color:#b00;font-weight:bold}} .running{{color:#070}} .finished{{color:#555}}
-</style></head><body>
-<h1>trainmon exporter {e(__version__)}</h1>
-<p>Ingest socket <code>{e(str(ex.settings.socket))}</code>:
-{e(ex.ingest.socket_problem() or "listening")} ·
-collectors: {collectors} ·
-<a href="/metrics">/metrics</a> · <a href="/api/v1/runs">/api/v1/runs</a> ·
-<a href="/openapi.json">API schema (OpenAPI)</a></p>
-<table><thead><tr><th>run</th><th>rank</th><th>host</th><th>status</th><th>step</th>
-<th>loss</th><th>lr</th><th>grad norm</th><th>tokens/s</th><th>MFU</th><th>GPU</th><th>step ms</th>
-<th>client overhead %</th><th>s since step</th><th>health</th></tr></thead>
-<tbody>
-{body}
-</tbody></table>
-<h2>GPUs</h2>
-{gpu_head}
-<table><thead><tr><th>gpu</th><th>name</th><th>uuid</th><th>util %</th><th>tensor %</th>
-<th>memory GiB</th><th>power W</th><th>temp °C</th><th>SM MHz</th><th>slowdown</th>
-<th>XIDs</th></tr></thead>
-<tbody>
-{"".join(gpu_rows)}
-</tbody></table></body></html>"""

@@ -56,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the exporter until SIGINT/SIGTERM. Returns the process exit code."""
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "status":  # trainmon-exporter status: the terminal view
-        from trainmon_exporter.status import main as status_main
+        from trainmon_exporter.views.terminal import main as status_main
 
         return status_main(argv[1:])
     if "--version" in argv:

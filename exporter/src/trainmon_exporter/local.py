@@ -1,5 +1,7 @@
 """Run a throw-away exporter as a subprocess: for notebooks, demos, benchmarks and scripts.
 
+The test suite starts its exporter processes with it too (``tests/conftest.py``).
+
 Example:
     >>> from trainmon_exporter.local import LocalExporter
     >>> with LocalExporter() as ex:  # doctest: +SKIP
@@ -9,7 +11,9 @@ Example:
 
 from __future__ import annotations
 
+import http.client
 import json
+import os
 import shutil
 import signal
 import socket
@@ -18,6 +22,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -42,15 +47,32 @@ class LocalExporter:
         *args: extra exporter flags (e.g. ``"--series-ttl-seconds", "60"``).
         port: preferred HTTP port (any free one if it is taken; 0: any).
         quiet: pass ``--log-level warning``.
+        socket_path: the ingest socket to use instead, in a directory the caller owns (it is
+            not removed by :meth:`stop`).
+        env: the process's environment (default: this one's).
+        capture_output: collect the process's stdout and stderr; :meth:`stop` returns them.
 
     Attributes:
         url: ``http://127.0.0.1:PORT``.
         socket: the Unix socket path to give ``trainmon_client.init(socket_path=...)``.
+        proc: the process, once started.
     """
 
-    def __init__(self, *args: str, port: int = 0, quiet: bool = True) -> None:
-        self._dir = Path(tempfile.mkdtemp(prefix="trainmon-"))
-        self.socket = str(self._dir / "trainmon.sock")
+    def __init__(
+        self,
+        *args: str,
+        port: int = 0,
+        quiet: bool = True,
+        socket_path: str | os.PathLike[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        capture_output: bool = False,
+    ) -> None:
+        if socket_path is None:
+            self._dir: Path | None = Path(tempfile.mkdtemp(prefix="trainmon-"))
+            self.socket = str(self._dir / "trainmon.sock")
+        else:
+            self._dir = None
+            self.socket = os.fspath(socket_path)
         self.port = free_port(port)
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [
@@ -66,49 +88,90 @@ class LocalExporter:
         if quiet:
             cmd += ["--log-level", "warning"]
         self._cmd = cmd
-        self.proc: subprocess.Popen[bytes] | None = None
+        self._env = None if env is None else dict(env)
+        self._capture = capture_output
+        self._output = ""
+        self.proc: subprocess.Popen[str] | None = None
 
-    def start(self, timeout: float = 30.0) -> LocalExporter:
+    def start(self, timeout: float = 30.0, *, wait: bool = True) -> LocalExporter:
         """Start the process and wait for ``/readyz``; a running one is kept (returns self).
+
+        ``wait=False`` returns as soon as the process is started (poll :meth:`ready`).
 
         Raises:
             RuntimeError: it exited or was not ready within ``timeout`` seconds.
         """
         if self.proc is not None and self.proc.poll() is None:
             return self  # ``with LocalExporter().start() as ex`` must not start a second one
-        self.proc = subprocess.Popen(self._cmd)
+        self.proc = subprocess.Popen(
+            self._cmd,
+            stdout=subprocess.PIPE if self._capture else None,
+            stderr=subprocess.STDOUT if self._capture else None,
+            text=True,
+            env=self._env,
+        )
+        if not wait:
+            return self
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"exporter exited with code {self.proc.returncode}")
-            try:
-                if self.get_json("/readyz").get("status") == "ready":
-                    return self
-            except OSError:
-                pass
-            time.sleep(0.1)
+            if self.ready():
+                return self
+            time.sleep(0.02)
         self.stop()
         raise RuntimeError("exporter not ready in time")
 
-    def get(self, path: str) -> bytes:
+    def ready(self) -> bool:
+        """Whether ``/readyz`` says ready.
+
+        Raises:
+            RuntimeError: the process has exited (with its output, when collected).
+        """
+        assert self.proc is not None, "not started"
+        if self.proc.poll() is not None:
+            out = self._wait(None).rstrip()
+            detail = f":\n{out}" if out else ""
+            raise RuntimeError(f"exporter exited with code {self.proc.returncode}{detail}")
+        try:
+            return bool(self.get_json("/readyz", timeout=1).get("status") == "ready")
+        except (OSError, http.client.HTTPException, ValueError):
+            return False  # not listening yet, 503, or cut off mid-answer
+
+    def get(self, path: str, timeout: float = 10.0) -> bytes:
         """GET ``path`` from the exporter's HTTP server."""
-        with urllib.request.urlopen(self.url + path, timeout=10) as r:
+        with urllib.request.urlopen(self.url + path, timeout=timeout) as r:
             return bytes(r.read())
 
-    def get_json(self, path: str) -> Any:
+    def get_json(self, path: str, timeout: float = 10.0) -> Any:
         """GET ``path`` and decode JSON."""
-        return json.loads(self.get(path))
+        return json.loads(self.get(path, timeout))
 
-    def stop(self) -> None:
-        """SIGTERM, wait, and remove the temporary directory."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> str:
+        """Send ``sig``, wait (SIGKILL after ``timeout`` s) and remove the temporary directory.
+
+        Returns the process's output when it is collected (``capture_output``), else ``""``.
+        """
+        out = ""
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.send_signal(sig)
             try:
-                self.proc.wait(15)
+                out = self._wait(timeout)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-                self.proc.wait()
-        shutil.rmtree(self._dir, ignore_errors=True)
+                out = self._wait(None)
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+        return out
+
+    def _wait(self, timeout: float | None) -> str:
+        """Wait for the process to end; all it wrote, when collected (read once, then kept)."""
+        assert self.proc is not None
+        if self.proc.stdout is None or self.proc.stdout.closed:
+            self.proc.wait(timeout)
+        else:
+            out, _ = self.proc.communicate(timeout=timeout)
+            self._output += out or ""
+        return self._output
 
     def __enter__(self) -> LocalExporter:
         return self.start()

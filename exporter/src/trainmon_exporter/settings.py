@@ -21,8 +21,8 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from trainmon_client._env import default_socket
+from trainmon_exporter._defaults import DEFAULT_PORT
 
-DEFAULT_PORT = 9478
 DEFAULT_STEP_BUCKETS = (
     0.01,
     0.025,

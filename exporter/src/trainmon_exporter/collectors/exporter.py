@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from prometheus_client.metrics_core import Metric
 
 from trainmon_exporter import __version__, catalog
-from trainmon_exporter._build import REVISION
+from trainmon_exporter._build import revision
 from trainmon_exporter.collectors import CollectorContext, register
 
 
@@ -24,7 +24,7 @@ class ExporterCollector:
     def collect(self) -> Iterable[Metric]:
         """Return the exporter's self-describing families."""
         info = catalog.BUILD_INFO.gauge()
-        info.add_metric([__version__, REVISION, platform.python_version()], 1.0)
+        info.add_metric([__version__, revision(), platform.python_version()], 1.0)
         with self.store.lock:
             n = len(self.store.ranks)
             expired = self.store.expired_total

@@ -1,16 +1,23 @@
-"""The JSON API's schema (``/api/v1/runs``, ``/api/v1/gpus``) and the snapshots that fill it."""
+"""The JSON API's schema (``/api/v1/runs``, ``/api/v1/gpus``) and the snapshots that fill it.
+
+These models are the view model every view shares: the API serves them, the status page
+renders them and ``trainmon status`` parses the API's JSON back into them. The terminal
+imports this module for the models alone, so the builders (:func:`snapshot`,
+:func:`gpu_snapshot`) import what they read (the store, :mod:`~trainmon_exporter.derive`, the
+NVML sampler) when they run, not with the module.
+"""
 
 from __future__ import annotations
 
 import math
 import time
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
-from trainmon_exporter import derive
-from trainmon_exporter.nvml import SLOWDOWN_REASONS
-from trainmon_exporter.sampler import NOT_STARTED, GpuSample, GpuSnapshot
-from trainmon_exporter.state import RankState, Store
+if TYPE_CHECKING:
+    from trainmon_exporter.sampler import GpuSample, GpuSnapshot
+    from trainmon_exporter.state import RankState, Store
 
 
 class EventView(BaseModel):
@@ -93,6 +100,8 @@ def _rank_view(
     pids: dict[int, float],
     override: float | None,
 ) -> RankView:
+    from trainmon_exporter import derive
+
     rates = derive.rates(s, now, window_s)
     m, g = derive.mfu(s, None if rates is None else rates.tokens_per_second, gpus, override)
     return RankView(
@@ -147,13 +156,17 @@ def _rank_view(
 
 
 def snapshot(
-    store: Store, gpus: GpuSnapshot = NOT_STARTED, peak_flops: float | None = None
+    store: Store, gpus: GpuSnapshot | None = None, peak_flops: float | None = None
 ) -> RunsResponse:
     """Every run with its ranks, sorted by run then rank (the lock held a few ranks at a time).
 
-    ``gpus`` is the NVML sampler's latest pass (for the rank ↔ GPU join and MFU);
-    ``peak_flops`` the MFU override setting.
+    ``gpus`` is the NVML sampler's latest pass (for the rank ↔ GPU join and MFU; ``None``:
+    not sampled); ``peak_flops`` the MFU override setting.
     """
+    from trainmon_exporter.sampler import NOT_STARTED
+
+    if gpus is None:
+        gpus = NOT_STARTED
     now = time.time()
     by_uuid = gpus.by_uuid()
     pids = gpus.process_memory()
@@ -213,6 +226,8 @@ class GpusResponse(BaseModel):
 
 def gpu_snapshot(snap: GpuSnapshot) -> GpusResponse:
     """The API view of the sampler's latest pass."""
+    from trainmon_exporter.nvml import SLOWDOWN_REASONS
+
     views = []
     for g in snap.gpus:
         r = g.readings

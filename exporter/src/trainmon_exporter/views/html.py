@@ -1,0 +1,140 @@
+"""The status page at ``/``: runs, ranks and GPUs on one HTML page that refreshes every 5 s.
+
+:func:`render_status` reads only its :class:`StatusPage`: the API's view model and the few
+facts about the exporter itself that the page shows. Every value is escaped (run ids, names
+and hostnames come from clients).
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from trainmon_exporter import __version__
+from trainmon_exporter.sampler import NO_DRIVER
+from trainmon_exporter.views.api import GpusResponse, RunsResponse
+from trainmon_exporter.views.cells import PAGE, scale
+
+
+@dataclass(frozen=True)
+class StatusPage:
+    """What the status page shows."""
+
+    runs: RunsResponse
+    gpus: GpusResponse
+    socket: str
+    """The ingest socket's path."""
+    socket_problem: str | None
+    """Why trainers cannot reach the socket (``None``: it listens)."""
+    collectors: Mapping[str, bool]
+    """Whether each collector succeeded in the last scrape (empty: not scraped yet)."""
+    gpu_state: str | None
+    """The NVML sampler's state (``sampler.STATES``); ``None`` when GPU sampling is off."""
+
+
+def _rank_rows(page: StatusPage) -> str:
+    e, c = html.escape, PAGE
+    rows = []
+    for run in page.runs.runs:
+        for r in run.ranks:
+            health = "; ".join(r.health) or "ok"
+            if r.events:
+                last = r.events[-1]
+                times = f" x{last.count} to step {last.last_step}" if last.count > 1 else ""
+                health += f" · last event: {last.kind} at step {last.step}{times}"
+            rows.append(
+                "<tr>"
+                f"<td>{e(run.run)}</td><td>{r.rank}/{r.world_size}</td>"
+                f"<td>{e(r.hostname)}</td>"
+                f"<td class='{e(r.status)}'>{e(r.status)}</td>"
+                f"<td>{'' if r.step is None else r.step}</td>"
+                f"<td>{c.logged(r.values, 'loss', '.4g')}</td>"
+                f"<td>{c.logged(r.values, 'lr', '.3g')}</td>"
+                f"<td>{c.logged(r.values, 'grad_norm', '.3g')}</td>"
+                f"<td>{c.number(r.tokens_per_second, ',.0f')}</td>"
+                f"<td>{e(c.mfu(r))}</td>"
+                f"<td>{c.missing if r.gpu is None else r.gpu}</td>"
+                f"<td>{c.number(scale(r.step_time_mean_seconds, 1e3), '.1f')}</td>"
+                f"<td>{c.number(scale(r.client_overhead_ratio, 100), '.3f')}</td>"
+                f"<td>{c.number(r.seconds_since_last_step, '.1f')}</td>"
+                f"<td>{e(health)}</td>"
+                "</tr>"
+            )
+    return "\n".join(rows) or "<tr><td colspan='15'>No trainer has connected yet.</td></tr>"
+
+
+def _gpu_rows(gpus: GpusResponse) -> str:
+    e, c = html.escape, PAGE
+    return "".join(
+        "<tr>"
+        f"<td>{g.index}</td><td>{e(g.name)}</td><td>{e(g.uuid)}</td>"
+        f"<td>{c.number(scale(g.utilization_ratio, 100), '.0f')}</td>"
+        f"<td>{c.number(scale(g.tensor_active_ratio, 100), '.0f')}</td>"
+        f"<td>{c.gib(g.memory_used_bytes)} / {c.gib(g.memory_size_bytes)}</td>"
+        f"<td>{c.number(g.power_usage_watts, '.0f')}</td>"
+        f"<td>{c.number(g.temperature_celsius, '.0f')}</td>"
+        f"<td>{c.number(scale(g.sm_clock_hertz, 1e-6), '.0f')}</td>"
+        f"<td>{e(', '.join(g.slowdown_reasons)) or 'none'}</td>"
+        f"<td>{g.xid_errors}</td>"
+        "</tr>"
+        for g in gpus.gpus
+    )
+
+
+def _gpu_head(page: StatusPage) -> str:
+    e, gpus = html.escape, page.gpus
+    if gpus.ok:
+        lost = f" · {gpus.lost_total} lost" if gpus.lost_total else ""
+        return (
+            f"<p>NVML driver {e(gpus.driver_version)}: {len(gpus.gpus)} GPU(s){lost}, "
+            f"sampled in {gpus.sample_seconds * 1e3:.1f} ms.</p>"
+        )
+    if page.gpu_state is None:
+        return "<p>GPU sampling is turned off (collectors gpu and rank_gpu).</p>"
+    if page.gpu_state == NO_DRIVER:
+        return (
+            f"<p>No GPU metrics: no NVIDIA driver on this node ({e(gpus.error)}). Training "
+            "metrics are unaffected.</p>"
+        )
+    hint = f" Hint: {e(gpus.hint)}" if gpus.hint else ""
+    return f"<p class='crashed'>No GPU metrics: {e(gpus.error)}.</p><p>{hint}</p>"
+
+
+def render_status(page: StatusPage) -> str:
+    """HTML for ``/``."""
+    e = html.escape
+    collectors = (
+        ", ".join(f"{e(k)}: {'ok' if v else 'FAILING'}" for k, v in page.collectors.items())
+        or "not scraped yet"
+    )
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><meta http-equiv="refresh" content="5">
+<title>trainmon exporter</title>
+<style>
+body{{font-family:system-ui,sans-serif;margin:1.5em;color:#222}}
+table{{border-collapse:collapse}}
+td,th{{padding:.3em .7em;border-bottom:1px solid #ddd;text-align:right}}
+td:first-child,th:first-child,td:nth-child(3),td:nth-child(4),td:last-child{{text-align:left}}
+.crashed,.failed{{color:#b00;font-weight:bold}} .running{{color:#070}} .finished{{color:#555}}
+</style></head><body>
+<h1>trainmon exporter {e(__version__)}</h1>
+<p>Ingest socket <code>{e(page.socket)}</code>:
+{e(page.socket_problem or "listening")} ·
+collectors: {collectors} ·
+<a href="/metrics">/metrics</a> · <a href="/api/v1/runs">/api/v1/runs</a> ·
+<a href="/openapi.json">API schema (OpenAPI)</a></p>
+<table><thead><tr><th>run</th><th>rank</th><th>host</th><th>status</th><th>step</th>
+<th>loss</th><th>lr</th><th>grad norm</th><th>tokens/s</th><th>MFU</th><th>GPU</th><th>step ms</th>
+<th>client overhead %</th><th>s since step</th><th>health</th></tr></thead>
+<tbody>
+{_rank_rows(page)}
+</tbody></table>
+<h2>GPUs</h2>
+{_gpu_head(page)}
+<table><thead><tr><th>gpu</th><th>name</th><th>uuid</th><th>util %</th><th>tensor %</th>
+<th>memory GiB</th><th>power W</th><th>temp °C</th><th>SM MHz</th><th>slowdown</th>
+<th>XIDs</th></tr></thead>
+<tbody>
+{_gpu_rows(page.gpus)}
+</tbody></table></body></html>"""

@@ -1,0 +1,441 @@
+"""``trainmon status``: runs, ranks and GPUs in a terminal, for a node with no Grafana.
+
+    trainmon status [--url http://127.0.0.1:9478] [--interval 2]   # live view (rich), Ctrl-C
+    trainmon status --once                                         # one plain snapshot
+
+Reads ``/api/v1/runs`` and ``/api/v1/gpus`` of a running exporter (also reachable as
+``trainmon-exporter status``) into the API's own models (:mod:`trainmon_exporter.views.api`)
+and writes their cells as the status page does (:mod:`trainmon_exporter.views.cells`).
+``--once`` prints whitespace-separated columns with a header line, ``-`` for a missing value
+and no colour, so scripts can parse it; rows are sorted by run and rank, then GPUs by index.
+
+This module loads neither the daemon (FastAPI, uvicorn, prometheus_client, pynvml) nor the
+settings model, so the command starts fast; rich is imported when the live view first draws.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Sequence
+from typing import Any, NamedTuple, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from trainmon_exporter._defaults import DEFAULT_PORT
+from trainmon_exporter.views.api import GpusResponse, GpuView, RunsResponse
+from trainmon_exporter.views.cells import NONFINITE, TERMINAL
+
+DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
+
+RANK_COLUMNS = (
+    "run",
+    "rank",
+    "host",
+    "status",
+    "step",
+    "loss",
+    "loss_ema",
+    "tokens_per_s",
+    "mfu",
+    "gpu",
+    "gpu_util",
+    "gpu_mem",
+    "anomalies",
+)
+GPU_COLUMNS = (
+    "gpu",
+    "name",
+    "util",
+    "tensor",
+    "mem_used_gib",
+    "mem_total_gib",
+    "power_w",
+    "temp_c",
+    "slowdown",
+    "xids",
+)
+
+
+class StatusError(RuntimeError):
+    """The exporter could not be read (one line for the user)."""
+
+
+_Body = TypeVar("_Body", bound=BaseModel)
+
+
+def _get(url: str, path: str, model: type[_Body], timeout: float) -> _Body:
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + path, timeout=timeout) as r:
+            body = json.loads(r.read())
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise StatusError(f"cannot read {url}{path}: {reason}") from None
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise StatusError(
+            f"cannot read {url}{path}: not a trainmon exporter's answer ({where}: {first['msg']})"
+        ) from None
+
+
+def fetch(url: str, timeout: float = 5.0) -> tuple[RunsResponse, GpusResponse]:
+    """``(runs, gpus)``: the bodies of ``/api/v1/runs`` and ``/api/v1/gpus``, parsed.
+
+    Raises:
+        StatusError: the exporter is unreachable, answered with an error, or its answer does
+            not fit the API's models.
+    """
+    runs = _get(url, "/api/v1/runs", RunsResponse, timeout)
+    return runs, _get(url, "/api/v1/gpus", GpusResponse, timeout)
+
+
+def rank_rows(runs: RunsResponse, gpus: GpusResponse) -> list[dict[str, str]]:
+    """One row per rank (keys: :data:`RANK_COLUMNS`), every value already formatted."""
+    c = TERMINAL
+    by_index = {g.index: g for g in gpus.gpus}
+    rows = []
+    for run in runs.runs:
+        for r in run.ranks:
+            g = None if r.gpu is None else by_index.get(r.gpu)
+            mem = None
+            if g is not None and g.memory_used_bytes is not None and g.memory_size_bytes:
+                mem = g.memory_used_bytes / g.memory_size_bytes
+            anomalies = list(r.health)
+            if r.events:
+                last = r.events[-1]
+                anomalies.append(f"last event {last.kind} at step {last.step}")
+            rows.append(
+                {
+                    "run": run.run,
+                    "rank": f"{r.rank}/{r.world_size}",
+                    "host": r.hostname or c.missing,
+                    "status": r.status,
+                    "step": c.missing if r.step is None else str(r.step),
+                    "loss": c.logged(r.values, "loss", ".4g"),
+                    "loss_ema": c.number(r.loss_ema, ".4g"),
+                    "tokens_per_s": c.number(r.tokens_per_second, ".0f"),
+                    "mfu": c.mfu(r),
+                    "gpu": c.missing if r.gpu is None else str(r.gpu),
+                    "gpu_util": c.missing if g is None else c.percent(g.utilization_ratio),
+                    "gpu_mem": c.percent(mem),
+                    "anomalies": "; ".join(anomalies) or "ok",
+                }
+            )
+    return rows
+
+
+def _gpu_row(g: GpuView) -> dict[str, str]:
+    c = TERMINAL
+    return {
+        "gpu": str(g.index),
+        "name": g.name,
+        "util": c.percent(g.utilization_ratio),
+        "tensor": c.percent(g.tensor_active_ratio),
+        "mem_used_gib": c.gib(g.memory_used_bytes),
+        "mem_total_gib": c.gib(g.memory_size_bytes),
+        "power_w": c.number(g.power_usage_watts, ".0f"),
+        "temp_c": c.number(g.temperature_celsius, ".0f"),
+        "slowdown": ",".join(g.slowdown_reasons) or "none",
+        "xids": str(g.xid_errors),
+    }
+
+
+def gpu_rows(gpus: GpusResponse) -> list[dict[str, str]]:
+    """One row per GPU of the last NVML sample (keys: :data:`GPU_COLUMNS`), by index."""
+    return [_gpu_row(g) for g in sorted(gpus.gpus, key=lambda g: g.index)]
+
+
+def plain(runs: RunsResponse, gpus: GpusResponse) -> str:
+    """The ``--once`` snapshot: a ranks section, then a GPUs section.
+
+    Columns are separated by two spaces or more (values never contain two spaces); ``-``
+    stands for a missing value.
+    """
+
+    def table(columns: Sequence[str], rows: list[dict[str, str]]) -> list[str]:
+        cells = [list(columns)] + [[row[c].replace("  ", " ") for c in columns] for row in rows]
+        widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+        return [
+            "  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip()
+            for line in cells
+        ]
+
+    lines = ["# ranks", *table(RANK_COLUMNS, rank_rows(runs, gpus))]
+    lines.append("")
+    if gpus.ok:
+        lines.append(f"# gpus (driver {gpus.driver_version or '?'}, {gpus.lost_total} lost)")
+        lines += table(GPU_COLUMNS, gpu_rows(gpus))
+    else:
+        lines.append(f"# gpus: none ({gpus.error or 'GPU sampling off'})")
+    return "\n".join(lines) + "\n"
+
+
+class Column(NamedTuple):
+    """A column of the live view.
+
+    Lower ``priority`` numbers are kept first when the terminal is narrow; a column that does
+    not fit whole is dropped (and named in the caption), never squeezed, so a number is never
+    cut into another number. Only text columns (``wraps``) wrap, and only between words (their
+    minimum width is their longest word).
+    """
+
+    key: str
+    header: str
+    priority: int
+    wraps: bool
+
+
+LIVE_RANK_COLUMNS = (
+    Column("run", "run", 0, False),
+    Column("rank", "rank", 1, False),
+    Column("host", "host", 8, False),
+    Column("status", "status", 2, False),
+    Column("step", "step", 3, False),
+    Column("loss", "loss", 4, False),
+    Column("loss_ema", "loss ema", 11, False),
+    Column("tokens_per_s", "tokens/s", 6, False),
+    Column("mfu", "mfu", 7, False),
+    Column("gpu", "gpu", 9, False),
+    Column("gpu_util", "gpu util", 10, False),
+    Column("gpu_mem", "gpu mem", 12, False),
+    Column("anomalies", "anomalies", 5, True),
+)
+LIVE_GPU_COLUMNS = (
+    Column("gpu", "gpu", 0, False),
+    Column("name", "name", 6, True),
+    Column("util", "util", 1, False),
+    Column("tensor", "tensor", 7, False),
+    Column("mem_used_gib", "mem GiB", 3, False),
+    Column("mem_total_gib", "of GiB", 4, False),
+    Column("power_w", "W", 8, False),
+    Column("temp_c", "°C", 5, False),
+    Column("slowdown", "slowdown", 2, True),
+    Column("xids", "xids", 2, False),
+)
+# A bordered table with one space of padding each side: 3 cells per column plus one border.
+_CELL_OVERHEAD = 3
+
+
+def _cell_width(text: str, wraps: bool) -> int:
+    """Width a cell needs: all of it, or for a wrapping column its longest word."""
+    from rich.cells import cell_len
+
+    if wraps:
+        return max((cell_len(w) for w in text.split()), default=0)
+    return cell_len(text)
+
+
+def fit_columns(
+    spec: Sequence[Column], rows: list[dict[str, str]], width: int
+) -> tuple[list[tuple[str, str, int, bool]], list[str]]:
+    """The columns of ``spec`` that fit in ``width`` terminal cells, with their widths.
+
+    Columns are taken by priority while the table's minimum width (every cell whole, text
+    wrapped between words) stays within ``width``; space left over then widens the text
+    columns up to their longest value. Returns ``(shown, dropped_headers)``, ``shown`` as
+    ``(key, header, width, wraps)`` in display order; the first column is always shown.
+    """
+
+    def need(key: str, header: str, wraps: bool) -> int:
+        return max([_cell_width(header, wraps)] + [_cell_width(r[key], wraps) for r in rows])
+
+    minimum = {key: need(key, header, wraps) for key, header, _, wraps in spec}
+    budget = width - 1  # the left border
+    keep: set[str] = set()
+    for key, _, _, _ in sorted(spec, key=lambda c: c.priority):
+        cost = minimum[key] + _CELL_OVERHEAD
+        if cost <= budget or not keep:
+            keep.add(key)
+            budget -= cost
+    widths = dict(minimum)
+    for key, header, _, wraps in sorted(spec, key=lambda c: c.priority):
+        if key in keep and wraps and budget > 0:
+            grow = min(budget, need(key, header, False) - widths[key])
+            widths[key] += max(0, grow)
+            budget -= max(0, grow)
+    shown = [(key, header, widths[key], wraps) for key, header, _, wraps in spec if key in keep]
+    dropped = [header for key, header, _, _ in spec if key not in keep]
+    return shown, dropped
+
+
+class _FittedTable:
+    """A rich renderable that picks its columns for the width it is given at render time."""
+
+    def __init__(
+        self,
+        title: str | None,
+        spec: Sequence[Column],
+        rows: list[dict[str, str]],
+        styles: list[tuple[str, dict[str, str]]],
+        caption: str | None,
+    ) -> None:
+        self.title, self.spec, self.rows, self.styles, self.caption = (
+            title,
+            spec,
+            rows,
+            styles,
+            caption,
+        )
+
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        from rich.table import Table
+        from rich.text import Text
+
+        shown, dropped = fit_columns(self.spec, self.rows, options.max_width)
+        notes = [self.caption] if self.caption else []
+        if dropped:
+            notes.append(f"hidden for width: {', '.join(dropped)} (widen the terminal or --once)")
+        table = Table(title=self.title, caption=" ".join(notes) or None)
+        for _key, header, width, wraps in shown:
+            # Widths are set here, not left to rich, which would squeeze any column to fit.
+            table.add_column(
+                header, width=width, no_wrap=not wraps, overflow="fold" if wraps else "ignore"
+            )
+        for row, (style, cell_styles) in zip(self.rows, self.styles, strict=True):
+            cells = []
+            for key, _, _, _ in shown:
+                cell = Text(row[key])
+                if key in cell_styles:
+                    cell.stylize(cell_styles[key])
+                cells.append(cell)
+            table.add_row(*cells, style=style)
+        yield table
+
+
+def rich_view(runs: RunsResponse, gpus: GpusResponse, url: str) -> Any:
+    """The live view: two rich tables, problems in colour, columns fitted to the terminal.
+
+    At any width every number shown is whole: columns that do not fit are dropped by
+    priority (run, rank, status, step, loss and anomalies go last) and named in the caption.
+    """
+    from rich.console import Group
+
+    rows = rank_rows(runs, gpus)
+    styles: list[tuple[str, dict[str, str]]] = []
+    for row in rows:
+        style = {"crashed": "bold red", "failed": "bold red", "finished": "dim"}.get(
+            row["status"], ""
+        )
+        cell_styles: dict[str, str] = {}
+        if row["anomalies"] != "ok":
+            cell_styles["anomalies"] = "yellow"
+        if row["loss"] == NONFINITE:
+            cell_styles["loss"] = "bold red"
+        styles.append((style, cell_styles))
+    ranks = _FittedTable(
+        f"trainmon · {url}",
+        LIVE_RANK_COLUMNS,
+        rows,
+        styles,
+        None if rows else "No trainer has connected yet.",
+    )
+    grows = gpu_rows(gpus)
+    gstyles: list[tuple[str, dict[str, str]]] = [
+        ("bold red" if r["xids"] != "0" else ("yellow" if r["slowdown"] != "none" else ""), {})
+        for r in grows
+    ]
+    caption = None
+    if not gpus.ok:
+        hint = f" Hint: {gpus.hint}" if gpus.hint else ""
+        caption = f"No GPU metrics: {gpus.error}.{hint}"
+    return Group(ranks, _FittedTable("GPUs", LIVE_GPU_COLUMNS, grows, gstyles, caption))
+
+
+def normalise_url(url: str) -> str:
+    """``url`` with ``http://`` added when it has no scheme (``host:port`` is accepted).
+
+    Raises:
+        StatusError: a scheme other than http/https, or no host.
+    """
+    url = url.strip()
+    if "://" not in url:
+        url = "http://" + url
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise StatusError(f"--url {url}: only http:// and https:// are supported")
+    if not parts.hostname:
+        raise StatusError(f"--url {url}: no host (expected HOST:PORT or http://HOST:PORT)")
+    return url.rstrip("/")
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog=prog, description="Runs, ranks and GPUs of a trainmon exporter in the terminal."
+    )
+    ap.add_argument(
+        "--url",
+        default=DEFAULT_URL,
+        help=f"exporter address, HOST:PORT or http(s)://HOST:PORT (default {DEFAULT_URL})",
+    )
+    ap.add_argument("--once", action="store_true", help="print one plain snapshot and exit")
+    ap.add_argument("--interval", type=float, default=2.0, help="live refresh period (s)")
+    return ap
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "trainmon status") -> int:
+    """``trainmon status``; returns the exit code (2 when the exporter cannot be read)."""
+    args = _parser(prog).parse_args(argv)
+    try:
+        url = normalise_url(args.url)
+        runs, gpus = fetch(url)
+    except StatusError as exc:
+        print(f"trainmon status: {exc}", file=sys.stderr)
+        return 2
+    if args.once:
+        sys.stdout.write(plain(runs, gpus))
+        return 0
+    from rich.live import Live
+
+    with Live(rich_view(runs, gpus, url), refresh_per_second=4, screen=False) as live:
+        try:
+            while True:
+                time.sleep(max(0.2, args.interval))
+                try:
+                    runs, gpus = fetch(url)
+                except StatusError as exc:
+                    live.console.print(f"[red]{exc}[/red]")
+                    continue
+                live.update(rich_view(runs, gpus, url))
+        except KeyboardInterrupt:
+            return 0
+
+
+def cli(argv: Sequence[str] | None = None) -> int:
+    """The ``trainmon`` command: ``trainmon status ...``, ``--help``, ``--version``.
+
+    Returns the exit code: 0 for ``--help``/``--version``, 2 for a missing or unknown command.
+    """
+    from trainmon_exporter import __version__
+
+    ap = argparse.ArgumentParser(
+        prog="trainmon",
+        description="trainmon command line: views of a running trainmon exporter.",
+    )
+    ap.add_argument("--version", action="version", version=f"trainmon {__version__}")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+    sub.add_parser(
+        "status",
+        help="runs, ranks and GPUs of an exporter in the terminal (live, or --once)",
+        add_help=False,  # ``trainmon status --help`` is answered by the status parser
+    )
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args, _ = ap.parse_known_args(argv[:1])
+    except SystemExit as exc:  # --help / --version (0) or an unknown command (2)
+        return int(exc.code or 0)
+    if args.command != "status":
+        ap.print_usage(sys.stderr)
+        print("trainmon: error: a command is required (trainmon status)", file=sys.stderr)
+        return 2
+    try:
+        return main(argv[1:])
+    except SystemExit as exc:  # argparse: --help (0) or a bad flag (2)
+        return int(exc.code or 0)

@@ -1,0 +1,102 @@
+"""The status page from a hand-built view model: cells, escaping and the GPU section."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from trainmon_exporter.sampler import FAILED, NO_DRIVER, SAMPLING
+from trainmon_exporter.views.html import StatusPage, render_status
+
+from ...helpers import views as v
+
+
+def page(**kw: Any) -> StatusPage:
+    fields: dict[str, Any] = {
+        "runs": v.runs(v.rank(0)),
+        "gpus": v.gpus(v.gpu(0)),
+        "socket": "/run/trainmon/trainmon.sock",
+        "socket_problem": None,
+        "collectors": {"training": True, "gpu": True},
+        "gpu_state": SAMPLING,
+    }
+    return StatusPage(**(fields | kw))
+
+
+def cells(html: str) -> list[list[str]]:
+    """The body rows of every table, as lists of cell texts."""
+    return [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", html)]
+
+
+def test_a_rank_row_shows_every_cell() -> None:
+    rank = v.rank(
+        3,
+        values={"loss": None, "lr": 3e-4, "grad_norm": 1.25},
+        events=[v.event("loss_spike", 100, count=3, last_step=120)],
+        health=["loss spike"],
+    )
+    rows = cells(render_status(page(runs=v.runs(rank))))
+    assert rows[0] == [
+        *["gpt2-medium-finetune", "3/8", "gpu-node-10.cluster.example.org", "running", "1499"],
+        *["NaN/Inf", "0.0003", "1.25", "123,456", "41.7 %", "3", "812.5", "0.123", "0.5"],
+        "loss spike · last event: loss_spike at step 100 x3 to step 120",
+    ]
+
+
+def test_missing_values_are_dashes_and_mfu_says_why() -> None:
+    rank = v.rank(
+        0,
+        step=None,
+        values={},
+        tokens_per_second=None,
+        mfu_ratio=None,
+        mfu_unavailable_reason="no_peak_flops",
+        gpu=None,
+        step_time_mean_seconds=None,
+        client_overhead_ratio=None,
+        seconds_since_last_step=None,
+    )
+    row = cells(render_status(page(runs=v.runs(rank))))[0]
+    assert row[4:] == ["", "–", "–", "–", "–", "– (no_peak_flops)", "–", "–", "–", "–", "ok"]
+
+
+def test_client_text_is_escaped() -> None:
+    rank = v.rank(0, hostname="<b>host</b>", status="running")
+    html = render_status(page(runs=v.runs(rank, run="<script>alert(1)</script>")))
+    assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "&lt;b&gt;host&lt;/b&gt;" in html
+
+
+def test_no_rank_yet() -> None:
+    assert "No trainer has connected yet." in render_status(page(runs=v.runs()))
+
+
+def test_a_gpu_row_and_the_nvml_line() -> None:
+    g = v.gpu(1, slowdown_reasons=["hw_slowdown", "sw_thermal_slowdown"], xid_errors=2)
+    html = render_status(page(runs=v.runs(), gpus=v.gpus(g, lost_total=1)))
+    assert cells(html)[1] == [
+        *["1", "NVIDIA H100 80GB HBM3", "GPU-1", "93", "61", "71.0 / 80.0", "612", "67"],
+        *["1980", "hw_slowdown, sw_thermal_slowdown", "2"],
+    ]
+    assert "<p>NVML driver 550.54.15: 1 GPU(s) · 1 lost, sampled in 4.2 ms.</p>" in html
+
+
+def test_why_there_are_no_gpu_metrics() -> None:
+    off = render_status(page(gpus=v.no_gpus("GPU sampling has not run yet"), gpu_state=None))
+    assert "GPU sampling is turned off (collectors gpu and rank_gpu)." in off
+    none = render_status(page(gpus=v.no_gpus("libnvidia-ml.so.1: not found"), gpu_state=NO_DRIVER))
+    assert "no NVIDIA driver on this node (libnvidia-ml.so.1: not found)" in none
+    assert "class='crashed'" not in none  # a node without GPUs is not a problem
+    failed = render_status(
+        page(gpus=v.no_gpus("Insufficient <perm>", "run as root"), gpu_state=FAILED)
+    )
+    assert "<p class='crashed'>No GPU metrics: Insufficient &lt;perm&gt;.</p>" in failed
+    assert "<p> Hint: run as root</p>" in failed
+
+
+def test_the_header_line_names_the_socket_and_the_collectors() -> None:
+    html = render_status(page(collectors={"training": True, "gpu": False}))
+    assert "<code>/run/trainmon/trainmon.sock</code>:\nlistening ·" in html
+    assert "collectors: training: ok, gpu: FAILING ·" in html
+    html = render_status(page(collectors={}, socket_problem="socket file was replaced"))
+    assert "socket file was replaced ·" in html and "collectors: not scraped yet" in html

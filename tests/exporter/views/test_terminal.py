@@ -1,0 +1,162 @@
+"""``trainmon status`` from hand-built view models: ``--once`` and the live view at ordinary
+terminal widths (numbers are never cut)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from rich.console import Console
+
+from trainmon_exporter.views import terminal
+from trainmon_exporter.views.api import GpusResponse, RunsResponse
+
+from ...helpers import views as v
+
+# A number as the view prints it: 1499, 3/8, 0.2345, 41.7%, 1.2e+05.
+NUMBER = re.compile(r"\d+(?:[./]\d+)*(?:e[-+]\d+)?%?")
+
+
+def api_bodies() -> tuple[RunsResponse, GpusResponse]:
+    """Three ranks (running, crashed with a NaN loss, finished) and their three GPUs."""
+    ranks = [
+        v.rank(
+            r,
+            status=["running", "crashed", "finished"][r],
+            step=1499 + 1000 * r,
+            values={"loss": None if r == 1 else 2.3456 + r},
+            tokens_per_second=123456.0 + r,
+            health=["nonfinite_loss"] if r == 1 else [],
+            events=[v.event("loss_spike", 1377)] if r == 1 else [],
+        )
+        for r in range(3)
+    ]
+    gpus = [
+        v.gpu(
+            i,
+            slowdown_reasons=["hw_thermal_slowdown"] if i == 1 else [],
+            xid_errors=79 if i == 1 else 0,
+        )
+        for i in range(3)
+    ]
+    return v.runs(*ranks), v.gpus(*gpus)
+
+
+def render(width: int) -> str:
+    runs, gpus = api_bodies()
+    console = Console(record=True, width=width, color_system=None)
+    console.print(terminal.rich_view(runs, gpus, "http://127.0.0.1:9478"))
+    return console.export_text()
+
+
+def source_numbers() -> set[str]:
+    """Every number in every formatted value, header and title the view may show."""
+    runs, gpus = api_bodies()
+    texts = [*terminal.rank_rows(runs, gpus), *terminal.gpu_rows(gpus)]
+    found = {n for row in texts for v in row.values() for n in NUMBER.findall(v)}
+    headers = [h for _, h, _, _ in (*terminal.LIVE_RANK_COLUMNS, *terminal.LIVE_GPU_COLUMNS)]
+    found |= {n for h in [*headers, "http://127.0.0.1:9478"] for n in NUMBER.findall(h)}
+    return found
+
+
+@pytest.mark.parametrize("width", [80, 100, 120, 200])
+def test_every_number_on_screen_is_whole(width: int) -> None:
+    screen = render(width)
+    assert max(len(line) for line in screen.splitlines()) <= width
+    cut = [n for n in NUMBER.findall(screen) if n not in source_numbers()]
+    assert not cut, f"numbers cut at {width} columns: {cut}\n{screen}"
+    # The columns that identify a rank and its progress survive even at 80 columns.
+    for value in ("1/8", "1499", "2499", "3499", "crashed", "NaN/Inf", "gpt2-medium-finetune"):
+        assert re.search(rf"(?<![\w./]){re.escape(value)}(?![\w./])", screen), (value, screen)
+    assert "79" in NUMBER.findall(screen)  # the GPU with XIDs keeps its count
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_narrow_terminal_names_hidden_columns(width: int) -> None:
+    screen = " ".join(render(width).split())
+    assert "hidden for width:" in screen
+    # A hidden column's header is gone along with its values, never shown half.
+    shown, dropped = terminal.fit_columns(
+        terminal.LIVE_RANK_COLUMNS, terminal.rank_rows(*api_bodies()), width
+    )
+    assert dropped and all(h in screen for h in dropped)
+    assert {k for k, _, _, _ in shown} >= {"run", "rank", "status", "step", "loss"}
+
+
+def test_wide_terminal_shows_every_column() -> None:
+    screen = render(200)
+    assert "hidden for width" not in screen
+    for _, header, _, _ in terminal.LIVE_RANK_COLUMNS:
+        assert header in screen, header
+    assert "gpu-node-7.cluster.example.org" in screen and "123456" in screen
+
+
+def test_every_width_from_40_to_200_keeps_numbers_whole() -> None:
+    known = source_numbers()
+    for width in range(40, 201, 7):
+        screen = render(width)
+        cut = [n for n in NUMBER.findall(screen) if n not in known]
+        assert not cut, (width, cut)
+
+
+def test_once_writes_every_cell_of_the_view_model() -> None:
+    crashed = v.rank(
+        1,
+        status="crashed",
+        hostname="",
+        step=None,
+        values={"loss": None},
+        loss_ema=None,
+        tokens_per_second=None,
+        mfu_ratio=None,
+        mfu_unavailable_reason="no_peak_flops",
+        gpu=None,
+        health=["crashed"],
+        events=[v.event("crash", 12)],
+    )
+    gpus = v.gpus(
+        v.gpu(1, slowdown_reasons=["hw_slowdown", "sw_thermal_slowdown"], xid_errors=2),
+        v.gpu(0, tensor_active_ratio=None, memory_used_bytes=None),
+        lost_total=1,
+    )
+    got = terminal.plain(v.runs(v.rank(0), crashed), gpus).splitlines()
+    # Split the way a script does: on runs of two spaces or more.
+    rows = [re.split(r"\s{2,}", line) for line in got]
+    assert rows[0] == ["# ranks"]
+    assert rows[1] == list(terminal.RANK_COLUMNS)
+    assert rows[2] == [
+        *["gpt2-medium-finetune", "0/8", "gpu-node-7.cluster.example.org", "running", "1499"],
+        *["2.346", "2.568", "123456", "41.7%", "0", "93.0%", "-", "ok"],
+    ]
+    assert rows[3] == [
+        *["gpt2-medium-finetune", "1/8", "-", "crashed", "-", "NaN/Inf", "-", "-"],
+        *["-(no_peak_flops)", "-", "-", "-", "crashed; last event crash at step 12"],
+    ]
+    assert rows[4] == [""]
+    assert rows[5] == ["# gpus (driver 550.54.15, 1 lost)"]
+    assert rows[6] == list(terminal.GPU_COLUMNS)
+    assert rows[7] == [
+        *["0", "NVIDIA H100 80GB HBM3", "93.0%", "-", "-", "80.0", "612", "67", "none", "0"]
+    ]
+    assert rows[8] == [
+        *["1", "NVIDIA H100 80GB HBM3", "93.0%", "61.0%", "71.0", "80.0", "612", "67"],
+        *["hw_slowdown,sw_thermal_slowdown", "2"],
+    ]
+    assert len(rows) == 9
+
+
+def test_once_without_gpus_says_why() -> None:
+    out = terminal.plain(v.runs(), v.no_gpus("NVML Shared Library Not Found"))
+    assert out.endswith("\n# gpus: none (NVML Shared Library Not Found)\n")
+
+
+def test_live_view_colours_problems() -> None:
+    runs, gpus = api_bodies()
+    console = Console(record=True, width=200, color_system="standard", force_terminal=True)
+    console.print(terminal.rich_view(runs, gpus, "http://127.0.0.1:9478"))
+    screen = console.export_text(styles=True)
+    bold_red = re.escape("\x1b[1;31m")
+    assert re.search(rf"{bold_red}\s*crashed", screen)  # the crashed rank's row
+    assert re.search(r"\x1b\[[0-9;]*33mnonfinite_loss", screen)  # its anomalies, in yellow
+    assert re.search(rf"{bold_red}\s*79", screen)  # the GPU with XIDs
+    assert not re.search(rf"{bold_red}\s*running", screen)

@@ -1,0 +1,119 @@
+"""View models built by hand (:mod:`trainmon_exporter.views.api`), for the views' unit tests.
+
+Each builder fills every field with a plausible value; keywords replace them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainmon_exporter.views.api import (
+    EventView,
+    GpusResponse,
+    GpuView,
+    RankView,
+    RunsResponse,
+    RunView,
+)
+
+T = 1_800_000_000.0
+"""The views' "now" (Unix seconds)."""
+
+
+def event(kind: str = "loss_spike", step: int | None = 1377, **kw: Any) -> EventView:
+    fields: dict[str, Any] = {
+        "kind": kind,
+        "step": step,
+        "time": T - 5,
+        "value": 9.0,
+        "count": 1,
+        "last_step": step,
+    }
+    return EventView(**(fields | kw))
+
+
+def rank(rank: int = 0, **kw: Any) -> RankView:
+    """A running rank of 8 on GPU ``rank`` with a loss, 123456 tokens/s and 41.7 % MFU."""
+    fields: dict[str, Any] = {
+        "rank": rank,
+        "local_rank": rank,
+        "world_size": 8,
+        "hostname": f"gpu-node-{rank + 7}.cluster.example.org",
+        "gpu_uuid": f"GPU-{rank}",
+        "gpu": rank,
+        "dtype": "bf16",
+        "up": True,
+        "status": "running",
+        "step": 1499,
+        "last_step_time": T - 0.5,
+        "seconds_since_last_step": 0.5,
+        "steps_total": 1500,
+        "tokens_total": 1.5e8,
+        "samples_total": 1.5e5,
+        "tokens_per_second": 123456.0,
+        "samples_per_second": 120.5,
+        "client_overhead_ratio": 0.00123,
+        "step_time_mean_seconds": 0.8125,
+        "model_flops_per_second": 4.1e14,
+        "mfu_ratio": 0.417,
+        "mfu_unavailable_reason": None,
+        "gpu_memory_used_bytes": 60 * 2**30,
+        "loss_ema": 2.5678,
+        "values": {"loss": 2.3456, "lr": 3e-4, "grad_norm": 1.25},
+        "custom": {},
+        "nonfinite": {},
+        "dropped": {"disconnected": 0, "backpressure": 0, "encode_error": 0, "in_flight": 0},
+        "refused_values": 0,
+        "crashes": 0,
+        "health": [],
+        "events": [],
+    }
+    return RankView(**(fields | kw))
+
+
+def runs(*ranks: RankView, run: str = "gpt2-medium-finetune") -> RunsResponse:
+    """One run holding ``ranks``."""
+    world = max((r.world_size for r in ranks), default=1)
+    return RunsResponse(
+        time=T, runs=[RunView(run=run, world_size=world, owner_uid=1000, ranks=list(ranks))]
+    )
+
+
+def gpu(index: int = 0, **kw: Any) -> GpuView:
+    """An H100 at 93 % with 71 of 80 GiB used."""
+    fields: dict[str, Any] = {
+        "index": index,
+        "uuid": f"GPU-{index}",
+        "name": "NVIDIA H100 80GB HBM3",
+        "pci_bus_id": f"00000000:1{index}:00.0",
+        "utilization_ratio": 0.93,
+        "memory_used_bytes": 71 * 2**30,
+        "memory_size_bytes": 80 * 2**30,
+        "power_usage_watts": 612.0,
+        "temperature_celsius": 67.0,
+        "sm_clock_hertz": 1.98e9,
+        "tensor_active_ratio": 0.61,
+        "slowdown_reasons": [],
+        "xid_errors": 0,
+    }
+    return GpuView(**(fields | kw))
+
+
+def gpus(*views: GpuView, **kw: Any) -> GpusResponse:
+    """An NVML pass that found ``views``."""
+    fields: dict[str, Any] = {
+        "time": T,
+        "ok": True,
+        "error": "",
+        "hint": "",
+        "driver_version": "550.54.15",
+        "lost_total": 0,
+        "sample_seconds": 0.0042,
+        "gpus": list(views),
+    }
+    return GpusResponse(**(fields | kw))
+
+
+def no_gpus(error: str = "NVML Shared Library Not Found", hint: str = "") -> GpusResponse:
+    """No NVML pass: ``error`` says why."""
+    return gpus(ok=False, error=error, hint=hint, driver_version="", sample_seconds=0.0)
