@@ -1,5 +1,10 @@
 """The trainmon wire protocol: one definition, shared by the client and the exporter.
 
+Why this module is one module of about 700 lines: it is the protocol's specification as
+well as its code. Every record's layout, units and clock are documented next to the struct
+that writes it and the function that reads it, for both sides; splitting encoders from
+decoders would put the two halves of one definition in two files.
+
 Transport: a ``SOCK_SEQPACKET`` Unix socket. Every ``send()`` is one *packet*; the kernel keeps
 packet boundaries, so no stream framing is needed, and the exporter sees EOF the moment a
 trainer process dies (which is how it tells "crashed" from "finished": a clean end sends a

@@ -28,7 +28,7 @@ report what happened, and the run counts it. ``log()`` stays here whole, with th
 it reads on the run itself (``_waiting`` is the device copies' queue, shared), so the split
 adds nothing to the hot path; flush-time code pays one attribute hop per call into a part.
 
-Why this module is well over the 500 lines its split aimed at: half of it is
+Why this module is one module well over the 500 lines its split aimed at: half of it is
 the public API's docstrings, which are the client's reference documentation, and ``init()``
 with its checks is another hundred. The rest is the glue that had to stay: the flusher thread,
 and the flush path that feeds the encoder, hands its packets to the transport and counts each

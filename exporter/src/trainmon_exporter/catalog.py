@@ -1,5 +1,10 @@
 """The metric catalog: every family the exporter exposes, defined once.
 
+Why this module is one module of over 2,000 lines: it is data, one ``Family`` row per
+family with the reference text of docs/metrics.md, and its purpose is to be the single place a
+metric is defined. Rows are grouped by collector under section comments; the code is the
+``Family`` class and the table renderer at the ends.
+
 A :class:`Family` row is what a metric *is*: its name, type, HELP text and labels, plus what
 the reference (docs/metrics.md) says about it: its unit and its meaning and source. The
 collectors, the ingest counters and the HTTP and log counters build their families from these

@@ -1,5 +1,10 @@
 """NVML: the only module that imports ``pynvml`` (distribution ``nvidia-ml-py``).
 
+Why this module is one module of about 700 lines: it is the only importer of pynvml, so the
+whole boundary with the library lives here: the typed error policy, the ``NvmlBackend``
+Protocol (each method naming its NVML call and unit), and ``PynvmlBackend`` with the versioned
+entry points older drivers lack. About half of it is the Protocol and its one-to-one adapter.
+
 Two layers; the sampler that uses them is :mod:`trainmon_exporter.sampler`.
 
 - The error policy: every exception a binding raises becomes one of the typed errors here

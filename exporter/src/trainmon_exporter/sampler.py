@@ -1,5 +1,9 @@
 """The GPU sampler: a daemon thread that reads every GPU through an NVML backend.
 
+Why this module is one module of about 700 lines: :class:`GpuSampler` is one loop over every
+GPU and reading, whose error policy (one failing reading never costs another) is applied in one
+place per reading; the typed readings and the snapshot it publishes are its output types.
+
 :class:`GpuSampler` reads every GPU each ``interval`` seconds into an immutable
 :class:`GpuSnapshot`. Scrapes and the JSON API read the latest snapshot and never call NVML,
 so a slow or hung driver call delays only the next sample, never ingest or ``/metrics``.

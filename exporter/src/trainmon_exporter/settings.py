@@ -1,5 +1,10 @@
 """Exporter configuration: one :class:`Settings` object, built once in ``main()``.
 
+Why this module is one module of about 600 lines: every setting is a flag and an environment
+variable with its description (what ``--help`` and docs/exporter.md show), its default and its
+validation, so most of the module is the settings' own documentation; the analytics thresholds
+live here too so that there is one place where configuration is.
+
 Every field is settable as a CLI flag (``--series-ttl-seconds 300``) or an environment variable
 with the ``TRAINMON_`` prefix (``TRAINMON_SERIES_TTL_SECONDS=300``; nested fields use ``__``:
 ``TRAINMON_COLLECTORS__TRAINING=false``). Flags win over the environment.

@@ -1,5 +1,10 @@
 """Push-side state: what the exporter knows about every (run, rank), updated per record.
 
+Why this module is one module of about 700 lines: it is the one owner of every change to a
+rank (observe a step, layers, an evaluation, an operation, a checkpoint, totals; finish,
+disconnect) and of the store's caps, series budget and eviction, which must see those changes
+under one lock. Judgement is elsewhere (:mod:`trainmon_exporter.analytics`, :mod:`derive`).
+
 Every change to a rank's state is made here: :class:`Store` applies a record under its limits
 (custom metrics, layers, operations, the series budget) and :class:`RankState` keeps the
 rank's figures. :mod:`trainmon_exporter.apply` calls them from the ingest server's thread;
