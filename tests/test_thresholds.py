@@ -121,11 +121,13 @@ def test_dashboard_text_quotes_the_defaults() -> None:
 
 
 def setting_copies(text: str) -> list[tuple[str, float]]:
-    """Every ``<setting> (<number>)``, ``<number> (`<setting>`)`` and ``` `<setting>` (<number>
-    by default)`` / ``(`<setting>`, <number> s by default)`` in ``text``."""
+    """Every ``<setting> (<number>)``, ``<setting> (default <number>)``, ``<number>
+    (`<setting>`)`` and ``` `<setting>` (<number> by default)`` / ``(`<setting>`, <number> s by
+    default)`` in ``text``."""
     names = "|".join(AnalyticsSettings.model_fields)
     patterns = [
         rf"\b({names})\s+\({NUMBER}\)",
+        rf"\b({names})\s+\(default\s+{NUMBER}\)",
         rf"{NUMBER}\s+\(`({names})`\)",
         rf"`({names})`\s+\({NUMBER}[^)]*?\s+by\s+default\)",
         rf"`({names})`,\s+{NUMBER}[^,)]*?\s+by\s+default",
@@ -133,18 +135,19 @@ def setting_copies(text: str) -> list[tuple[str, float]]:
     out = []
     for i, pattern in enumerate(patterns):
         for m in re.finditer(pattern, text):
-            name, value = (m[2], m[1]) if i == 1 else (m[1], m[2])
+            name, value = (m[2], m[1]) if i == 2 else (m[1], m[2])
             out.append((name, float(value)))
     return out
 
 
 def test_the_setting_copy_finder_sees_each_form() -> None:
     text = (
-        "x (0.7) straggler_ratio (1.5) and 0.7 (`throughput_drop_ratio`); "
+        "x (0.7) straggler_ratio (1.5) and 0.7 (`throughput_drop_ratio`); ema_decay (default 0.99) "
         "`straggler_ratio`\n(1.5 by default), (`hang_grace_seconds`, 30 s by default)"
     )
     assert setting_copies(text) == [
         ("straggler_ratio", 1.5),
+        ("ema_decay", 0.99),
         ("throughput_drop_ratio", 0.7),
         ("straggler_ratio", 1.5),
         ("hang_grace_seconds", 30.0),

@@ -147,3 +147,12 @@ def test_collectors_run_in_one_fixed_order_whatever_imported_them_first() -> Non
         [sys.executable, "-c", code, *ORDER], capture_output=True, text=True, check=True
     )
     assert out.stdout.split() == [n for n in ORDER if n != "gpu"], out.stdout
+
+
+def test_the_clock_event_help_names_the_one_list_of_slowdown_reasons() -> None:
+    from trainmon_exporter.nvml import CLOCK_EVENT_REASONS, SLOWDOWN_REASONS
+
+    help_text = catalog.GPU_CLOCK_EVENT_REASON_ACTIVE.help
+    slowing = help_text.split(");", 1)[1].split("slow training")[0]
+    named = {r for r in CLOCK_EVENT_REASONS if re.search(rf"\b{r}\b", slowing)}
+    assert named == set(SLOWDOWN_REASONS), named

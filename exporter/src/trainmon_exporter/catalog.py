@@ -574,7 +574,7 @@ TRAIN_LOSS_EMA = Family(
     "trainmon_train_loss_ema",
     GAUGE,
     (
-        "EMA of the loss: ema = d*ema + (1-d)*loss, d = ema_decay (0.99), started at the first "
+        "EMA of the loss: ema = d*ema + (1-d)*loss, d = ema_decay (default 0.99), started at the first "
         "finite loss."
     ),
     RANK,
@@ -1011,7 +1011,7 @@ TRAIN_HANGS = Family(
 TRAIN_THROUGHPUT_DROPS = Family(
     "trainmon_train_throughput_drops",
     COUNTER,
-    "Episodes of trainmon_train_throughput_ratio below throughput_drop_ratio (0.7).",
+    "Episodes of trainmon_train_throughput_ratio below throughput_drop_ratio (default 0.7).",
     RANK,
     unit="episodes",
     collector="health",
@@ -1021,7 +1021,7 @@ TRAIN_THROUGHPUT_DROPS = Family(
 TRAIN_STRAGGLER_EPISODES = Family(
     "trainmon_train_straggler_episodes",
     COUNTER,
-    "Episodes of trainmon_train_straggler_ratio above straggler_ratio (1.5).",
+    "Episodes of trainmon_train_straggler_ratio above straggler_ratio (default 1.5).",
     RANK,
     unit="episodes",
     collector="health",
@@ -1090,7 +1090,7 @@ MONITORING_OVERHEAD_RATIO = Family(
 MONITORING_OVER_BUDGET = Family(
     "trainmon_monitoring_over_budget",
     GAUGE,
-    "1 when trainmon_monitoring_overhead_ratio exceeds monitoring_budget_ratio (0.05).",
+    "1 when trainmon_monitoring_overhead_ratio exceeds monitoring_budget_ratio (default 0.05).",
     RANK,
     unit="0/1",
     collector="health",
@@ -1682,7 +1682,8 @@ GPU_CLOCK_EVENT_REASON_ACTIVE = Family(
     (
         "1 while NVML reports this reason for holding clocks down "
         "(nvmlDeviceGetCurrentClocksEventReasons bit; ...ThrottleReasons before R535); "
-        "sw_power_cap, hw_slowdown and the thermal reasons slow training."
+        "hw_slowdown, sw_thermal_slowdown, hw_thermal_slowdown and hw_power_brake_slowdown slow "
+        "training (sw_power_cap is normal at full load)."
     ),
     (*GPU, "reason"),
     unit="0/1",
@@ -1950,7 +1951,8 @@ INGEST_BYTES = Family(
 INGEST_MESSAGES = Family(
     "trainmon_ingest_messages",
     COUNTER,
-    "Valid records applied, by record type (hello, name, step, finish).",
+    "Valid records applied, by record type (hello, name, step, finish, eval, track, checkpoint, "
+    "layers, totals).",
     ("type",),
     unit="records",
     collector="ingest",
@@ -1991,7 +1993,9 @@ INGEST_VALUES_DROPPED = Family(
     (
         "Values of valid records that were dropped, by reason: unknown_field (no NAME for the "
         "id), custom_cap (over max_custom_metrics), layer_cap (over max_layers), layer_rank "
-        "(layers of a rank outside layer_ranks: analysed, not exported), unknown_hello_key."
+        "(layers of a rank outside layer_ranks: analysed, not exported), unknown_hello_key, "
+        "operation_cap (over max_operations), series_budget (max_series spent), bad_counter (a "
+        "cumulative total that was not finite, negative or went back)."
     ),
     ("reason",),
     unit="values",
