@@ -148,3 +148,20 @@ def test_no_test_module_imports_another() -> None:
             if isinstance(node, ast.ImportFrom) and "test_" in (node.module or ""):
                 offenders.append(f"{path.relative_to(ROOT)}: from {node.module}")
     assert not offenders, offenders
+
+
+def test_docs_architecture_names_every_module() -> None:
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    missing = []
+    for name, path in modules().items():
+        if path.name == "__init__.py":
+            if path.parent.name in PACKAGES:
+                continue  # the distribution's own package
+            wanted = [f"`{path.parent.name}/`"]
+        elif path.parent.name in PACKAGES:
+            wanted = [f"`{path.name}`"]
+        else:  # a module of a subpackage: by file name or by its stem in the subpackage's row
+            wanted = [f"`{path.name}`", f"`{path.stem}`"]
+        if not any(w in doc for w in wanted):
+            missing.append(name)
+    assert not missing, f"docs/architecture.md does not place: {missing}"
