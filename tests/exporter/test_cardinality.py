@@ -16,6 +16,8 @@ import pytest
 from ..conftest import ROOT
 from ..helpers.cardinality import (
     BUDGET,
+    GPUS_PER_NODE,
+    LAYERS,
     SLACK,
     Figures,
     measure,
@@ -52,3 +54,24 @@ def test_the_published_table_is_the_budget() -> None:
     for unit, n in BUDGET.items():
         assert re.search(rf"^\| {unit}\b[^|]*\| {n} \|", section, re.M), (unit, n)
     assert table() in section, "docs/scaling.md's fleet table differs from:\n" + table()
+
+
+def test_the_docs_quote_the_estimate_and_the_node_total_the_budget_gives() -> None:
+    from trainmon_exporter.state import SERIES_PER_LAYER, SERIES_PER_OPERATION, SERIES_PER_RANK
+
+    estimate = (
+        f"{SERIES_PER_RANK} per rank, 1 per custom metric or evaluation value, "
+        f"{SERIES_PER_OPERATION} per operation, {SERIES_PER_LAYER} per exported layer"
+    )
+    for doc in ("docs/exporter.md", "docs/metrics.md"):
+        assert estimate in (ROOT / doc).read_text(), doc
+    node = (
+        GPUS_PER_NODE * (BUDGET["GPU"] + BUDGET["rank"])
+        + BUDGET["node"]
+        + BUDGET["run"]
+        + LAYERS * BUDGET["layer"]
+    )
+    about = f"about {round(node, -2):,}"
+    for doc in ("docs/scaling.md", "deploy/kubernetes/base/exporter/podmonitor.yaml"):
+        text = " ".join((ROOT / doc).read_text().split())
+        assert f"layers on one rank are {about}" in text or f"on one, is {about}" in text, doc

@@ -1920,7 +1920,7 @@ EXPORTER_SERIES = Family(
     unit="series",
     collector="exporter",
     doc=(
-        "Estimated series of every rank in the exposition (100 per rank, 1 per custom metric or "
+        "Estimated series of every rank in the exposition (107 per rank, 1 per custom metric or "
         "evaluation value, 3 per operation, 15 per exported layer), held under `max_series`."
     ),
 )
