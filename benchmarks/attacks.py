@@ -256,8 +256,10 @@ def scrapes(hold: float) -> None:
         th.join()
         t_end = time.monotonic()
         applied_now = None
-        with contextlib.suppress(Exception):
-            applied_now = ex.metric('trainmon_train_steps_total{rank="0",run="normal"}')
+        while applied_now is None and time.monotonic() - t_end < 30:
+            # /metrics may answer 503 while the readers hold the concurrent-scrape slots
+            with contextlib.suppress(Exception):
+                applied_now = ex.metric('trainmon_train_steps_total{rank="0",run="normal"}')
         lag = time.monotonic() - t_end
         stop.set()
         for r in readers:
