@@ -7,7 +7,8 @@
   knows, strictly (an unknown field fails). Every PodMonitor and PrometheusRule validates
   with ``check-jsonschema`` against prometheus-operator's own CRD schemas (vendored under
   tests/deploy/schemas/), made strict the same way. The PyTorchJob's pod templates validate
-  as core PodTemplateSpecs.
+  as core PodTemplateSpecs, and its spec against the fields of the training operator's v1
+  API (``PYTORCHJOB_V1``, strict).
 - The generated PrometheusRules and dashboard ConfigMaps are what deploy/kubernetes/build.py
   builds; the rule groups in the rendered overlays pass ``promtool check rules`` and every
   promtool unit test in tests/rules/, run against rule files extracted from the rendered
@@ -187,6 +188,59 @@ def test_pytorchjob_pod_templates_validate_as_pod_templates() -> None:
             kv.validate(template, kv.latest_version(), strict=True)
             # the training operator finds its container by this name
             assert [c["name"] for c in rs["template"]["spec"]["containers"]] == ["pytorch"]
+
+
+PYTORCHJOB_V1 = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "kubeflow.org/v1"},
+        "kind": {"const": "PyTorchJob"},
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["pytorchReplicaSpecs"],
+            "properties": {
+                "runPolicy": {"type": "object"},
+                "elasticPolicy": {"type": "object"},
+                "nprocPerNode": {"type": "string"},
+                "pytorchReplicaSpecs": {
+                    "type": "object",
+                    "minProperties": 1,
+                    "propertyNames": {"enum": ["Master", "Worker"]},
+                    "additionalProperties": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["template"],
+                        "properties": {
+                            "replicas": {"type": "integer", "minimum": 0},
+                            "restartPolicy": {"enum": ["Always", "OnFailure", "Never", "ExitCode"]},
+                            "template": {"type": "object"},
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+"""The fields of the training operator's ``kubeflow.org/v1`` PyTorchJob spec (its API types:
+``PyTorchJobSpec``, ``ReplicaSpec``) that a job may set, strictly: a misspelt field or replica
+type fails here instead of being dropped by the API server. The pod templates are checked
+against the Kubernetes schemas above."""
+
+
+def test_pytorchjob_spec_has_only_fields_of_the_v1_api() -> None:
+    jsonschema = pytest.importorskip("jsonschema", reason="pip install -r requirements-dev.txt")
+    jobs = [o for _, o in objects("PyTorchJob")]
+    assert jobs
+    for job in jobs:
+        jsonschema.validate(job, PYTORCHJOB_V1)
+    broken = json.loads(json.dumps(jobs[0]))
+    broken["spec"]["pytorchReplicaSpecs"]["Workers"] = broken["spec"]["pytorchReplicaSpecs"].pop(
+        "Worker"
+    )
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, PYTORCHJOB_V1)
 
 
 def strict_schema(node: Any) -> Any:
