@@ -574,8 +574,8 @@ TRAIN_LOSS_EMA = Family(
     "trainmon_train_loss_ema",
     GAUGE,
     (
-        "EMA of the loss: ema = d*ema + (1-d)*loss, d = ema_decay (default 0.99), started at the first "
-        "finite loss."
+        "EMA of the loss: ema = d*ema + (1-d)*loss, d = ema_decay (default 0.99), started at "
+        "the first finite loss."
     ),
     RANK,
     unit="–",
