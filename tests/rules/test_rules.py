@@ -14,7 +14,11 @@ from ..conftest import ROOT, require_tool
 from ..helpers.promql import PROMETHEUS_FILES, fleet_key_problems, known_names, used_names
 
 PROM = ROOT / "deploy" / "prometheus"
-RULE_FILES = [PROM / "trainmon.rules.yml", PROM / "trainmon.alerts.yml", PROM / "trainmon.dcgm.rules.yml"]
+RULE_FILES = [
+    PROM / "trainmon.rules.yml",
+    PROM / "trainmon.alerts.yml",
+    PROM / "trainmon.dcgm.rules.yml",
+]
 
 
 def promtool() -> str:
