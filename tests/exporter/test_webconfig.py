@@ -442,3 +442,40 @@ def test_client_certificates_and_min_version_are_enforced(pki: Pki, tmp_path: Pa
         client.maximum_version = ssl.TLSVersion.TLSv1_3  # the same client, allowed TLS 1.3
         assert request(ex.url + "/healthz", client)[0] == 200
         assert ex.get_json("/healthz") == {"status": "ok"}
+
+
+def test_trainmon_status_reads_an_https_exporter_with_basic_auth(
+    tls_exporter: LocalExporter, pki: Pki, tmp_path: Path
+) -> None:
+    url = tls_exporter.url
+    password_file = tmp_path / "password"
+    password_file.write_text(PASSWORD + "\n")
+    args = ["--url", url, "--ca-file", str(pki.ca), "--user", USER, "--once"]
+
+    def status(*argv: str, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "trainmon_exporter", "status", *argv],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=child_env(**env),
+            check=False,
+        )
+
+    for out in (
+        status(*args, TRAINMON_STATUS_PASSWORD=PASSWORD),
+        status(*args, "--password-file", str(password_file)),
+    ):
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.startswith("# ranks\n") and "# gpus" in out.stdout
+    wrong = status(*args, TRAINMON_STATUS_PASSWORD="wrong")
+    assert wrong.returncode == 2
+    assert wrong.stderr == (
+        f"trainmon status: cannot read {url}/api/v1/runs: 401 Unauthorized: give --user, and "
+        "the password in TRAINMON_STATUS_PASSWORD\n"
+    )
+    no_password = status(*args)
+    assert no_password.returncode == 2
+    assert "--user needs a password" in no_password.stderr
+    untrusted = status("--url", url, "--once")
+    assert untrusted.returncode == 2 and "CERTIFICATE_VERIFY_FAILED" in untrusted.stderr

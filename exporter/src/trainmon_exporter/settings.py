@@ -557,9 +557,16 @@ def _ids(value: Any, resolve: Any) -> Any:
 
 
 CLIENT_VARIABLES = frozenset(
-    {"TRAINMON_RUN", "TRAINMON_SOCKET", "TRAINMON_FLUSH_INTERVAL", "TRAINMON_EXPORTER_UID"}
+    {
+        "TRAINMON_RUN",
+        "TRAINMON_SOCKET",
+        "TRAINMON_FLUSH_INTERVAL",
+        "TRAINMON_EXPORTER_UID",
+        "TRAINMON_STATUS_PASSWORD",
+    }
 )
-"""``TRAINMON_*`` variables the training client reads (often set in the same environment)."""
+"""``TRAINMON_*`` variables the training client and ``trainmon status`` read (often set in the
+same environment)."""
 
 
 def environment_names() -> frozenset[str]:
