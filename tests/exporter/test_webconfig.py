@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import re
+import socket
 import ssl
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -376,7 +378,12 @@ def tls_exporter(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         },
     )
     ex = LocalExporter(
-        "--web.config.file", str(path), ssl_context=pki.client_context(), auth=(USER, PASSWORD)
+        "--web.config.file",
+        str(path),
+        "--http-header-timeout-seconds",
+        "1",
+        ssl_context=pki.client_context(),
+        auth=(USER, PASSWORD),
     )
     with ex:
         yield ex
@@ -414,6 +421,18 @@ def test_the_tls_port_refuses_plain_http_and_unknown_certificates(
     with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
         urllib.request.urlopen(tls_exporter.url + "/healthz", timeout=10)  # system CAs only
     assert tls_exporter.get_json("/healthz") == {"status": "ok"}  # still serving
+
+
+def test_a_stalled_tls_handshake_is_closed_by_the_header_timeout(
+    tls_exporter: LocalExporter,
+) -> None:
+    """Without it asyncio waits 60 s for a handshake, holding a descriptor outside the HTTP
+    connection limit; here the exporter's header timeout is 1 s."""
+    with socket.create_connection(("127.0.0.1", tls_exporter.port), timeout=30) as stalled:
+        started = time.monotonic()
+        assert stalled.recv(1) == b""  # closed by the server, not by our timeout
+        assert time.monotonic() - started < 15
+    assert tls_exporter.get_json("/healthz") == {"status": "ok"}
 
 
 def test_client_certificates_and_min_version_are_enforced(pki: Pki, tmp_path: Path) -> None:

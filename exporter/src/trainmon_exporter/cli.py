@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio.constants
 import errno
 import logging
 import os
@@ -126,6 +127,11 @@ def _serve(settings: Settings, listener: IngestSocket) -> int:
         tls = web.ssl_context() if web is not None else None
     except WebConfigError as exc:
         return _fail(str(exc))
+    if tls is not None:
+        # asyncio gives a TLS handshake 60 s, during which the connection is not yet uvicorn's
+        # (no limit_concurrency, no eviction): the header timeout bounds the handshake too.
+        # uvicorn has no setting for it; asyncio reads this constant at each connection.
+        asyncio.constants.SSL_HANDSHAKE_TIMEOUT = settings.http_header_timeout_seconds
     app = create_app(settings, listener=listener, web=web)
     stats = app.state.exporter.http_stats
     config = uvicorn.Config(
