@@ -400,7 +400,7 @@ class BasicAuth:
         self.checks += 1
         try:
             ok = await anyio.to_thread.run_sync(
-                bcrypt.checkpw, password, stored if stored is not None else self._decoy
+                _checkpw, password, stored if stored is not None else self._decoy
             )
         finally:
             self.checks -= 1
@@ -408,6 +408,15 @@ class BasicAuth:
             return "rejected"
         self._verified[user] = digest
         return None
+
+
+def _checkpw(password: bytes, hashed: bytes) -> bool:
+    """The bcrypt check; False (and logged) for a hash bcrypt refuses though it looked valid."""
+    try:
+        return bool(bcrypt.checkpw(password, hashed))
+    except ValueError as exc:
+        log.error("basic_auth_users: bcrypt refuses a configured hash: %s", exc)
+        return False
 
 
 class WebMiddleware:
