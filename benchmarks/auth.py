@@ -33,7 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._harness import latency_summary  # noqa: E402
+from _harness import latency_summary  # noqa: E402
+
 from tests.helpers.tls import PASSWORD, USER, bcrypt_hash, make_pki, write_web_config  # noqa: E402
 from trainmon_exporter.local import LocalExporter  # noqa: E402
 
