@@ -498,3 +498,16 @@ def test_trainmon_status_reads_an_https_exporter_with_basic_auth(
     assert "--user needs a password" in no_password.stderr
     untrusted = status("--url", url, "--once")
     assert untrusted.returncode == 2 and "CERTIFICATE_VERIFY_FAILED" in untrusted.stderr
+
+
+def test_basic_auth_over_plain_http_works_and_warns(tmp_path: Path) -> None:
+    path = write_web_config(tmp_path / "web.yml", {"basic_auth_users": {USER: HASH}})
+    ex = LocalExporter(
+        "--web.config.file", str(path), auth=(USER, PASSWORD), quiet=False, capture_output=True
+    )
+    with ex:
+        assert ex.url.startswith("http://")
+        assert request(ex.url + "/healthz")[0] == 401
+        assert ex.get_json("/healthz") == {"status": "ok"}
+    out = ex.stop()
+    assert "passwords cross the network in clear text" in out, out

@@ -481,6 +481,11 @@ def middleware_options(web: WebConfig, stats: AuthStats, max_checks: int) -> dic
         return {}
     auth = None
     if web.basic_auth_users:
+        if web.tls_server_config is None:
+            log.warning(
+                "basic_auth_users without tls_server_config: passwords cross the network in "
+                "clear text; add tls_server_config"
+            )
         users = {u: h.get_secret_value().encode() for u, h in web.basic_auth_users.items()}
         auth = BasicAuth(users, stats, max_checks)
     return {"auth": auth, "headers": headers}
