@@ -96,6 +96,20 @@ def test_the_documented_example_is_valid(pki: Pki, tmp_path: Path) -> None:
     assert bcrypt.checkpw(b"SCRAPE-PASSWORD", stored.get_secret_value().encode())
 
 
+def test_relative_paths_are_relative_to_the_file(pki: Pki, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "conf"
+    elsewhere.mkdir()
+    config = {"tls_server_config": {"cert_file": "../pki/server.crt", "key_file": "server.key"}}
+    (elsewhere / "server.key").write_bytes(pki.server_key.read_bytes())
+    (tmp_path / "pki").mkdir()
+    (tmp_path / "pki" / "server.crt").write_bytes(pki.server_cert.read_bytes())
+    web = load_web_config(write_web_config(elsewhere / "web.yml", config))
+    assert web.tls_server_config is not None
+    assert web.tls_server_config.cert_file == elsewhere / "../pki/server.crt"
+    assert web.tls_server_config.key_file == elsewhere / "server.key"
+    assert web.ssl_context() is not None  # whatever the working directory
+
+
 def test_an_empty_file_means_plain_http_without_auth(tmp_path: Path) -> None:
     (tmp_path / "web.yml").write_text("# nothing yet\n")
     web = load_web_config(tmp_path / "web.yml")

@@ -155,7 +155,7 @@ class TlsServerConfig(BaseModel):
     def ssl_context(self) -> ssl.SSLContext:
         """A server ``SSLContext`` with the certificate, key and client policy loaded.
 
-        Relative paths are relative to the exporter's working directory.
+        :func:`load_web_config` has made relative paths relative to the file's directory.
 
         Raises:
             WebConfigError: a file is missing or unreadable, is not PEM, or the key does not
@@ -293,6 +293,9 @@ class WebConfig(BaseModel):
 def load_web_config(path: str | Path) -> WebConfig:
     """Read and validate the web configuration file at ``path`` (YAML).
 
+    Relative ``cert_file``, ``key_file`` and ``client_ca_file`` paths are taken relative to
+    the file's own directory, as the exporter toolkit does.
+
     Raises:
         WebConfigError: the file is unreadable, not YAML, not a mapping, or invalid; the
             message names the file and every invalid key on one line.
@@ -313,7 +316,7 @@ def load_web_config(path: str | Path) -> WebConfig:
     if not isinstance(data, dict):
         raise WebConfigError(f"web config {path}: expected a mapping of sections")
     try:
-        return WebConfig.model_validate(data)
+        web = WebConfig.model_validate(data)
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
@@ -323,6 +326,16 @@ def load_web_config(path: str | Path) -> WebConfig:
                 msg = "unknown key"
             problems.append(f"{where}: {msg}" if where else msg)
         raise WebConfigError(f"web config {path}: {'; '.join(problems)}") from None
+    tls = web.tls_server_config
+    if tls is None:
+        return web
+    base = Path(path).parent
+    files = {
+        name: base / value
+        for name in ("cert_file", "key_file", "client_ca_file")
+        if (value := getattr(tls, name)) is not None and not value.is_absolute()
+    }
+    return web.model_copy(update={"tls_server_config": tls.model_copy(update=files)})
 
 
 class AuthStats:
