@@ -24,6 +24,10 @@ password is kept as its SHA-256 digest: a scraper sending the same credentials e
 for bcrypt once, its later requests cost one constant-time digest comparison. The cache holds
 one entry per configured user, so it is bounded by the file. Every refused request is counted
 in ``trainmon_http_auth_failures_total{reason}``.
+
+Why this module is one module of about 500 lines: it is everything the file turns on (the
+format's models with their refusals, the TLS context, the basic auth and headers middleware),
+so what trainmon supports of the format is read in one place; most of it is validation.
 """
 
 from __future__ import annotations
