@@ -39,6 +39,13 @@ from trainmon_exporter.sockfile import IngestSocket
 from trainmon_exporter.state import Store
 from trainmon_exporter.views.api import GpusResponse, RunsResponse, gpu_snapshot, snapshot
 from trainmon_exporter.views.html import StatusPage, render_status
+from trainmon_exporter.webconfig import (
+    AuthStats,
+    WebConfig,
+    WebMiddleware,
+    load_web_config,
+    middleware_options,
+)
 
 log = logging.getLogger("trainmon_exporter")
 
@@ -56,6 +63,7 @@ class Exporter:
     gpus: GpuSampler | None = None
     http_stats: HttpStats | None = None
     scrape_gate: ScrapeGate | None = None
+    auth_stats: AuthStats | None = None
 
 
 class GpusRequiredError(RuntimeError):
@@ -88,6 +96,8 @@ def build_exporter(
     registry.register(LogMetrics())  # type: ignore[arg-type]
     http_stats = HttpStats()
     registry.register(http_stats)  # type: ignore[arg-type]
+    auth_stats = AuthStats()
+    registry.register(auth_stats)  # type: ignore[arg-type]
     gpus = None
     if settings.collectors.gpu or settings.collectors.rank_gpu:
         gpus = GpuSampler(
@@ -116,7 +126,9 @@ def build_exporter(
         max_bytes_per_second=settings.ingest_max_bytes_per_second,
     )
     gate = ScrapeGate(settings.http_max_concurrent_scrapes, http_stats)
-    return Exporter(settings, store, registry, ingest, scrape, time.time(), gpus, http_stats, gate)
+    return Exporter(
+        settings, store, registry, ingest, scrape, time.time(), gpus, http_stats, gate, auth_stats
+    )
 
 
 async def _sweep(store: Store) -> None:
@@ -139,11 +151,18 @@ async def _watch_conditions(store: Store, period: float = 0.1, rates_every: int 
 
 
 def create_app(
-    settings: Settings, nvml: NvmlBackend | None = None, *, listener: IngestSocket | None = None
+    settings: Settings,
+    nvml: NvmlBackend | None = None,
+    *,
+    listener: IngestSocket | None = None,
+    web: WebConfig | None = None,
 ) -> FastAPI:
     """Build the exporter's ASGI app from ``settings``.
 
-    ``nvml`` and ``listener``: see :func:`build_exporter`.
+    ``nvml`` and ``listener``: see :func:`build_exporter`. ``web``: the web configuration
+    already loaded (the CLI's), else it is read from ``settings.web_config_file`` if set
+    (raises :class:`~trainmon_exporter.webconfig.WebConfigError`); its basic auth and headers
+    wrap every route. TLS is the server's part (``WebConfig.ssl_context``).
 
     Raises (at startup, from the lifespan, when no ``listener`` is given):
     :class:`~trainmon_exporter.sockfile.SocketSetupError` when the ingest socket cannot be
@@ -277,6 +296,13 @@ def create_app(
         )
         return render_status(page)
 
+    if web is None and settings.web_config_file is not None:
+        web = load_web_config(settings.web_config_file)
+    if web is not None:
+        assert ex.auth_stats is not None
+        options = middleware_options(web, ex.auth_stats, settings.http_max_concurrent_auth_checks)
+        if options:  # added last: the outermost layer, before any route or limit
+            app.add_middleware(WebMiddleware, **options)
     return app
 
 

@@ -2111,6 +2111,27 @@ HTTP_REQUESTS_REFUSED = Family(
     ),
 )
 
+HTTP_AUTH_FAILURES = Family(
+    "trainmon_http_auth_failures",
+    COUNTER,
+    (
+        "HTTP requests refused by basic auth (web config file), by reason: missing (no Basic "
+        "credentials), malformed (credentials that do not decode), rejected (unknown user or "
+        "wrong password), check_limit (503: http_max_concurrent_auth_checks password checks "
+        "in progress)."
+    ),
+    ("reason",),
+    unit="1",
+    collector="http",
+    doc=(
+        "Requests refused by the basic auth of the web configuration file (`--web.config.file`, "
+        "`basic_auth_users`): `missing` (no Basic credentials; 401), `malformed` (credentials "
+        "that do not decode; 401), `rejected` (an unknown user or a wrong password; 401), "
+        "`check_limit` (503 at once: `http_max_concurrent_auth_checks` bcrypt checks were in "
+        "progress). Always 0 without `basic_auth_users`."
+    ),
+)
+
 
 # ---------- log: lines the log limiter suppressed
 
@@ -2386,6 +2407,7 @@ EXPORTER_TABLE: tuple[Family, ...] = (
     INGEST_VALUES_DROPPED,
     HTTP_CONNECTIONS_CLOSED,
     HTTP_REQUESTS_REFUSED,
+    HTTP_AUTH_FAILURES,
     EXPORTER_LOG_MESSAGES_SUPPRESSED,
     SCRAPE_COLLECTOR_DURATION_SECONDS,
     SCRAPE_COLLECTOR_SUCCESS,

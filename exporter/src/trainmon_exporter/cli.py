@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio.constants
 import errno
 import logging
 import os
@@ -119,8 +120,19 @@ def _serve(settings: Settings, listener: IngestSocket) -> int:
         probe.stop()
     from trainmon_exporter.app import create_app
     from trainmon_exporter.httplimits import HttpStats, protocol_class
+    from trainmon_exporter.webconfig import WebConfigError, load_web_config
 
-    app = create_app(settings, listener=listener)
+    try:  # TLS and basic auth (--web.config.file): a bad file or certificate stops here
+        web = load_web_config(settings.web_config_file) if settings.web_config_file else None
+        tls = web.ssl_context() if web is not None else None
+    except WebConfigError as exc:
+        return _fail(str(exc))
+    if tls is not None:
+        # asyncio gives a TLS handshake 60 s, during which the connection is not yet uvicorn's
+        # (no limit_concurrency, no eviction): the header timeout bounds the handshake too.
+        # uvicorn has no setting for it; asyncio reads this constant at each connection.
+        asyncio.constants.SSL_HANDSHAKE_TIMEOUT = settings.http_header_timeout_seconds
+    app = create_app(settings, listener=listener, web=web)
     stats = app.state.exporter.http_stats
     config = uvicorn.Config(
         app,
@@ -137,6 +149,7 @@ def _serve(settings: Settings, listener: IngestSocket) -> int:
         ),
         limit_concurrency=settings.http_limit_concurrency,
         timeout_keep_alive=settings.http_timeout_keep_alive_seconds,
+        ssl_context_factory=None if tls is None else (lambda _config, _default: tls),
     )
     # A scrape renders in a worker thread that holds the GIL while the event loop waits for
     # it at every wake-up (a new connection, a readable socket). With CPython's default 5 ms
@@ -146,9 +159,10 @@ def _serve(settings: Settings, listener: IngestSocket) -> int:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     server = uvicorn.Server(config)
     host, port = http_sock.getsockname()[:2]
+    scheme = "http" if tls is None else "https"
     print(
-        f"{PROG} {__version__}: metrics on http://{host}:{port}/metrics, status page "
-        f"http://{host}:{port}/, trainers connect to {settings.socket}",
+        f"{PROG} {__version__}: metrics on {scheme}://{host}:{port}/metrics, status page "
+        f"{scheme}://{host}:{port}/, trainers connect to {settings.socket}",
         flush=True,
     )
     try:

@@ -11,12 +11,14 @@ Example:
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -51,9 +53,12 @@ class LocalExporter:
             not removed by :meth:`stop`).
         env: the process's environment (default: this one's).
         capture_output: collect the process's stdout and stderr; :meth:`stop` returns them.
+        ssl_context: for an exporter serving TLS (``--web.config.file``): the client context
+            that trusts its certificate; :attr:`url` is then ``https://``.
+        auth: ``(user, password)`` sent as basic auth with every request of :meth:`get`.
 
     Attributes:
-        url: ``http://127.0.0.1:PORT``.
+        url: ``http://127.0.0.1:PORT`` (``https://`` with ``ssl_context``).
         socket: the Unix socket path to give ``trainmon_client.init(socket_path=...)``.
         proc: the process, once started.
     """
@@ -66,6 +71,8 @@ class LocalExporter:
         socket_path: str | os.PathLike[str] | None = None,
         env: Mapping[str, str] | None = None,
         capture_output: bool = False,
+        ssl_context: ssl.SSLContext | None = None,
+        auth: tuple[str, str] | None = None,
     ) -> None:
         if socket_path is None:
             self._dir: Path | None = Path(tempfile.mkdtemp(prefix="trainmon-"))
@@ -74,7 +81,12 @@ class LocalExporter:
             self._dir = None
             self.socket = os.fspath(socket_path)
         self.port = free_port(port)
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'http' if ssl_context is None else 'https'}://127.0.0.1:{self.port}"
+        self.ssl_context = ssl_context
+        self._headers = {}
+        if auth is not None:
+            token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
+            self._headers["Authorization"] = f"Basic {token}"
         cmd = [
             sys.executable,
             "-m",
@@ -137,8 +149,9 @@ class LocalExporter:
             return False  # not listening yet, 503, or cut off mid-answer
 
     def get(self, path: str, timeout: float = 10.0) -> bytes:
-        """GET ``path`` from the exporter's HTTP server."""
-        with urllib.request.urlopen(self.url + path, timeout=timeout) as r:
+        """GET ``path`` from the exporter's HTTP server (with ``auth`` and ``ssl_context``)."""
+        request = urllib.request.Request(self.url + path, headers=self._headers)
+        with urllib.request.urlopen(request, timeout=timeout, context=self.ssl_context) as r:
             return bytes(r.read())
 
     def get_json(self, path: str, timeout: float = 10.0) -> Any:

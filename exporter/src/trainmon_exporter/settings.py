@@ -157,6 +157,8 @@ class Settings(BaseSettings):
         cli_prog_name="trainmon-exporter",
         cli_kebab_case=True,
         cli_implicit_flags=True,
+        # --web.config.file as in node_exporter and Prometheus, besides --web-config-file
+        cli_shortcuts={"web-config-file": "web.config.file"},
         extra="ignore",
     )
 
@@ -268,6 +270,21 @@ class Settings(BaseSettings):
         "in memory until written); more get 503 at once "
         '(trainmon_http_requests_refused_total{reason="scrape_limit"}). An HA pair of '
         "Prometheus servers scrapes twice per interval.",
+    )
+    web_config_file: Path | None = Field(
+        None,
+        description="Web configuration file (YAML, the Prometheus exporter toolkit's format, "
+        "also --web.config.file): tls_server_config serves HTTPS, basic_auth_users requires "
+        "a user and password (bcrypt hashes) on every route. Read at start; an invalid file "
+        "stops the exporter. See docs/exporter.md, TLS and basic auth.",
+    )
+    http_max_concurrent_auth_checks: int = Field(
+        2,
+        ge=1,
+        description="Most bcrypt password checks in progress at once (each takes about 0.1 s "
+        "of a core at cost 10); more requests with unverified credentials get 503 at once "
+        '(trainmon_http_auth_failures_total{reason="check_limit"}). Credentials already '
+        "verified are not checked again.",
     )
     series_ttl_seconds: float = Field(
         600.0,
@@ -540,9 +557,16 @@ def _ids(value: Any, resolve: Any) -> Any:
 
 
 CLIENT_VARIABLES = frozenset(
-    {"TRAINMON_RUN", "TRAINMON_SOCKET", "TRAINMON_FLUSH_INTERVAL", "TRAINMON_EXPORTER_UID"}
+    {
+        "TRAINMON_RUN",
+        "TRAINMON_SOCKET",
+        "TRAINMON_FLUSH_INTERVAL",
+        "TRAINMON_EXPORTER_UID",
+        "TRAINMON_STATUS_PASSWORD",
+    }
 )
-"""``TRAINMON_*`` variables the training client reads (often set in the same environment)."""
+"""``TRAINMON_*`` variables the training client and ``trainmon status`` read (often set in the
+same environment)."""
 
 
 def environment_names() -> frozenset[str]:

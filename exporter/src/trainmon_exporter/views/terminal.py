@@ -2,12 +2,16 @@
 
     trainmon status [--url http://127.0.0.1:9478] [--interval 2]   # live view (rich), Ctrl-C
     trainmon status --once                                         # one plain snapshot
+    trainmon status --url https://node1:9478 --ca-file ca.crt --user prometheus  # TLS, auth
 
 Reads ``/api/v1/runs`` and ``/api/v1/gpus`` of a running exporter (also reachable as
 ``trainmon-exporter status``) into the API's own models (:mod:`trainmon_exporter.views.api`)
 and writes their cells as the status page does (:mod:`trainmon_exporter.views.cells`).
 ``--once`` prints whitespace-separated columns with a header line, ``-`` for a missing value
 and no colour, so scripts can parse it; rows are sorted by run and rank, then GPUs by index.
+An exporter with a web configuration file is read over HTTPS (``--ca-file`` for a private CA)
+with basic auth (``--user``; the password from ``TRAINMON_STATUS_PASSWORD`` or
+``--password-file``, never a flag: other users can read a command line).
 
 This module loads neither the daemon (FastAPI, uvicorn, prometheus_client, pynvml) nor the
 settings model, so the command starts fast; rich is imported when the live view first draws.
@@ -16,7 +20,10 @@ settings model, so the command starts fast; rich is imported when the live view 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
+import os
+import ssl
 import sys
 import time
 import urllib.error
@@ -32,6 +39,7 @@ from trainmon_exporter.views.api import GpusResponse, GpuView, RunsResponse
 from trainmon_exporter.views.cells import NONFINITE, TERMINAL
 
 DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
+PASSWORD_VARIABLE = "TRAINMON_STATUS_PASSWORD"
 
 RANK_COLUMNS = (
     "run",
@@ -69,12 +77,27 @@ class StatusError(RuntimeError):
 _Body = TypeVar("_Body", bound=BaseModel)
 
 
-def _get(url: str, path: str, model: type[_Body], timeout: float) -> _Body:
+class Access(NamedTuple):
+    """How to reach an exporter with a web configuration file: TLS trust and credentials."""
+
+    context: ssl.SSLContext | None = None
+    authorization: str | None = None  # the Authorization header's value
+
+
+PLAIN = Access()
+"""System CAs, no credentials."""
+
+
+def _get(url: str, path: str, model: type[_Body], timeout: float, access: Access) -> _Body:
+    headers = {} if access.authorization is None else {"Authorization": access.authorization}
+    request = urllib.request.Request(url.rstrip("/") + path, headers=headers)
     try:
-        with urllib.request.urlopen(url.rstrip("/") + path, timeout=timeout) as r:
+        with urllib.request.urlopen(request, timeout=timeout, context=access.context) as r:
             body = json.loads(r.read())
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
+        if isinstance(exc, urllib.error.HTTPError) and exc.code == 401:
+            reason = f"401 {reason}: give --user, and the password in {PASSWORD_VARIABLE}"
         raise StatusError(f"cannot read {url}{path}: {reason}") from None
     try:
         return model.model_validate(body)
@@ -86,15 +109,17 @@ def _get(url: str, path: str, model: type[_Body], timeout: float) -> _Body:
         ) from None
 
 
-def fetch(url: str, timeout: float = 5.0) -> tuple[RunsResponse, GpusResponse]:
+def fetch(
+    url: str, timeout: float = 5.0, access: Access = PLAIN
+) -> tuple[RunsResponse, GpusResponse]:
     """``(runs, gpus)``: the bodies of ``/api/v1/runs`` and ``/api/v1/gpus``, parsed.
 
     Raises:
         StatusError: the exporter is unreachable, answered with an error, or its answer does
             not fit the API's models.
     """
-    runs = _get(url, "/api/v1/runs", RunsResponse, timeout)
-    return runs, _get(url, "/api/v1/gpus", GpusResponse, timeout)
+    runs = _get(url, "/api/v1/runs", RunsResponse, timeout, access)
+    return runs, _get(url, "/api/v1/gpus", GpusResponse, timeout, access)
 
 
 def rank_rows(runs: RunsResponse, gpus: GpusResponse) -> list[dict[str, str]]:
@@ -377,7 +402,39 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     )
     ap.add_argument("--once", action="store_true", help="print one plain snapshot and exit")
     ap.add_argument("--interval", type=float, default=2.0, help="live refresh period (s)")
+    ap.add_argument("--ca-file", help="PEM CA(s) that signed an https exporter's certificate")
+    ap.add_argument("--user", help=f"basic auth user; the password from {PASSWORD_VARIABLE}")
+    ap.add_argument("--password-file", help="read the basic auth password from this file")
     return ap
+
+
+def access_from(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Access:
+    """TLS trust and credentials from ``--ca-file``, ``--user`` and the password.
+
+    Raises:
+        StatusError: the CA or password file cannot be read, or a user has no password.
+    """
+    environ = dict(os.environ) if environ is None else environ
+    context = None
+    if args.ca_file:
+        try:
+            context = ssl.create_default_context(cafile=args.ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise StatusError(f"--ca-file {args.ca_file}: {exc.strerror or exc}") from None
+    if args.user is None:
+        return Access(context)
+    if args.password_file:
+        try:
+            with open(args.password_file, encoding="utf-8") as f:
+                password = f.read().rstrip("\n")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise StatusError(f"--password-file {args.password_file}: {exc}") from None
+    elif PASSWORD_VARIABLE in environ:
+        password = environ[PASSWORD_VARIABLE]
+    else:
+        raise StatusError(f"--user needs a password: set {PASSWORD_VARIABLE} or --password-file")
+    token = base64.b64encode(f"{args.user}:{password}".encode()).decode()
+    return Access(context, f"Basic {token}")
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "trainmon status") -> int:
@@ -385,7 +442,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "trainmon status") -> in
     args = _parser(prog).parse_args(argv)
     try:
         url = normalise_url(args.url)
-        runs, gpus = fetch(url)
+        how = access_from(args)
+        runs, gpus = fetch(url, access=how)
     except StatusError as exc:
         print(f"trainmon status: {exc}", file=sys.stderr)
         return 2
@@ -399,7 +457,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "trainmon status") -> in
             while True:
                 time.sleep(max(0.2, args.interval))
                 try:
-                    runs, gpus = fetch(url)
+                    runs, gpus = fetch(url, access=how)
                 except StatusError as exc:
                     live.console.print(f"[red]{exc}[/red]")
                     continue

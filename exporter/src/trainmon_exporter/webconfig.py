@@ -1,0 +1,508 @@
+"""The web configuration file (``--web.config.file``): TLS and basic auth on the HTTP port.
+
+The file has the format of the Prometheus exporter toolkit's web configuration (the one
+node_exporter and Prometheus read), so an existing file can be reused::
+
+    tls_server_config:
+      cert_file: /etc/trainmon/tls.crt
+      key_file: /etc/trainmon/tls.key
+    basic_auth_users:
+      prometheus: $2y$10$...   # bcrypt hash
+
+What trainmon supports of that format: ``tls_server_config`` (``cert_file``, ``key_file``,
+``client_auth_type`` ``NoClientCert``, ``VerifyClientCertIfGiven`` or
+``RequireAndVerifyClientCert`` with ``client_ca_file``, ``min_version``, ``max_version``,
+``prefer_server_cipher_suites``), ``http_server_config`` (``headers``; ``http2`` is accepted
+and has no effect: the exporter speaks HTTP/1.1) and ``basic_auth_users``. Any other key is an
+error at start, named, so a file never loses a protection silently. The file is read once at
+start (the toolkit re-reads it on every request): restart the exporter to apply a change.
+
+Basic auth covers every route, ``/healthz`` and ``/readyz`` included, as in the toolkit. A
+bcrypt check costs about 0.1 s of CPU at cost 10, so it runs in a worker thread, at most
+``http_max_concurrent_auth_checks`` at once (more get 503 at once), and a user's last verified
+password is kept as its SHA-256 digest: a scraper sending the same credentials every 15 s pays
+for bcrypt once, its later requests cost one constant-time digest comparison. The cache holds
+one entry per configured user, so it is bounded by the file. Every refused request is counted
+in ``trainmon_http_auth_failures_total{reason}``.
+
+Why this module is one module of about 500 lines: it is everything the file turns on (the
+format's models with their refusals, the TLS context, the basic auth and headers middleware),
+so what trainmon supports of the format is read in one place; most of it is validation.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import logging
+import re
+import ssl
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Literal
+
+import anyio.to_thread
+import bcrypt
+import yaml  # type: ignore[import-untyped]
+from prometheus_client.metrics_core import Metric
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from trainmon_exporter import catalog
+
+log = logging.getLogger("trainmon_exporter.http")
+
+AUTH_FAILURE_REASONS = ("missing", "malformed", "rejected", "check_limit")
+"""``reason`` values of ``trainmon_http_auth_failures_total``: no Basic credentials, credentials
+that do not decode, an unknown user or a wrong password (both 401), and a password check
+refused with 503 because ``http_max_concurrent_auth_checks`` were in progress."""
+
+BCRYPT_HASH = re.compile(r"\$2[abxy]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}")
+"""A bcrypt hash as htpasswd -B and Python's bcrypt write it: ``$2y$10$`` and 53 characters."""
+BCRYPT_MAX_PASSWORD_BYTES = 72
+"""bcrypt reads only this many bytes; a longer password is refused without a check (as Go's
+bcrypt does), which also keeps a flood of long passwords cheap."""
+REALM = 'Basic realm="trainmon", charset="UTF-8"'
+
+TLS_VERSIONS = {
+    "TLS10": ssl.TLSVersion.TLSv1,
+    "TLS11": ssl.TLSVersion.TLSv1_1,
+    "TLS12": ssl.TLSVersion.TLSv1_2,
+    "TLS13": ssl.TLSVersion.TLSv1_3,
+}
+TlsVersion = Literal["TLS10", "TLS11", "TLS12", "TLS13"]
+
+_UNSUPPORTED_TLS = {
+    "cert": "give the certificate as cert_file",
+    "key": "give the key as key_file",
+    "client_ca": "give the client CA as client_ca_file",
+    "client_allowed_sans": "restrict clients with client_ca_file instead",
+    "cipher_suites": "Go cipher suite names have no OpenSSL equivalent here; leave it out "
+    "to use OpenSSL's defaults",
+    "curve_preferences": "leave it out to use OpenSSL's defaults",
+}
+_UNVERIFIED_CLIENT_AUTH = {
+    "RequestClientCert": "it accepts a client certificate without verifying it",
+    "RequireAnyClientCert": "it accepts a client certificate without verifying it",
+}
+
+
+class WebConfigError(ValueError):
+    """The web configuration file is unreadable or invalid, or its certificate does not load.
+
+    The message is one line for the user.
+    """
+
+
+def _refuse_unsupported(data: Any, unsupported: dict[str, str]) -> Any:
+    if isinstance(data, dict):
+        for key, hint in unsupported.items():
+            if key in data:
+                raise ValueError(f"{key} is not supported by trainmon: {hint}")
+    return data
+
+
+class TlsServerConfig(BaseModel):
+    """``tls_server_config``: the server's certificate, client certificates, TLS versions."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cert_file: Path = Field(description="PEM certificate (chain) the server presents")
+    key_file: Path = Field(description="PEM private key of cert_file")
+    client_auth_type: Literal[
+        "NoClientCert", "VerifyClientCertIfGiven", "RequireAndVerifyClientCert"
+    ] = Field("NoClientCert", description="whether clients must present a certificate")
+    client_ca_file: Path | None = Field(None, description="PEM CA(s) client certificates chain to")
+    min_version: TlsVersion = "TLS12"
+    max_version: TlsVersion = "TLS13"
+    prefer_server_cipher_suites: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unsupported(cls, data: Any) -> Any:
+        return _refuse_unsupported(data, _UNSUPPORTED_TLS)
+
+    @field_validator("client_auth_type", mode="before")
+    @classmethod
+    def _verified_only(cls, value: Any) -> Any:
+        if value in _UNVERIFIED_CLIENT_AUTH:
+            raise ValueError(
+                f"{value} is not supported: {_UNVERIFIED_CLIENT_AUTH[value]}; use "
+                "RequireAndVerifyClientCert (or VerifyClientCertIfGiven) with client_ca_file"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TlsServerConfig:
+        if self.client_auth_type != "NoClientCert" and self.client_ca_file is None:
+            raise ValueError(f"client_auth_type {self.client_auth_type} needs client_ca_file")
+        if self.client_auth_type == "NoClientCert" and self.client_ca_file is not None:
+            raise ValueError(
+                "client_ca_file is set but client_auth_type is NoClientCert: set "
+                "client_auth_type to RequireAndVerifyClientCert to check client certificates"
+            )
+        if TLS_VERSIONS[self.min_version] > TLS_VERSIONS[self.max_version]:
+            raise ValueError(f"min_version {self.min_version} is above max_version")
+        return self
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """A server ``SSLContext`` with the certificate, key and client policy loaded.
+
+        :func:`load_web_config` has made relative paths relative to the file's directory.
+
+        Raises:
+            WebConfigError: a file is missing or unreadable, is not PEM, or the key does not
+                belong to the certificate (one line naming the file).
+        """
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = TLS_VERSIONS[self.min_version]
+        ctx.maximum_version = TLS_VERSIONS[self.max_version]
+        if self.prefer_server_cipher_suites:
+            ctx.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
+        else:
+            ctx.options &= ~ssl.OP_CIPHER_SERVER_PREFERENCE
+        files = f"cert_file {self.cert_file}, key_file {self.key_file}"
+        for path in (self.cert_file, self.key_file):
+            _readable(path)
+        try:
+            ctx.load_cert_chain(self.cert_file, self.key_file)
+        except ssl.SSLError as exc:
+            raise WebConfigError(f"tls_server_config: {files}: {_ssl_reason(exc)}") from None
+        if self.client_ca_file is not None:
+            _readable(self.client_ca_file)
+            try:
+                ctx.load_verify_locations(cafile=self.client_ca_file)
+            except ssl.SSLError as exc:
+                raise WebConfigError(
+                    f"tls_server_config: client_ca_file {self.client_ca_file}: {_ssl_reason(exc)}"
+                ) from None
+            ctx.verify_mode = (
+                ssl.CERT_REQUIRED
+                if self.client_auth_type == "RequireAndVerifyClientCert"
+                else ssl.CERT_OPTIONAL
+            )
+        return ctx
+
+
+def _readable(path: Path) -> None:
+    try:
+        with path.open("rb"):
+            pass
+    except OSError as exc:
+        raise WebConfigError(f"tls_server_config: {path}: {exc.strerror}") from None
+
+
+def _ssl_reason(exc: ssl.SSLError) -> str:
+    """OpenSSL's reason (``KEY_VALUES_MISMATCH``...) in words, not ``[SSL] PEM lib``."""
+    reason = exc.reason or str(exc)
+    if reason in ("PEM_LIB", "NO_START_LINE") or "PEM lib" in str(exc):
+        return "not a PEM certificate and matching private key"
+    return reason.replace("_", " ").lower()
+
+
+class ResponseHeaders(BaseModel):
+    """``http_server_config.headers``: security headers added to every response."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    content_security_policy: str | None = Field(None, alias="Content-Security-Policy")
+    x_frame_options: str | None = Field(None, alias="X-Frame-Options")
+    x_content_type_options: str | None = Field(None, alias="X-Content-Type-Options")
+    x_xss_protection: str | None = Field(None, alias="X-XSS-Protection")
+    strict_transport_security: str | None = Field(None, alias="Strict-Transport-Security")
+
+    @field_validator("x_frame_options")
+    @classmethod
+    def _frame(cls, value: str | None) -> str | None:
+        if value and value.lower() not in ("deny", "sameorigin"):
+            raise ValueError("X-Frame-Options must be deny or sameorigin")
+        return value
+
+    @field_validator("x_content_type_options")
+    @classmethod
+    def _nosniff(cls, value: str | None) -> str | None:
+        if value and value.lower() != "nosniff":
+            raise ValueError("X-Content-Type-Options must be nosniff")
+        return value
+
+    def pairs(self) -> list[tuple[bytes, bytes]]:
+        """The headers that are set (not blank), as ASGI header pairs."""
+        return [
+            (name.lower().encode("latin-1"), value.encode("latin-1"))
+            for name, value in self.model_dump(by_alias=True).items()
+            if value
+        ]
+
+
+class HttpServerConfig(BaseModel):
+    """``http_server_config``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    http2: bool = Field(True, description="accepted for compatibility; HTTP/1.1 is served")
+    headers: ResponseHeaders = ResponseHeaders()
+
+
+class WebConfig(BaseModel):
+    """The whole file. An empty file is valid: plain HTTP, no authentication."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tls_server_config: TlsServerConfig | None = None
+    http_server_config: HttpServerConfig = HttpServerConfig()
+    basic_auth_users: dict[str, SecretStr] = Field(
+        default_factory=dict, description="user name -> bcrypt hash of the password"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unsupported(cls, data: Any) -> Any:
+        return _refuse_unsupported(
+            data, {"rate_limit": "bound requests with http_limit_concurrency instead"}
+        )
+
+    @field_validator("basic_auth_users")
+    @classmethod
+    def _hashes(cls, users: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        for user, secret in users.items():
+            if not user or ":" in user:
+                raise ValueError(f"user {user!r}: a user name is not empty and has no ':'")
+            if not BCRYPT_HASH.fullmatch(secret.get_secret_value()):
+                raise ValueError(
+                    f"user {user!r}: the password must be a bcrypt hash ($2y$10$ and 53 "
+                    "characters; htpasswd -nBC 10 USER makes one), not the password itself"
+                )
+        return users
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The server's TLS context, or None without ``tls_server_config`` (plain HTTP).
+
+        Raises:
+            WebConfigError: see :meth:`TlsServerConfig.ssl_context`.
+        """
+        return None if self.tls_server_config is None else self.tls_server_config.ssl_context()
+
+
+def load_web_config(path: str | Path) -> WebConfig:
+    """Read and validate the web configuration file at ``path`` (YAML).
+
+    Relative ``cert_file``, ``key_file`` and ``client_ca_file`` paths are taken relative to
+    the file's own directory, as the exporter toolkit does.
+
+    Raises:
+        WebConfigError: the file is unreadable, not YAML, not a mapping, or invalid; the
+            message names the file and every invalid key on one line.
+    """
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise WebConfigError(f"web config {path}: {reason}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        line = f" (line {where.line + 1})" if where is not None else ""
+        raise WebConfigError(f"web config {path}: not YAML{line}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise WebConfigError(f"web config {path}: expected a mapping of sections")
+    try:
+        web = WebConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"])
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                msg = "unknown key"
+            problems.append(f"{where}: {msg}" if where else msg)
+        raise WebConfigError(f"web config {path}: {'; '.join(problems)}") from None
+    tls = web.tls_server_config
+    if tls is None:
+        return web
+    base = Path(path).parent
+    files = {
+        name: base / value
+        for name in ("cert_file", "key_file", "client_ca_file")
+        if (value := getattr(tls, name)) is not None and not value.is_absolute()
+    }
+    return web.model_copy(update={"tls_server_config": tls.model_copy(update=files)})
+
+
+class AuthStats:
+    """Counts of refused requests by reason (thread-safe), exported by :meth:`collect`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.failures = dict.fromkeys(AUTH_FAILURE_REASONS, 0)
+
+    def fail(self, reason: str) -> None:
+        """Count one request refused for ``reason``."""
+        with self._lock:
+            self.failures[reason] += 1
+
+    def collect(self) -> Iterable[Metric]:
+        """``trainmon_http_auth_failures_total``, every reason from 0 (also without auth)."""
+        family = catalog.HTTP_AUTH_FAILURES.counter()
+        with self._lock:
+            for reason, n in self.failures.items():
+                family.add_metric([reason], float(n))
+        return [family]
+
+
+class BasicAuth:
+    """Checks ``Authorization: Basic`` credentials against bcrypt hashes.
+
+    Args:
+        users: user name -> bcrypt hash.
+        stats: where refusals are counted.
+        max_checks: bcrypt checks in progress at once; past it a request is refused (503).
+    """
+
+    def __init__(self, users: dict[str, bytes], stats: AuthStats, max_checks: int) -> None:
+        self._users = dict(users)
+        self._verified: dict[str, bytes] = {}  # user -> SHA-256 of its last verified password
+        # An unknown user is checked against a real hash, so it takes as long as a known one.
+        self._decoy = next(iter(self._users.values()))
+        self.stats = stats
+        self.max_checks = max_checks
+        self.checks = 0  # bcrypt checks in progress (event-loop thread only)
+
+    async def check(self, header: bytes | None) -> str | None:
+        """None when ``header`` (the raw Authorization value) holds valid credentials.
+
+        Else the reason of the refusal (counted), one of :data:`AUTH_FAILURE_REASONS`.
+        """
+        reason = await self._check(header)
+        if reason is not None:
+            self.stats.fail(reason)
+        return reason
+
+    async def _check(self, header: bytes | None) -> str | None:
+        if header is None or header[:6].lower() != b"basic ":
+            return "missing"
+        try:
+            raw = base64.b64decode(header[6:].strip(), validate=True)
+        except (binascii.Error, ValueError):
+            return "malformed"
+        user_bytes, sep, password = raw.partition(b":")
+        if not sep:
+            return "malformed"
+        try:
+            user = user_bytes.decode()
+        except UnicodeDecodeError:
+            return "malformed"
+        if len(password) > BCRYPT_MAX_PASSWORD_BYTES:
+            return "rejected"
+        digest = hashlib.sha256(password).digest()
+        known = self._verified.get(user)
+        if known is not None and hmac.compare_digest(known, digest):
+            return None
+        if self.checks >= self.max_checks:
+            return "check_limit"
+        stored = self._users.get(user)
+        self.checks += 1
+        try:
+            ok = await anyio.to_thread.run_sync(
+                _checkpw, password, stored if stored is not None else self._decoy
+            )
+        finally:
+            self.checks -= 1
+        if not ok or stored is None:
+            return "rejected"
+        self._verified[user] = digest
+        return None
+
+
+def _checkpw(password: bytes, hashed: bytes) -> bool:
+    """The bcrypt check; False (and logged) for a hash bcrypt refuses though it looked valid."""
+    try:
+        return bool(bcrypt.checkpw(password, hashed))
+    except ValueError as exc:
+        log.error("basic_auth_users: bcrypt refuses a configured hash: %s", exc)
+        return False
+
+
+class WebMiddleware:
+    """ASGI middleware: basic auth on every HTTP request, and the configured response headers.
+
+    A refused request gets 401 with ``WWW-Authenticate`` (503 with ``Retry-After`` when too
+    many password checks are in progress) and never reaches a route.
+    """
+
+    def __init__(
+        self, app: ASGIApp, auth: BasicAuth | None, headers: list[tuple[bytes, bytes]]
+    ) -> None:
+        self.app = app
+        self.auth = auth
+        self.headers = headers
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Refuse the request, or pass it on with the headers added to its response."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.headers:
+            send = self._with_headers(send)
+        if self.auth is not None:
+            value = next((v for k, v in scope["headers"] if k == b"authorization"), None)
+            reason = await self.auth.check(value)
+            if reason is not None:
+                await _refuse(send, reason)
+                return
+        await self.app(scope, receive, send)
+
+    def _with_headers(self, send: Send) -> Send:
+        extra = self.headers
+
+        async def wrapped(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), *extra]}
+            await send(message)
+
+        return wrapped
+
+
+async def _refuse(send: Send, reason: str) -> None:
+    if reason == "check_limit":
+        status, body = 503, b"too many password checks in progress\n"
+        headers = [(b"retry-after", b"1")]
+    else:
+        status, body = 401, b"unauthorized\n"
+        headers = [(b"www-authenticate", REALM.encode())]
+    headers += [
+        (b"content-type", b"text/plain; charset=utf-8"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def middleware_options(web: WebConfig, stats: AuthStats, max_checks: int) -> dict[str, Any]:
+    """Keyword arguments of :class:`WebMiddleware` for ``web``; ``{}`` without users or headers."""
+    headers = web.http_server_config.headers.pairs()
+    if not web.basic_auth_users and not headers:
+        return {}
+    auth = None
+    if web.basic_auth_users:
+        if web.tls_server_config is None:
+            log.warning(
+                "basic_auth_users without tls_server_config: passwords cross the network in "
+                "clear text; add tls_server_config"
+            )
+        users = {u: h.get_secret_value().encode() for u, h in web.basic_auth_users.items()}
+        auth = BasicAuth(users, stats, max_checks)
+    return {"auth": auth, "headers": headers}
