@@ -136,6 +136,55 @@ def test_status_says_when_the_answer_is_not_the_exporters_api() -> None:
     )
 
 
+class _Serve:
+    """A loopback HTTP server answering ``GET path`` with ``bodies[path]`` (JSON)."""
+
+    def __init__(self, bodies: dict[str, object]) -> None:
+        import json
+
+        encoded = {p: json.dumps(b).encode() for p, b in bodies.items()}
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = encoded.get(self.path)
+                self.send_response(200 if body is not None else 404)
+                self.send_header("Content-Length", str(len(body or b"")))
+                self.end_headers()
+                self.wfile.write(body or b"")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+
+    def __enter__(self) -> str:
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self.url
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_status_once_prints_no_terminal_control_from_the_api() -> None:
+    """An exporter's answer (another version, or anything at that address) whose run ids,
+    hostnames, metric names, GPU names and errors hold ESC, CSI, OSC and C1 controls."""
+    from tests.helpers import views as v
+
+    h = v.HOSTILE
+    rank = v.rank(0, hostname=h, health=[h], events=[v.event(h, 3)], values={"loss": 2.5, h: 1.0})
+    runs = v.runs(rank, run=h).model_dump(mode="json")
+    for gpus in (v.gpus(v.gpu(0, name=h, slowdown_reasons=[h])), v.no_gpus(h, h)):
+        with _Serve({"/api/v1/runs": runs, "/api/v1/gpus": gpus.model_dump(mode="json")}) as url:
+            out = trainmon_status("--url", url, "--once")
+        assert out.returncode == 0, out.stderr
+        assert not v.controls(out.stdout) and not v.controls(out.stderr), out
+        ranks, _ = parse(out.stdout)
+        assert ranks[0]["run"].startswith("a\\x1b[31mred\\x1b]0;owned\\x07b")
+        assert ranks[0]["loss"] == "2.5"
+
+
 def trainmon(*args: str) -> subprocess.CompletedProcess[str]:
     """The installed ``trainmon`` console command (its entry point), as a user runs it."""
     code = "import sys; from trainmon_exporter.views.terminal import cli; sys.exit(cli())"

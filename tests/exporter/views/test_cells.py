@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainmon_exporter.views.cells import GIB, NONFINITE, PAGE, TERMINAL, Cells
+from trainmon_exporter.views.cells import GIB, NONFINITE, PAGE, TERMINAL, Cells, printable
 
 from ...helpers import views as v
 
@@ -39,3 +39,13 @@ def test_memory_is_gib_with_one_decimal() -> None:
     assert GIB == 2**30
     assert PAGE.gib(71 * 2**30) == TERMINAL.gib(71 * 2**30) == "71.0"
     assert PAGE.gib(80e9) == "74.5"
+
+
+def test_printable_escapes_every_control_character() -> None:
+    out = printable(v.HOSTILE)
+    assert all(c.isprintable() for c in out), repr(out)
+    assert out == (
+        "a\\x1b[31mred\\x1b]0;owned\\x07b\\x1b]8;;http://x\\x1b\\c\\x9b2Jd\\x9d0;t\\x9ce\\x7ff"
+        "\\x0ag\\u202eh"
+    )
+    assert printable("gpt2-124m node7 · 41.7 % é 日本") == "gpt2-124m node7 · 41.7 % é 日本"

@@ -100,3 +100,13 @@ def test_the_header_line_names_the_socket_and_the_collectors() -> None:
     assert "collectors: training: ok, gpu: FAILING ·" in html
     html = render_status(page(collectors={}, socket_problem="socket file was replaced"))
     assert "socket file was replaced ·" in html and "collectors: not scraped yet" in html
+
+
+def test_no_control_character_from_the_api_reaches_the_page() -> None:
+    h = v.HOSTILE
+    rank = v.rank(0, hostname=h, status=h, health=[h], events=[v.event(h, 12)])
+    gpus = v.gpus(v.gpu(0, name=h, uuid=h, slowdown_reasons=[h]), driver_version=h)
+    for g, state in ((gpus, SAMPLING), (v.no_gpus(h, h), FAILED), (v.no_gpus(h), NO_DRIVER)):
+        html = render_status(page(runs=v.runs(rank, run=h), gpus=g, gpu_state=state))
+        assert not v.controls(html), html
+        assert "a\\x1b[31mred" in html

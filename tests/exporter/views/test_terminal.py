@@ -160,3 +160,34 @@ def test_live_view_colours_problems() -> None:
     assert re.search(r"\x1b\[[0-9;]*33mnonfinite_loss", screen)  # its anomalies, in yellow
     assert re.search(rf"{bold_red}\s*79", screen)  # the GPU with XIDs
     assert not re.search(rf"{bold_red}\s*running", screen)
+
+
+def hostile_bodies() -> tuple[RunsResponse, GpusResponse, GpusResponse]:
+    """Every string the terminal shows set to terminal controls: a rank and a GPU, and an
+    NVML failure."""
+    h = v.HOSTILE
+    rank = v.rank(
+        0,
+        hostname=h,
+        status=h,
+        health=[h],
+        events=[v.event(h, 12)],
+        custom={h: 1.0},
+        mfu_ratio=None,
+        mfu_unavailable_reason=h,
+    )
+    gpu = v.gpu(0, name=h, slowdown_reasons=[h])
+    return v.runs(rank, run=h), v.gpus(gpu, driver_version=h), v.no_gpus(h, h)
+
+
+def test_no_control_character_from_the_api_reaches_the_terminal() -> None:
+    runs, gpus, failed = hostile_bodies()
+    for g in (gpus, failed):
+        out = terminal.plain(runs, g)
+        assert not v.controls(out), out
+        assert "a\\x1b[31mred" in out  # shown, inert
+        for width in (80, 120, 200):
+            console = Console(record=True, width=width, color_system=None)
+            console.print(terminal.rich_view(runs, g, "http://127.0.0.1:9478"))
+            screen = console.export_text()
+            assert not v.controls(screen), (width, screen)

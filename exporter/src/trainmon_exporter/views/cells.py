@@ -3,11 +3,13 @@
 Both views apply the same rules; only their marks differ (:data:`PAGE`, :data:`TERMINAL`):
 a missing value is a dash, a value that was reported but is NaN or infinite is ``NaN/Inf``
 (JSON has neither, so the API sends null for it), MFU is a percentage or the reason it has
-none, and memory is shown in GiB.
+none, and memory is shown in GiB. Every string that came from the API goes through
+:func:`printable` before either view shows it.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -18,6 +20,27 @@ NONFINITE = "NaN/Inf"
 
 GIB = 2.0**30
 """Bytes in a GiB."""
+
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+"""C0 and C1 control characters, DEL, and the Unicode bidirectional controls."""
+
+
+def _escape(m: re.Match[str]) -> str:
+    c = ord(m.group())
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+
+def printable(text: str) -> str:
+    r"""``text`` with every control character written as its escape (``\x1b``, ``\u202e``).
+
+    Run ids, hostnames, metric and GPU names and error texts come from clients and from the
+    network: an ESC, CSI (``\x9b``) or OSC sequence in one would move the cursor, recolour
+    or retitle the terminal that prints it, and a newline or bidirectional override would
+    forge rows. Escaped, what is left is inert text that still shows what was sent (two ids
+    that differ only by a control character stay different).
+    """
+    return _CONTROL.sub(_escape, text)
 
 
 def scale(v: float | None, k: float) -> float | None:

@@ -1,8 +1,9 @@
 """The status page at ``/``: runs, ranks and GPUs on one HTML page that refreshes every 5 s.
 
 :func:`render_status` reads only its :class:`StatusPage`: the API's view model and the few
-facts about the exporter itself that the page shows. Every value is escaped (run ids, names
-and hostnames come from clients).
+facts about the exporter itself that the page shows. Every string is escaped (run ids, names
+and hostnames come from clients): control characters first
+(:func:`~trainmon_exporter.views.cells.printable`), then HTML.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from trainmon_exporter import __version__
 from trainmon_exporter.sampler import NO_DRIVER
 from trainmon_exporter.views.api import GpusResponse, RunsResponse
-from trainmon_exporter.views.cells import PAGE, scale
+from trainmon_exporter.views.cells import PAGE, printable, scale
 
 
 @dataclass(frozen=True)
@@ -33,8 +34,13 @@ class StatusPage:
     """The NVML sampler's state (``sampler.STATES``); ``None`` when GPU sampling is off."""
 
 
+def _text(s: str) -> str:
+    """A string from the API as page text: control characters escaped, then HTML-escaped."""
+    return html.escape(printable(s))
+
+
 def _rank_rows(page: StatusPage) -> str:
-    e, c = html.escape, PAGE
+    e, c = _text, PAGE
     rows = []
     for run in page.runs.runs:
         for r in run.ranks:
@@ -65,7 +71,7 @@ def _rank_rows(page: StatusPage) -> str:
 
 
 def _gpu_rows(gpus: GpusResponse) -> str:
-    e, c = html.escape, PAGE
+    e, c = _text, PAGE
     return "".join(
         "<tr>"
         f"<td>{g.index}</td><td>{e(g.name)}</td><td>{e(g.uuid)}</td>"
@@ -83,7 +89,7 @@ def _gpu_rows(gpus: GpusResponse) -> str:
 
 
 def _gpu_head(page: StatusPage) -> str:
-    e, gpus = html.escape, page.gpus
+    e, gpus = _text, page.gpus
     if gpus.ok:
         lost = f" · {gpus.lost_total} lost" if gpus.lost_total else ""
         return (
@@ -103,7 +109,7 @@ def _gpu_head(page: StatusPage) -> str:
 
 def render_status(page: StatusPage) -> str:
     """HTML for ``/``."""
-    e = html.escape
+    e = _text
     collectors = (
         ", ".join(f"{e(k)}: {'ok' if v else 'FAILING'}" for k, v in page.collectors.items())
         or "not scraped yet"

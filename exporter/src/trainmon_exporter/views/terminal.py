@@ -29,7 +29,7 @@ from pydantic import BaseModel, ValidationError
 
 from trainmon_exporter._defaults import DEFAULT_PORT
 from trainmon_exporter.views.api import GpusResponse, GpuView, RunsResponse
-from trainmon_exporter.views.cells import NONFINITE, TERMINAL
+from trainmon_exporter.views.cells import NONFINITE, TERMINAL, printable
 
 DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
 
@@ -75,14 +75,17 @@ def _get(url: str, path: str, model: type[_Body], timeout: float) -> _Body:
             body = json.loads(r.read())
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise StatusError(f"cannot read {url}{path}: {reason}") from None
+        raise StatusError(printable(f"cannot read {url}{path}: {reason}")) from None
     try:
         return model.model_validate(body)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"
         raise StatusError(
-            f"cannot read {url}{path}: not a trainmon exporter's answer ({where}: {first['msg']})"
+            printable(
+                f"cannot read {url}{path}: not a trainmon exporter's answer "
+                f"({where}: {first['msg']})"
+            )
         ) from None
 
 
@@ -98,7 +101,7 @@ def fetch(url: str, timeout: float = 5.0) -> tuple[RunsResponse, GpusResponse]:
 
 
 def rank_rows(runs: RunsResponse, gpus: GpusResponse) -> list[dict[str, str]]:
-    """One row per rank (keys: :data:`RANK_COLUMNS`), every value already formatted."""
+    """One row per rank (keys: :data:`RANK_COLUMNS`), every value formatted and printable."""
     c = TERMINAL
     by_index = {g.index: g for g in gpus.gpus}
     rows = []
@@ -129,12 +132,12 @@ def rank_rows(runs: RunsResponse, gpus: GpusResponse) -> list[dict[str, str]]:
                     "anomalies": "; ".join(anomalies) or "ok",
                 }
             )
-    return rows
+    return [{k: printable(v) for k, v in row.items()} for row in rows]
 
 
 def _gpu_row(g: GpuView) -> dict[str, str]:
     c = TERMINAL
-    return {
+    row = {
         "gpu": str(g.index),
         "name": g.name,
         "util": c.percent(g.utilization_ratio),
@@ -146,10 +149,11 @@ def _gpu_row(g: GpuView) -> dict[str, str]:
         "slowdown": ",".join(g.slowdown_reasons) or "none",
         "xids": str(g.xid_errors),
     }
+    return {k: printable(v) for k, v in row.items()}
 
 
 def gpu_rows(gpus: GpusResponse) -> list[dict[str, str]]:
-    """One row per GPU of the last NVML sample (keys: :data:`GPU_COLUMNS`), by index."""
+    """One row per GPU of the last NVML sample (keys: :data:`GPU_COLUMNS`), by index, printable."""
     return [_gpu_row(g) for g in sorted(gpus.gpus, key=lambda g: g.index)]
 
 
@@ -171,10 +175,11 @@ def plain(runs: RunsResponse, gpus: GpusResponse) -> str:
     lines = ["# ranks", *table(RANK_COLUMNS, rank_rows(runs, gpus))]
     lines.append("")
     if gpus.ok:
-        lines.append(f"# gpus (driver {gpus.driver_version or '?'}, {gpus.lost_total} lost)")
+        driver = printable(gpus.driver_version) or "?"
+        lines.append(f"# gpus (driver {driver}, {gpus.lost_total} lost)")
         lines += table(GPU_COLUMNS, gpu_rows(gpus))
     else:
-        lines.append(f"# gpus: none ({gpus.error or 'GPU sampling off'})")
+        lines.append(f"# gpus: none ({printable(gpus.error) or 'GPU sampling off'})")
     return "\n".join(lines) + "\n"
 
 
@@ -345,7 +350,7 @@ def rich_view(runs: RunsResponse, gpus: GpusResponse, url: str) -> Any:
     caption = None
     if not gpus.ok:
         hint = f" Hint: {gpus.hint}" if gpus.hint else ""
-        caption = f"No GPU metrics: {gpus.error}.{hint}"
+        caption = printable(f"No GPU metrics: {gpus.error}.{hint}")
     return Group(ranks, _FittedTable("GPUs", LIVE_GPU_COLUMNS, grows, gstyles, caption))
 
 
@@ -401,7 +406,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "trainmon status") -> in
                 try:
                     runs, gpus = fetch(url)
                 except StatusError as exc:
-                    live.console.print(f"[red]{exc}[/red]")
+                    live.console.print(str(exc), style="red", markup=False)
                     continue
                 live.update(rich_view(runs, gpus, url))
         except KeyboardInterrupt:
