@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from trainmon_exporter import __version__
 from trainmon_exporter.sampler import NO_DRIVER
 from trainmon_exporter.views.api import GpusResponse, RunsResponse
-from trainmon_exporter.views.cells import PAGE, printable, scale
+from trainmon_exporter.views.cells import PAGE, mfu_reason, printable, rank_status, scale, stopped
 
 
 @dataclass(frozen=True)
@@ -49,17 +49,20 @@ def _rank_rows(page: StatusPage) -> str:
                 last = r.events[-1]
                 times = f" x{last.count} to step {last.last_step}" if last.count > 1 else ""
                 health += f" · last event: {last.kind} at step {last.step}{times}"
+            status = rank_status(r)
+            why = mfu_reason(r.mfu_unavailable_reason or "")[1] if r.mfu_ratio is None else ""
+            mfu_title = f" title='no MFU: {e(why)}'" if why and not stopped(r) else ""
             rows.append(
                 "<tr>"
                 f"<td>{e(run.run)}</td><td>{r.rank}/{r.world_size}</td>"
                 f"<td>{e(r.hostname)}</td>"
-                f"<td class='{e(r.status)}'>{e(r.status)}</td>"
+                f"<td class='{e(status)}'>{e(status)}</td>"
                 f"<td>{'' if r.step is None else r.step}</td>"
                 f"<td>{c.logged(r.values, 'loss', '.4g')}</td>"
                 f"<td>{c.logged(r.values, 'lr', '.3g')}</td>"
                 f"<td>{c.logged(r.values, 'grad_norm', '.3g')}</td>"
-                f"<td>{c.number(r.tokens_per_second, ',.0f')}</td>"
-                f"<td>{e(c.mfu(r))}</td>"
+                f"<td>{c.throughput(r, ',.0f')}</td>"
+                f"<td{mfu_title}>{e(c.mfu(r))}</td>"
                 f"<td>{c.missing if r.gpu is None else r.gpu}</td>"
                 f"<td>{c.number(scale(r.step_time_mean_seconds, 1e3), '.1f')}</td>"
                 f"<td>{c.number(scale(r.client_overhead_ratio, 100), '.3f')}</td>"
@@ -107,13 +110,24 @@ def _gpu_head(page: StatusPage) -> str:
     return f"<p class='crashed'>No GPU metrics: {e(gpus.error)}.</p><p>{hint}</p>"
 
 
+def _scrape_words(collectors: Mapping[str, bool]) -> str:
+    """How the last scrape of ``/metrics`` went, in words (HTML-escaped)."""
+    if not collectors:
+        return "metrics: not collected yet (Prometheus has not scraped /metrics)"
+    failed = [k for k, ok in collectors.items() if not ok]
+    if not failed:
+        return "metrics: the last scrape was complete"
+    names = ", ".join(_text(k) for k in failed)
+    return (
+        f"<span class='crashed'>metrics: the last scrape lacked the {names} series "
+        "(their collectors failed; see the exporter's log)</span>"
+    )
+
+
 def render_status(page: StatusPage) -> str:
     """HTML for ``/``."""
     e = _text
-    collectors = (
-        ", ".join(f"{e(k)}: {'ok' if v else 'FAILING'}" for k, v in page.collectors.items())
-        or "not scraped yet"
-    )
+    collectors = _scrape_words(page.collectors)
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><meta http-equiv="refresh" content="5">
 <title>trainmon exporter</title>
@@ -127,7 +141,7 @@ td:first-child,th:first-child,td:nth-child(3),td:nth-child(4),td:last-child{{tex
 <h1>trainmon exporter {e(__version__)}</h1>
 <p>Ingest socket <code>{e(page.socket)}</code>:
 {e(page.socket_problem or "listening")} ·
-collectors: {collectors} ·
+{collectors} ·
 <a href="/metrics">/metrics</a> · <a href="/api/v1/runs">/api/v1/runs</a> ·
 <a href="/openapi.json">API schema (OpenAPI)</a></p>
 <table><thead><tr><th>run</th><th>rank</th><th>host</th><th>status</th><th>step</th>
