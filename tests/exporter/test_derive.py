@@ -35,6 +35,26 @@ def test_rates_are_zero_when_steps_stop() -> None:
     assert r is not None and r.tokens_per_second == pytest.approx(100.0)
 
 
+@pytest.mark.parametrize(
+    "stop",
+    [
+        lambda s: s.disconnect(finished=False),  # crashed
+        lambda s: s.finish(P.FINISH_OK),  # finished, still connected
+        lambda s: s.finish(P.FINISH_FAILED),  # failed
+        lambda s: s.closed_by_exporter(idle=True),  # disconnected, not a crash
+    ],
+)
+def test_a_rank_that_stopped_has_no_current_rate(stop: Any) -> None:
+    s = make_state()
+    feed(s, range(11))
+    assert not derive.stopped(s)
+    assert derive.rates(s, 110.5, 30.0) == pytest.approx((10.0, 1.0, 0.01, 0.01))
+    stop(s)
+    # Within the rate window of its last step: 0, not the speed it had.
+    assert derive.stopped(s)
+    assert derive.rates(s, 110.5, 30.0) == (0.0, 0.0, 0.0, 0.0)
+
+
 def test_rates_need_a_span_and_count_tracked_operations_as_monitoring() -> None:
     s = make_state()
     assert derive.rates(s, 100.0, 30.0) is None

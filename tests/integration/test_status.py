@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ExporterProcess, child_env, trainmon_status, wait_for
+from tests.conftest import ExporterProcess, child_env, sample, trainmon_status, wait_for
 from tests.fakes.libnvml import CONFIG_ENV, build, h100, write_config
 from trainmon_client import init
 from trainmon_exporter.views import terminal
@@ -102,6 +102,56 @@ def test_status_once_and_live_view(
     assert "status-demo" in screen and "NaN/Inf" in screen and "hw_thermal_slowdown" in screen
     for r in runs:
         r.finish()
+
+
+def test_a_crashed_rank_shows_no_throughput_anywhere(
+    tmp_path: Path, exporter_process: Callable[..., ExporterProcess]
+) -> None:
+    """A trainer killed mid-run, read within the rate window of its last step."""
+    import re
+
+    import httpx
+
+    ex = exporter_process().start()
+    script = tmp_path / "crash.py"
+    script.write_text(
+        "import os, time, trainmon_client\n"
+        "run = trainmon_client.init(run='crash-demo', num_params=10**8, flush_interval=0.0)\n"
+        "for step in range(40):\n"
+        "    run.log(step, loss=3.0 - step * 0.01, tokens=2048)\n"
+        "    time.sleep(0.03)\n"
+        "time.sleep(0.5)  # the flusher sends the last steps\n"
+        "os._exit(1)  # killed: no FINISH\n"
+    )
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        env=child_env(TRAINMON_SOCKET=ex.socket),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 1, out.stderr
+    rank = wait_for(
+        lambda: (
+            (runs := ex.runs()["runs"])
+            and runs[0]["ranks"][0]["status"] == "crashed"
+            and runs[0]["ranks"][0]
+        )
+    )
+    assert rank["steps_total"] == 40 and rank["seconds_since_last_step"] < 20  # in the window
+    assert rank["tokens_per_second"] is None and rank["mfu_ratio"] is None
+    assert sample(ex.metrics(), "trainmon_train_tokens_per_second", run="crash-demo", rank="0") == 0
+    once = trainmon_status("--url", ex.url, "--once")
+    ranks, _ = parse(once.stdout)
+    assert ranks[0]["status"] == "crashed"
+    assert ranks[0]["tokens_per_s"] == "-" and ranks[0]["mfu"] == "-"
+    assert "disconnected without finishing" in ranks[0]["anomalies"]
+    page = httpx.get(ex.url + "/", timeout=5).text
+    assert "<td class='crashed'>crashed</td>" in page
+    row = re.findall(r"<td[^>]*>(.*?)</td>", re.findall(r"<tr>(.*?)</tr>", page)[0])
+    assert row[:5] == ["crash-demo", "0/1", row[2], "crashed", "39"]
+    assert row[8] == "–" and row[9] == "–"  # tokens/s and MFU
 
 
 def test_status_says_when_the_exporter_is_unreachable() -> None:

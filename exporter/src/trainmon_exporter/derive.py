@@ -33,6 +33,7 @@ __all__ = [
     "process_pid",
     "rates",
     "slow_improvement",
+    "stopped",
 ]
 
 MIN_RATE_SPAN_S = 0.5
@@ -50,16 +51,27 @@ class Rates(NamedTuple):
     """The client's share plus tracked operations (``Run.track``)."""
 
 
+def stopped(state: RankState) -> bool:
+    """Whether the rank does no work now: finished, failed, crashed, or its connection closed.
+
+    Such a rank has no current throughput: it is not running at its last speed.
+    """
+    return not state.connected or state.status != "running"
+
+
 def rates(state: RankState, now: float, window_s: float) -> Rates | None:
     """The rank's :class:`Rates` at wall time ``now`` (Unix s); None before they mean anything.
 
     Formula: Δ cumulative total / Δ client wall time between the oldest and the newest step
     inside the window. None before the window spans :data:`MIN_RATE_SPAN_S`. When the newest
-    step is older than the window, all are 0: a stopped run shows 0, not its last speed.
+    step is older than the window, or the rank :func:`stopped` (finished, failed, crashed or
+    disconnected), all are 0: a stopped rank shows 0, not its last speed.
     """
     win = state.window
     if len(win) < 2:
         return None
+    if stopped(state):
+        return Rates(0.0, 0.0, 0.0, 0.0)
     first, last = win[0], win[-1]
     dt = last.time - first.time
     if dt < MIN_RATE_SPAN_S:  # e.g. two steps 1 ms apart, the first paying the connect

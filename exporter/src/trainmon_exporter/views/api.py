@@ -49,9 +49,12 @@ class RankView(BaseModel):
     steps_total: int
     tokens_total: float
     samples_total: float
-    tokens_per_second: float | None
-    samples_per_second: float | None
-    client_overhead_ratio: float | None
+    tokens_per_second: float | None = Field(
+        description="over rate_window_seconds; null before a rate means anything and once the "
+        "rank no longer runs (finished, failed, crashed or disconnected: see status and up)"
+    )
+    samples_per_second: float | None = Field(description="as tokens_per_second")
+    client_overhead_ratio: float | None = Field(description="as tokens_per_second")
     step_time_mean_seconds: float | None
     model_flops_per_second: float | None = Field(description="tokens/s x flops_per_token")
     mfu_ratio: float | None = Field(description="model FLOP/s / peak dense FLOP/s")
@@ -102,7 +105,8 @@ def _rank_view(
 ) -> RankView:
     from trainmon_exporter import derive
 
-    rates = derive.rates(s, now, window_s)
+    # A rank that stopped has no current rate (null, not the 0 the exported gauge reads).
+    rates = None if derive.stopped(s) else derive.rates(s, now, window_s)
     m, g = derive.mfu(s, None if rates is None else rates.tokens_per_second, gpus, override)
     return RankView(
         rank=s.rank,
