@@ -151,7 +151,7 @@ def test_a_crashed_rank_shows_no_throughput_anywhere(
     assert "<td class='crashed'>crashed</td>" in page
     row = re.findall(r"<td[^>]*>(.*?)</td>", re.findall(r"<tr>(.*?)</tr>", page)[0])
     assert row[:5] == ["crash-demo", "0/1", row[2], "crashed", "39"]
-    assert row[8] == "–" and row[9] == "–"  # tokens/s and MFU
+    assert row[9] == "–" and row[11] == "–"  # tokens/s and MFU
 
 
 def test_status_says_when_the_exporter_is_unreachable() -> None:

@@ -13,6 +13,8 @@ are the detectors' (:mod:`trainmon_exporter.analytics`); here they are only read
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_right
 from collections.abc import Mapping
 from typing import NamedTuple, Protocol, TypeVar
 
@@ -22,7 +24,9 @@ from trainmon_exporter.settings import AnalyticsSettings
 from trainmon_exporter.state import RankState
 
 __all__ = [
+    "MARK_KINDS",
     "MIN_RATE_SPAN_S",
+    "TREND_POINTS",
     "Rates",
     "SampledGpu",
     "findings",
@@ -34,6 +38,7 @@ __all__ = [
     "rates",
     "slow_improvement",
     "stopped",
+    "trend",
 ]
 
 MIN_RATE_SPAN_S = 0.5
@@ -196,3 +201,82 @@ def findings(state: RankState, m: Mfu) -> list[str]:
     if state.unapplied_total:
         out.append(f"{state.unapplied_total} messages sent here were never applied")
     return out
+
+
+TREND_POINTS = 60
+"""Points of a rank's :func:`trend`: its recent steps (``state.HISTORY_STEPS``), grouped."""
+MARK_KINDS = ("nonfinite", "spike", "hang", "restart")
+"""What a trend point can be marked with: a NaN or infinite loss, a loss spike (any
+severity), a hang after the step, the first step after a restart or rollback."""
+
+
+class Trend(NamedTuple):
+    """A rank's recent steps for a sparkline, oldest first, one entry per point.
+
+    A point groups consecutive logged steps (one step while the rank has logged at most
+    ``points`` of them).
+    """
+
+    steps: list[int]
+    """The last training step of each point."""
+    loss: list[float | None]
+    """Mean of the point's finite losses; None when it has none (none logged, or NaN only)."""
+    tokens_per_second: list[float | None]
+    """Δ tokens / Δ client wall time over the point's steps, each measured from the step
+    before it; None without a measurable interval or when the rank never logged tokens."""
+    marks: list[tuple[int, str, int]]
+    """``(point index, kind, step)`` with ``kind`` one of :data:`MARK_KINDS`, by index."""
+
+
+def trend(state: RankState, points: int = TREND_POINTS) -> Trend:
+    """The rank's last logged steps (``state.history``) as at most ``points`` points.
+
+    Marks come from the history (non-finite losses, restarts) and from the rank's detector
+    events (``loss_spike_*``, ``hang``), each placed on the point holding its step. Costs
+    O(history) under the store lock (about 100 µs for a full history).
+    """
+    h = list(state.history)
+    n = len(h)
+    if not n:
+        return Trend([], [], [], [])
+    m = min(points, n)
+    bounds = [i * n // m for i in range(m + 1)]
+    has_tokens = h[-1].tokens > 0 or h[0].tokens > 0
+    steps: list[int] = []
+    loss: list[float | None] = []
+    tps: list[float | None] = []
+    marks: dict[tuple[int, str], int] = {}
+    for c in range(m):
+        lo, hi = bounds[c], bounds[c + 1]
+        total = count = 0.0
+        for p in h[lo:hi]:
+            if p.loss is not None:
+                if math.isfinite(p.loss):
+                    total += p.loss
+                    count += 1
+                else:
+                    marks.setdefault((c, "nonfinite"), p.step)
+            if p.restarted:
+                marks.setdefault((c, "restart"), p.step)
+        dtok = dt = 0.0
+        for j in range(max(lo, 1), hi):
+            a, b = h[j - 1], h[j]
+            if not b.restarted and b.time > a.time and b.tokens >= a.tokens:
+                dt += b.time - a.time
+                dtok += b.tokens - a.tokens
+        steps.append(h[hi - 1].step)
+        loss.append(total / count if count else None)
+        tps.append(dtok / dt if dt > 0 and has_tokens else None)
+    by_step: dict[int, list[int]] = {}
+    for j, p in enumerate(h):
+        by_step.setdefault(p.step, []).append(j)
+    for e in state.analytics.events:
+        kind = "spike" if e.kind.startswith("loss_spike_") else "hang" if e.kind == "hang" else ""
+        found = by_step.get(e.step) if kind and e.step is not None else None
+        if not found:
+            continue
+        # After a rollback a step number can repeat: the newest point logged before the event.
+        j = next((j for j in reversed(found) if h[j].time <= e.time + 1.0), found[-1])
+        marks.setdefault((bisect_right(bounds, j) - 1, kind), h[j].step)
+    ordered = sorted(marks.items(), key=lambda kv: (kv[0][0], MARK_KINDS.index(kv[0][1])))
+    return Trend(steps, loss, tps, [(c, kind, step) for (c, kind), step in ordered])

@@ -10,6 +10,7 @@ from rich.console import Console
 
 from trainmon_exporter.views import terminal
 from trainmon_exporter.views.api import GpusResponse, RunsResponse
+from trainmon_exporter.views.cells import shorten_middle
 
 from ...helpers import views as v
 
@@ -238,10 +239,8 @@ def test_a_node_without_gpus_gets_one_line_not_an_empty_table(width: int) -> Non
 
 
 def test_a_run_id_keeps_both_ends_when_shortened() -> None:
-    assert terminal.shorten_middle(GENERATED_RUN, 20) == "pretrain_g…1523-ab12"
-    assert terminal.shorten_middle("short", 20) == "short"
-    assert (
-        terminal.shorten_middle("日本語のランID-0001", 10) == "日本語…001"
-    )  # 10 cells: CJK are two wide
+    assert shorten_middle(GENERATED_RUN, 20) == "pretrain_g…1523-ab12"
+    assert shorten_middle("short", 20) == "short"
+    assert shorten_middle("日本語のランID-0001", 10) == "日本語…001"  # 10 cells: CJK are two wide
     for width in range(1, 44):
-        assert len(terminal.shorten_middle(GENERATED_RUN, width)) <= width
+        assert len(shorten_middle(GENERATED_RUN, width)) <= width

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, Field
 
 if TYPE_CHECKING:
+    from trainmon_exporter import derive
     from trainmon_exporter.sampler import GpuSample, GpuSnapshot
     from trainmon_exporter.state import RankState, Store
 
@@ -29,6 +30,34 @@ class EventView(BaseModel):
     value: float | None = Field(description="the value that fired it, when there is one")
     count: int = Field(description="consecutive firings of this kind merged into this event")
     last_step: int | None = Field(description="step of the latest of those firings")
+
+
+class TrendMark(BaseModel):
+    """Something that happened on a point of a :class:`TrendView`."""
+
+    index: int = Field(description="the point it falls on")
+    kind: str = Field(
+        description="nonfinite (a NaN or infinite loss), spike (a loss spike), hang (no step "
+        "for longer than usual after this one) or restart (a new process or a rollback)"
+    )
+    step: int = Field(description="the training step it happened at")
+
+
+class TrendView(BaseModel):
+    """A rank's recent logged steps for sparklines, oldest first, one entry per point.
+
+    At most 60 points over the rank's last 240 logged steps (a point groups consecutive
+    steps once there are more than 60).
+    """
+
+    steps: list[int] = Field(default=[], description="last training step of each point")
+    loss: list[float | None] = Field(
+        default=[], description="mean finite loss of the point; null: none (see marks)"
+    )
+    tokens_per_second: list[float | None] = Field(
+        default=[], description="tokens / client wall time over the point's steps"
+    )
+    marks: list[TrendMark] = Field(default=[], description="by point index")
 
 
 class RankView(BaseModel):
@@ -69,6 +98,9 @@ class RankView(BaseModel):
     crashes: int
     health: list[str] = Field(description="human-readable problems seen on this rank")
     events: list[EventView] = Field(description="recent detector firings, oldest first")
+    trend: TrendView = Field(
+        default_factory=TrendView, description="recent steps for the views' sparklines"
+    )
 
 
 class RunView(BaseModel):
@@ -156,6 +188,17 @@ def _rank_view(
             )
             for e in s.analytics.events
         ],
+        trend=trend_view(derive.trend(s)),
+    )
+
+
+def trend_view(t: derive.Trend) -> TrendView:
+    """The API view of a rank's :func:`~trainmon_exporter.derive.trend`."""
+    return TrendView(
+        steps=t.steps,
+        loss=[_num(v) for v in t.loss],
+        tokens_per_second=[_num(v) for v in t.tokens_per_second],
+        marks=[TrendMark(index=i, kind=k, step=st) for i, k, st in t.marks],
     )
 
 

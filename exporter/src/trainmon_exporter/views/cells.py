@@ -13,11 +13,18 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from unicodedata import east_asian_width
 
 from trainmon_exporter.views.api import RankView
 
 NONFINITE = "NaN/Inf"
 """A logged value that was reported but is NaN or infinite."""
+
+
+def cell_len(text: str) -> int:
+    """Terminal cells ``text`` takes: two for a wide (East Asian) character, else one."""
+    return sum(2 if east_asian_width(ch) in "WF" else 1 for ch in text)
+
 
 GIB = 2.0**30
 """Bytes in a GiB."""
@@ -80,6 +87,31 @@ def stopped(rank: RankView) -> bool:
     says why).
     """
     return rank_status(rank) != "running"
+
+
+def shorten_middle(text: str, width: int) -> str:
+    """``text`` in at most ``width`` terminal cells, its middle replaced by ``…`` when longer.
+
+    Both ends stay: a generated run id (``<script>-<date>-<time>-<hex>``) keeps its script and
+    the time and digest that tell two launches apart.
+    """
+    if cell_len(text) <= width:
+        return text
+    if width <= 1:
+        return "…"[:width]
+    head = tail = ""
+    left, right = 0, len(text)
+    room = width - 1
+    while room > 0 and left < right:  # take characters from both ends in turn
+        c = text[left] if len(head) <= len(tail) else text[right - 1]
+        if cell_len(c) > room:
+            break
+        if len(head) <= len(tail):
+            head, left = head + c, left + 1
+        else:
+            tail, right = c + tail, right - 1
+        room -= cell_len(c)
+    return f"{head}…{tail}"
 
 
 def scale(v: float | None, k: float) -> float | None:

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 from trainmon_exporter import __version__
 from trainmon_exporter.sampler import NO_DRIVER
-from trainmon_exporter.views.api import GpusResponse, RunsResponse
+from trainmon_exporter.state import HISTORY_STEPS
+from trainmon_exporter.views import sparkline
+from trainmon_exporter.views.api import GpusResponse, RankView, RunsResponse
 from trainmon_exporter.views.cells import PAGE, mfu_reason, printable, rank_status, scale, stopped
 
 
@@ -39,6 +41,17 @@ def _text(s: str) -> str:
     return html.escape(printable(s))
 
 
+def _spark(rank: RankView, series: str) -> str:
+    """A sparkline cell: the SVG and the range it spans (empty before any step)."""
+    t = rank.trend
+    values = t.loss if series == "loss" else t.tokens_per_second
+    what = "loss" if series == "loss" else "tokens/s"
+    drawn = sparkline.svg(values, t.marks if series == "loss" else (), t.steps, what)
+    if not drawn:
+        return ""
+    return f"{drawn}<div class='range'>{sparkline.range_text(values)}</div>"
+
+
 def _rank_rows(page: StatusPage) -> str:
     e, c = _text, PAGE
     rows = []
@@ -59,9 +72,11 @@ def _rank_rows(page: StatusPage) -> str:
                 f"<td class='{e(status)}'>{e(status)}</td>"
                 f"<td>{'' if r.step is None else r.step}</td>"
                 f"<td>{c.logged(r.values, 'loss', '.4g')}</td>"
+                f"<td class='spark'>{_spark(r, 'loss')}</td>"
                 f"<td>{c.logged(r.values, 'lr', '.3g')}</td>"
                 f"<td>{c.logged(r.values, 'grad_norm', '.3g')}</td>"
                 f"<td>{c.throughput(r, ',.0f')}</td>"
+                f"<td class='spark'>{_spark(r, 'tokens_per_second')}</td>"
                 f"<td{mfu_title}>{e(c.mfu(r))}</td>"
                 f"<td>{c.missing if r.gpu is None else r.gpu}</td>"
                 f"<td>{c.number(scale(r.step_time_mean_seconds, 1e3), '.1f')}</td>"
@@ -70,7 +85,7 @@ def _rank_rows(page: StatusPage) -> str:
                 f"<td>{e(health)}</td>"
                 "</tr>"
             )
-    return "\n".join(rows) or "<tr><td colspan='15'>No trainer has connected yet.</td></tr>"
+    return "\n".join(rows) or "<tr><td colspan='17'>No trainer has connected yet.</td></tr>"
 
 
 def _gpu_rows(gpus: GpusResponse) -> str:
@@ -124,6 +139,19 @@ def _scrape_words(collectors: Mapping[str, bool]) -> str:
     )
 
 
+def _legend() -> str:
+    """What the sparklines show and what their marks mean."""
+    marks = ", ".join(
+        f"<span style='color:{colour}'>{'N ' if kind == 'nonfinite' else ''}|</span> {words}"
+        for kind, (_, words, colour) in sparkline.MARKS.items()
+    )
+    return (
+        f"<p class='key'>Sparklines: each rank's last {HISTORY_STEPS} logged steps, oldest on "
+        f"the left, scaled to the range printed under them; the green dot is the latest. "
+        f"Marks: {marks}. Hover a mark for its step.</p>"
+    )
+
+
 def render_status(page: StatusPage) -> str:
     """HTML for ``/``."""
     e = _text
@@ -134,9 +162,14 @@ def render_status(page: StatusPage) -> str:
 <style>
 body{{font-family:system-ui,sans-serif;margin:1.5em;color:#222}}
 table{{border-collapse:collapse}}
-td,th{{padding:.3em .7em;border-bottom:1px solid #ddd;text-align:right}}
-td:first-child,th:first-child,td:nth-child(3),td:nth-child(4),td:last-child{{text-align:left}}
+td,th{{padding:.3em .6em;border-bottom:1px solid #ddd;text-align:right;vertical-align:middle}}
+td{{white-space:nowrap}} td:first-child,td:nth-child(3),td:last-child{{white-space:normal}}
+table.ranks td:last-child{{min-width:14em}}
+td:first-child,th:first-child,td:nth-child(3),td:nth-child(4),td:last-child,th:last-child{{text-align:left}}
 .crashed,.failed{{color:#b00;font-weight:bold}} .running{{color:#070}} .finished{{color:#555}}
+.disconnected{{color:#555}} td.spark{{padding:.2em .4em;text-align:left}}
+svg.spark{{display:block}} .range{{font-size:75%;color:#555}}
+.key span{{font-weight:bold;padding:0 .2em}}
 </style></head><body>
 <h1>trainmon exporter {e(__version__)}</h1>
 <p>Ingest socket <code>{e(page.socket)}</code>:
@@ -144,8 +177,10 @@ td:first-child,th:first-child,td:nth-child(3),td:nth-child(4),td:last-child{{tex
 {collectors} ·
 <a href="/metrics">/metrics</a> · <a href="/api/v1/runs">/api/v1/runs</a> ·
 <a href="/openapi.json">API schema (OpenAPI)</a></p>
-<table><thead><tr><th>run</th><th>rank</th><th>host</th><th>status</th><th>step</th>
-<th>loss</th><th>lr</th><th>grad norm</th><th>tokens/s</th><th>MFU</th><th>GPU</th><th>step ms</th>
+{_legend()}
+<table class='ranks'><thead><tr><th>run</th><th>rank</th><th>host</th><th>status</th><th>step</th>
+<th>loss</th><th>loss, recent steps</th><th>lr</th><th>grad norm</th><th>tokens/s</th>
+<th>tokens/s, recent steps</th><th>MFU</th><th>GPU</th><th>step ms</th>
 <th>client overhead %</th><th>s since step</th><th>health</th></tr></thead>
 <tbody>
 {_rank_rows(page)}

@@ -28,6 +28,7 @@ from typing import Any, NamedTuple, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from trainmon_exporter._defaults import DEFAULT_PORT
+from trainmon_exporter.views import sparkline
 from trainmon_exporter.views.api import GpusResponse, GpuView, RunsResponse
 from trainmon_exporter.views.cells import NONFINITE, TERMINAL, printable, rank_status
 
@@ -238,33 +239,6 @@ FOLD_MIN = 8
 """Narrowest a kept text column is folded to when even the kept columns do not fit."""
 
 
-def shorten_middle(text: str, width: int) -> str:
-    """``text`` in at most ``width`` terminal cells, its middle replaced by ``…`` when longer.
-
-    Both ends stay: a generated run id (``<script>-<date>-<time>-<hex>``) keeps its script and
-    the time and digest that tell two launches apart.
-    """
-    from rich.cells import cell_len
-
-    if cell_len(text) <= width:
-        return text
-    if width <= 1:
-        return "…"[:width]
-    head = tail = ""
-    left, right = 0, len(text)
-    room = width - 1
-    while room > 0 and left < right:  # take characters from both ends in turn
-        c = text[left] if len(head) <= len(tail) else text[right - 1]
-        if cell_len(c) > room:
-            break
-        if len(head) <= len(tail):
-            head, left = head + c, left + 1
-        else:
-            tail, right = c + tail, right - 1
-        room -= cell_len(c)
-    return f"{head}…{tail}"
-
-
 def _cell_width(text: str, wraps: bool) -> int:
     """Width a cell needs: all of it, or for a wrapping column its longest word."""
     from rich.cells import cell_len
@@ -336,17 +310,14 @@ class _FittedTable:
         styles: list[tuple[str, dict[str, str]]],
         caption: str | None,
     ) -> None:
-        self.title, self.spec, self.rows, self.styles, self.caption = (
-            title,
-            spec,
-            rows,
-            styles,
-            caption,
-        )
+        self.title, self.spec, self.rows = title, spec, rows
+        self.styles, self.caption = styles, caption
 
     def __rich_console__(self, console: Any, options: Any) -> Any:
         from rich.table import Table
         from rich.text import Text
+
+        from trainmon_exporter.views.cells import shorten_middle
 
         shown, dropped = fit_columns(self.spec, self.rows, options.max_width)
         notes = [self.caption] if self.caption else []
@@ -423,15 +394,16 @@ def rich_view(runs: RunsResponse, gpus: GpusResponse, url: str) -> Any:
         styles,
         None if rows else "No trainer has connected yet.",
     )
+    trends = sparkline.TerminalTrends(runs, SHORT_RUN)
     line = gpu_line(gpus)
     if line is not None:
-        return Group(ranks, _line(line, "" if gpus.ok or not gpus.hint else "yellow"))
+        return Group(ranks, trends, _line(line, "" if gpus.ok or not gpus.hint else "yellow"))
     grows = gpu_rows(gpus)
     gstyles: list[tuple[str, dict[str, str]]] = [
         ("bold red" if r["xids"] != "0" else ("yellow" if r["slowdown"] != "none" else ""), {})
         for r in grows
     ]
-    return Group(ranks, _FittedTable("GPUs", LIVE_GPU_COLUMNS, grows, gstyles, None))
+    return Group(ranks, trends, _FittedTable("GPUs", LIVE_GPU_COLUMNS, grows, gstyles, None))
 
 
 def normalise_url(url: str) -> str:
