@@ -46,7 +46,8 @@ def _spark(rank: RankView, series: str) -> str:
     t = rank.trend
     values = t.loss if series == "loss" else t.tokens_per_second
     what = "loss" if series == "loss" else "tokens/s"
-    drawn = sparkline.svg(values, t.marks if series == "loss" else (), t.steps, what)
+    marks = t.marks if series == "loss" else [m for m in t.marks if m.kind in sparkline.FLOW]
+    drawn = sparkline.svg(values, marks, t.steps, what)
     if not drawn:
         return ""
     return f"{drawn}<div class='range'>{sparkline.range_text(values)}</div>"

@@ -27,6 +27,8 @@ MARKS = {
 }
 """Each mark kind's letter (terminal), words and colour (both views), in order of urgency:
 where several fall on one character, the first is shown."""
+FLOW = ("hang", "restart")
+"""The marks the throughput sparkline shows too (the loss sparkline shows all)."""
 
 
 def resample(values: Sequence[float | None], width: int) -> list[float | None]:
@@ -256,7 +258,7 @@ class TerminalTrends:
         for run, label, r in self.ranks:
             t = r.trend
             n = len(t.steps)
-            flow = [m for m in t.marks if m.kind in ("hang", "restart")]
+            flow = [m for m in t.marks if m.kind in FLOW]
             table.add_row(
                 "" if run == prev else shorten_middle(run, run_w),
                 label,
