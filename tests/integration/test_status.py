@@ -154,6 +154,47 @@ def test_a_crashed_rank_shows_no_throughput_anywhere(
     assert row[9] == "–" and row[11] == "–"  # tokens/s and MFU
 
 
+def test_sparklines_from_a_real_exporter(
+    exporter_process: Callable[..., ExporterProcess],
+) -> None:
+    """A trainer that logs a NaN and then reloads a checkpoint: its trend in the API, the page
+    and the live view."""
+    import httpx
+    from rich.console import Console
+
+    from trainmon_exporter.views import sparkline
+
+    ex = exporter_process().start()
+    run = init(run="spark-demo", socket_path=ex.socket, flush_interval=0.0)
+    for step in range(40):
+        run.log(step, loss=float("nan") if step == 30 else 4.0 - step * 0.05, tokens=4096)
+        time.sleep(0.01)
+    for step in range(20, 25):  # back to a checkpoint of step 20
+        run.log(step, loss=3.0, tokens=4096)
+    wait_for(lambda: ex.runs()["runs"][0]["ranks"][0]["steps_total"] == 45)
+    trend = ex.runs()["runs"][0]["ranks"][0]["trend"]
+    assert len(trend["steps"]) == 45 and trend["steps"][-1] == 24
+    marks = [(m["kind"], m["step"], trend["steps"][m["index"]]) for m in trend["marks"]]
+    assert marks == [("nonfinite", 30, 30), ("restart", 20, 20)]
+    assert trend["loss"][30] is None and trend["loss"][0] == 4.0
+    rates = [r for r in trend["tokens_per_second"][1:] if r is not None]
+    assert len(rates) == 43 and all(r > 0 for r in rates)  # none across the rollback
+
+    page = httpx.get(ex.url + "/", timeout=5).text
+    assert page.count("<svg class='spark'") == 2
+    assert "NaN/Inf loss at step 30" in page and "restart or rollback at step 20" in page
+
+    runs_body, gpus_body = terminal.fetch(ex.url)
+    console = Console(record=True, width=100, color_system=None)
+    console.print(terminal.rich_view(runs_body, gpus_body, ex.url))
+    screen = console.export_text()
+    spark = next(line for line in screen.splitlines() if "▁" in line or "█" in line)
+    marks_line = screen.splitlines()[screen.splitlines().index(spark) + 1]
+    assert "N" in marks_line and "R" in marks_line
+    assert any(b in spark for b in sparkline.BLOCKS)
+    run.finish()
+
+
 def test_status_says_when_the_exporter_is_unreachable() -> None:
     out = trainmon_status("--url", "http://127.0.0.1:9", "--once")
     assert out.returncode == 2

@@ -233,7 +233,7 @@ def trend(state: RankState, points: int = TREND_POINTS) -> Trend:
 
     Marks come from the history (non-finite losses, restarts) and from the rank's detector
     events (``loss_spike_*``, ``hang``), each placed on the point holding its step. Costs
-    O(history) under the store lock (about 100 µs for a full history).
+    O(history) under the store lock.
     """
     h = list(state.history)
     n = len(h)
