@@ -21,7 +21,7 @@ from typing import NamedTuple, Protocol, TypeVar
 from trainmon_exporter.analytics import RankAnalytics
 from trainmon_exporter.peaks import Mfu, rank_mfu
 from trainmon_exporter.settings import AnalyticsSettings
-from trainmon_exporter.state import RankState
+from trainmon_exporter.state import HistoryPoint, RankState
 
 __all__ = [
     "MARK_KINDS",
@@ -39,6 +39,7 @@ __all__ = [
     "slow_improvement",
     "stopped",
     "trend",
+    "trend_input",
 ]
 
 MIN_RATE_SPAN_S = 0.5
@@ -228,14 +229,36 @@ class Trend(NamedTuple):
     """``(point index, kind, step)`` with ``kind`` one of :data:`MARK_KINDS`, by index."""
 
 
-def trend(state: RankState, points: int = TREND_POINTS) -> Trend:
+class TrendInput(NamedTuple):
+    """What :func:`trend` reads of a rank, copied under the store lock (:func:`trend_input`)."""
+
+    history: list[HistoryPoint]
+    events: list[tuple[str, int | None, float]]
+    """``(kind, step, time)`` of the rank's detector events that mark a trend."""
+
+
+def trend_input(state: RankState) -> TrendInput:
+    """Copy what :func:`trend` needs from ``state`` (call under the lock; a list copy)."""
+    return TrendInput(
+        list(state.history),
+        [
+            (e.kind, e.step, e.time)
+            for e in state.analytics.events
+            if e.kind == "hang" or e.kind.startswith("loss_spike_")
+        ],
+    )
+
+
+def trend(state: RankState | TrendInput, points: int = TREND_POINTS) -> Trend:
     """The rank's last logged steps (``state.history``) as at most ``points`` points.
 
     Marks come from the history (non-finite losses, restarts) and from the rank's detector
     events (``loss_spike_*``, ``hang``), each placed on the point holding its step. Costs
-    O(history) under the store lock.
+    O(history); pass a :func:`trend_input` copied under the store lock to compute it after
+    the lock is released.
     """
-    h = list(state.history)
+    given = state if isinstance(state, TrendInput) else trend_input(state)
+    h = given.history
     n = len(h)
     if not n:
         return Trend([], [], [], [])
@@ -270,13 +293,13 @@ def trend(state: RankState, points: int = TREND_POINTS) -> Trend:
     by_step: dict[int, list[int]] = {}
     for j, p in enumerate(h):
         by_step.setdefault(p.step, []).append(j)
-    for e in state.analytics.events:
-        kind = "spike" if e.kind.startswith("loss_spike_") else "hang" if e.kind == "hang" else ""
-        found = by_step.get(e.step) if kind and e.step is not None else None
+    for kind_name, step, when in given.events:
+        kind = "hang" if kind_name == "hang" else "spike"
+        found = by_step.get(step) if step is not None else None
         if not found:
             continue
         # After a rollback a step number can repeat: the newest point logged before the event.
-        j = next((j for j in reversed(found) if h[j].time <= e.time + 1.0), found[-1])
+        j = next((j for j in reversed(found) if h[j].time <= when + 1.0), found[-1])
         marks.setdefault((bisect_right(bounds, j) - 1, kind), h[j].step)
     ordered = sorted(marks.items(), key=lambda kv: (kv[0][0], MARK_KINDS.index(kv[0][1])))
     return Trend(steps, loss, tps, [(c, kind, step) for (c, kind), step in ordered])

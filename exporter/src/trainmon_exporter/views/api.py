@@ -188,7 +188,6 @@ def _rank_view(
             )
             for e in s.analytics.events
         ],
-        trend=trend_view(derive.trend(s)),
     )
 
 
@@ -205,11 +204,15 @@ def trend_view(t: derive.Trend) -> TrendView:
 def snapshot(
     store: Store, gpus: GpuSnapshot | None = None, peak_flops: float | None = None
 ) -> RunsResponse:
-    """Every run with its ranks, sorted by run then rank (the lock held a few ranks at a time).
+    """Every run with its ranks, sorted by run then rank.
+
+    The store's lock is held a few ranks at a time; the trends are drawn from copies after
+    it is released.
 
     ``gpus`` is the NVML sampler's latest pass (for the rank ↔ GPU join and MFU; ``None``:
     not sampled); ``peak_flops`` the MFU override setting.
     """
+    from trainmon_exporter import derive
     from trainmon_exporter.sampler import NOT_STARTED
 
     if gpus is None:
@@ -219,11 +222,14 @@ def snapshot(
     pids = gpus.process_memory()
     runs: dict[str, list[RankView]] = {}
     owners: dict[str, int | None] = {}
+    copied: list[tuple[RankView, derive.TrendInput]] = []
     for s in store.iter_ranks():
-        runs.setdefault(s.run, []).append(
-            _rank_view(s, now, store.window_s, by_uuid, pids, peak_flops)
-        )
+        view = _rank_view(s, now, store.window_s, by_uuid, pids, peak_flops)
+        runs.setdefault(s.run, []).append(view)
+        copied.append((view, derive.trend_input(s)))  # a copy: the trend is drawn unlocked
         owners.setdefault(s.run, s.owner_uid)
+    for view, given in copied:
+        view.trend = trend_view(derive.trend(given))
     for views in runs.values():
         views.sort(key=lambda v: v.rank)
     return RunsResponse(
