@@ -118,6 +118,7 @@ def page(runs: RunsResponse) -> StatusPage:
     )
 
 
+@pytest.mark.slow  # three Chromium runs
 def test_the_status_page_in_headless_chromium(tmp_path: Path) -> None:
     shot = tmp_path / "status.page.png"
     width, height, rows = screenshot(page(trends.runs()), shot)
