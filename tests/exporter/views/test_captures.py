@@ -59,7 +59,7 @@ def test_the_terminal_at_80_and_120_columns(width: int) -> None:
     assert max(len(line) for line in lines) <= width
     # Every rank has both sparklines, and each mark letter sits under its sparkline.
     spark_rows = [line for line in lines if any(b in line for b in sparkline.BLOCKS)]
-    assert len(spark_rows) == 4 and all(line.count("│") == 5 for line in spark_rows)
+    assert len(spark_rows) == 4 and all(line.count("│") == 4 for line in spark_rows)  # one run
     marks_line = "\n".join(lines[lines.index(spark_rows[0]) :])
     for letter in "SNRH":
         assert f" {letter} " in marks_line or f" {letter}\n" in marks_line, letter

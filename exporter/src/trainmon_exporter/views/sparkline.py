@@ -204,8 +204,9 @@ _MARK_STYLES = {
 class TerminalTrends:
     """The sparklines of every rank: loss and tokens/s over its recent steps.
 
-    Fitted to the width at render time, each with its range, and a line of mark letters
-    under a sparkline that has marks.
+    Fitted to the width at render time, each with the range it draws, and a line of mark
+    letters under a sparkline that has marks. The run column is shown only when more than
+    one run has ranks (the ranks table above names the run).
     """
 
     def __init__(self, runs: RunsResponse, run_width: int = 20) -> None:
@@ -219,14 +220,13 @@ class TerminalTrends:
 
     @staticmethod
     def _cell(
-        values: list[float | None], marks: list[Any], points: int, width: int, room: int
+        values: list[float | None], marks: list[Any], points: int, spark_w: int, room: int
     ) -> Any:
-        """Block characters in ``width - room`` columns, then the range in ``room``."""
+        """Block characters in ``spark_w`` columns, then the range they draw in ``room``."""
         from rich.text import Text
 
-        spark_w = max(1, width - room)
         text = Text(blocks(values, spark_w).ljust(spark_w), style="green")
-        text.append(" " + range_text(values), style="dim")
+        text.append(" " + range_text(resample(values, spark_w)).ljust(room - 1), style="dim")
         kinds = resample_marks(marks, points, spark_w)
         if any(kinds):
             text.append("\n")
@@ -240,17 +240,25 @@ class TerminalTrends:
 
         if not self.ranks:
             return
-        width = options.max_width
-        run_w = min(max(len(run) for run, _, _ in self.ranks), self.run_width)
+        runs = len({run for run, _, _ in self.ranks})
+        run_w = min(max(len(run) for run, _, _ in self.ranks), self.run_width) if runs > 1 else 0
         rank_w = max(4, *(len(label) for _, label, _ in self.ranks))
-        per_series = max(12, (width - 1 - 4 * 3 - run_w - rank_w) // 2)
+        columns = 4 if run_w else 3
+        per_series = max(12, (options.max_width - 1 - columns * 3 - run_w - rank_w) // 2)
+        keys = ("loss", "tokens_per_second")
+        # The range beside a sparkline is that of the columns drawn: room for the longest.
         rooms = [
-            1 + max(len(range_text(getattr(r.trend, key))) for _, _, r in self.ranks)
-            for key in ("loss", "tokens_per_second")
+            1
+            + max(
+                len(range_text(resample(getattr(r.trend, key), per_series - 12)))
+                for _, _, r in self.ranks
+            )
+            for key in keys
         ]
         legend = " · ".join(f"{letter} {short}" for letter, short in _MARK_LEGEND.items())
         table = Table(title="recent steps, oldest left", caption=f"marks: {legend}")
-        table.add_column("run", width=run_w, no_wrap=True, overflow="ignore")
+        if run_w:
+            table.add_column("run", width=run_w, no_wrap=True, overflow="ignore")
         table.add_column("rank", width=rank_w, no_wrap=True)
         table.add_column("loss", width=per_series, no_wrap=True, overflow="ellipsis")
         table.add_column("tokens/s", width=per_series, no_wrap=True, overflow="ellipsis")
@@ -259,11 +267,13 @@ class TerminalTrends:
             t = r.trend
             n = len(t.steps)
             flow = [m for m in t.marks if m.kind in FLOW]
-            table.add_row(
-                "" if run == prev else shorten_middle(run, run_w),
+            cells = [
                 label,
-                self._cell(t.loss, t.marks, n, per_series, rooms[0]),
-                self._cell(t.tokens_per_second, flow, n, per_series, rooms[1]),
-            )
+                self._cell(t.loss, t.marks, n, max(1, per_series - rooms[0]), rooms[0]),
+                self._cell(t.tokens_per_second, flow, n, max(1, per_series - rooms[1]), rooms[1]),
+            ]
+            if run_w:
+                cells.insert(0, "" if run == prev else shorten_middle(run, run_w))
+            table.add_row(*cells)
             prev = run
         yield table
