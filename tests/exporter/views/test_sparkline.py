@@ -75,3 +75,12 @@ def test_the_svg_draws_the_line_its_gaps_and_its_marks() -> None:
     assert sparkline.svg([], [], [], "loss") == ""
     one = sparkline.svg([3.0], [], [4], "loss")  # a single point is a dot
     assert "<polyline" not in one and "<circle" in one
+
+
+def test_values_that_are_not_finite_are_gaps_not_errors() -> None:
+    # json.loads accepts NaN and Infinity: an answer from another server may hold them.
+    inf, nan = float("inf"), float("nan")
+    assert sparkline.blocks([1.0, inf, 2.0, nan, -inf], 8) == "▁ █  "
+    assert sparkline.range_text([inf, 1.0]) == "1"
+    svg = sparkline.svg([1.0, inf, 2.0, nan], [], [1, 2, 3, 4], "loss")
+    assert "inf" not in svg and "nan" not in svg.lower().replace("nan/inf", "")

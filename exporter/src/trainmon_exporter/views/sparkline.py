@@ -32,13 +32,17 @@ FLOW = ("hang", "restart")
 
 
 def resample(values: Sequence[float | None], width: int) -> list[float | None]:
-    """``values`` in at most ``width`` columns, each the mean of its values (None: none)."""
-    n = len(values)
+    """``values`` in at most ``width`` columns, each the mean of its values (None: none).
+
+    A value that is not finite counts as missing (JSON from another server may hold one).
+    """
+    finite = [v if v is not None and math.isfinite(v) else None for v in values]
+    n = len(finite)
     if n <= width:
-        return list(values)
+        return finite
     out: list[float | None] = []
     for c in range(width):
-        chunk = [v for v in values[c * n // width : (c + 1) * n // width] if v is not None]
+        chunk = [v for v in finite[c * n // width : (c + 1) * n // width] if v is not None]
         out.append(sum(chunk) / len(chunk) if chunk else None)
     return out
 
@@ -175,7 +179,14 @@ def svg(
         elif run:
             cx, cy = run[0].split(",")
             parts.append(f"<circle cx='{cx}' cy='{cy}' r='1.2' fill='#333'/>")
-    last = next(((i, v) for i, v in reversed(list(enumerate(values))) if v is not None), None)
+    last = next(
+        (
+            (i, v)
+            for i, v in reversed(list(enumerate(values)))
+            if v is not None and math.isfinite(v)
+        ),
+        None,
+    )
     if last is not None:
         parts.append(f"<circle cx='{x(last[0]):.1f}' cy='{y(last[1]):.1f}' r='2' fill='#070'/>")
     first_step = steps[0] if steps else "?"
