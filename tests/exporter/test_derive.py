@@ -35,6 +35,26 @@ def test_rates_are_zero_when_steps_stop() -> None:
     assert r is not None and r.tokens_per_second == pytest.approx(100.0)
 
 
+@pytest.mark.parametrize(
+    "stop",
+    [
+        lambda s: s.disconnect(finished=False),  # crashed
+        lambda s: s.finish(P.FINISH_OK),  # finished, still connected
+        lambda s: s.finish(P.FINISH_FAILED),  # failed
+        lambda s: s.closed_by_exporter(idle=True),  # disconnected, not a crash
+    ],
+)
+def test_a_rank_that_stopped_has_no_current_rate(stop: Any) -> None:
+    s = make_state()
+    feed(s, range(11))
+    assert not derive.stopped(s)
+    assert derive.rates(s, 110.5, 30.0) == pytest.approx((10.0, 1.0, 0.01, 0.01))
+    stop(s)
+    # Within the rate window of its last step: 0, not the speed it had.
+    assert derive.stopped(s)
+    assert derive.rates(s, 110.5, 30.0) == (0.0, 0.0, 0.0, 0.0)
+
+
 def test_rates_need_a_span_and_count_tracked_operations_as_monitoring() -> None:
     s = make_state()
     assert derive.rates(s, 100.0, 30.0) is None
@@ -129,3 +149,76 @@ def test_findings_of_a_troubled_rank() -> None:
     ]
     s.status = "failed"
     assert "finished with an uncaught exception" in derive.findings(s, Mfu(mfu=0.5))
+
+
+def steps_with_loss(s: RankState, losses: list[float], start: int = 0, t0: float = 100.0) -> None:
+    """One step a second from ``t0``, 10 tokens each, logging ``losses`` in turn."""
+    for k, loss in enumerate(losses):
+        i = start + k
+        head = P.StepHeader(i, s.steps_total + 1, t0 + k, 1.0, s.tokens_total + 10.0, 0, 0, 0, 0, 0)
+        s.observe_step(P.Step(head, (P.FIELD_LOSS,), (loss,)), {}, 30.0)
+
+
+def test_a_trend_is_the_recent_steps_with_their_rate() -> None:
+    s = make_state()
+    assert derive.trend(s) == ([], [], [], [])
+    steps_with_loss(s, [3.0, 2.0, 1.0])
+    t = derive.trend(s)
+    assert t.steps == [0, 1, 2] and t.loss == [3.0, 2.0, 1.0]
+    assert t.tokens_per_second == [None, 10.0, 10.0]  # the first step has no interval
+    assert t.marks == []
+
+
+def test_a_long_history_is_grouped_into_points_and_bounded() -> None:
+    from trainmon_exporter.state import HISTORY_STEPS
+
+    s = make_state()
+    steps_with_loss(s, [float(i) for i in range(1000)])
+    assert len(s.history) == HISTORY_STEPS == 240
+    t = derive.trend(s)
+    assert len(t.steps) == derive.TREND_POINTS == 60
+    assert t.steps[0] == 763 and t.steps[-1] == 999  # 4 steps a point, the newest last
+    assert t.loss[0] == pytest.approx(761.5) and t.loss[-1] == pytest.approx(997.5)
+    assert t.tokens_per_second == pytest.approx([10.0] * 60)
+
+
+def test_nan_spike_hang_and_rollback_are_marked_on_their_points() -> None:
+    s = make_state()
+    losses = [2.0 + 0.01 * (i % 3) for i in range(30)]
+    losses[25] = 50.0  # a spike after 25 steps of history
+    steps_with_loss(s, losses)
+    steps_with_loss(s, [float("nan")], start=30, t0=130.0)
+    s.analytics.check_hang(1000.0, busy=False)  # no step for a long time after step 30
+    steps_with_loss(s, [2.0], start=31, t0=1200.0)  # it goes on
+    steps_with_loss(s, [2.0, 2.0], start=20, t0=1201.0)  # a checkpoint reload: back to step 20
+    t = derive.trend(s)
+    assert [(t.steps[i], kind, step) for i, kind, step in t.marks] == [
+        (25, "spike", 25),
+        (30, "nonfinite", 30),
+        (30, "hang", 30),
+        (20, "restart", 20),
+    ]
+    assert t.loss[30] is None  # NaN only: no value, a mark
+    assert t.tokens_per_second[32] is None  # no rate across a restart
+    # The hour without a step shows as a slow point, not as the speed before it.
+    assert t.tokens_per_second[31] == pytest.approx(10.0 / 1070.0)
+
+
+def test_a_new_process_resuming_the_rank_is_a_restart_and_no_negative_rate() -> None:
+    s = make_state()
+    steps_with_loss(s, [3.0] * 5)
+    head = P.StepHeader(5, 1, 106.0, 1.0, 10.0, 0, 0, 0, 0, 0)  # its own counts, from 1
+    s.observe_step(P.Step(head, (P.FIELD_LOSS,), (2.9,)), {}, 30.0)
+    t = derive.trend(s)
+    assert t.marks == [(5, "restart", 5)]
+    assert t.tokens_per_second[5] is None
+
+
+def test_a_rank_that_logs_no_tokens_has_no_throughput_line() -> None:
+    s = make_state()
+    for i in range(5):
+        s.observe_step(
+            P.Step(P.StepHeader(i, i + 1, 100.0 + i, 1.0, 0, 0, 0, 0, 0, 0), (), ()), {}, 30.0
+        )
+    t = derive.trend(s)
+    assert t.tokens_per_second == [None] * 5 and t.loss == [None] * 5

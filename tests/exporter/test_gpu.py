@@ -443,11 +443,11 @@ def test_rank_gpu_join_and_mfu_against_a_hand_computation(
             for r in runs:
                 r.log(step, loss=1.0, tokens=1_000_000)
             t[0] += 1.0
-        for r in runs:
-            r.finish()  # every step encoded while the clocks are still faked
+        # Every step encoded while the clocks are still faked; the ranks keep running (a
+        # finished rank has no current throughput, so no MFU).
+        wait_for(lambda: all((ex.rank("mfu", i) or {}).get("steps_total") == 5 for i in range(5)))
     finally:
         client_run._wall, client_run._perf = real_wall, real_perf
-    wait_for(lambda: all((ex.rank("mfu", i) or {}).get("steps_total") == 5 for i in range(5)))
     m = ex.metrics()
     promtool_check_metrics(ex.metrics_text())
     flops = 1e6 * 6 * 124_000_000  # tokens/s x 6 x params = 7.44e14 FLOP/s
@@ -478,7 +478,9 @@ def test_rank_gpu_join_and_mfu_against_a_hand_computation(
     info = [dict(k[1]) for k in m if k[0] == "trainmon_rank_info"]
     assert {i["uuid"] for i in info} >= {uuid(5), uuid(6), ""}
     page = ex.client.get("/").text
-    assert "75.2 %" in page and "unknown_gpu_model" in page
+    assert "75.2 %" in page and "– (GPU peak unknown)" in page
+    for r in runs:
+        r.finish()
 
 
 def test_peak_override_gives_mfu_without_nvml(

@@ -104,10 +104,14 @@ def test_values_of_a_scripted_session(exporter: InProcessExporter) -> None:
     assert sample(m, "trainmon_train_step_duration_seconds_bucket", le="0.005", **r0) is None
     assert sample(m, "trainmon_train_step_duration_seconds_bucket", le="+Inf", **r0) == 20
     assert sample(m, "trainmon_train_step_duration_seconds_bucket", le="0.01", **r0) is not None
-    tps = sample(m, "trainmon_train_tokens_per_second", **r0)
+    r1 = {"run": "scripted", "rank": "1"}  # still running: rank 0 finished
+    tps = sample(m, "trainmon_train_tokens_per_second", **r1)
     assert tps is not None and 512 / 0.3 < tps < 512 / 0.03  # between 30 ms and 300 ms a step
-    ovh = sample(m, "trainmon_client_overhead_ratio", **r0)
+    ovh = sample(m, "trainmon_client_overhead_ratio", **r1)
     assert ovh is not None and 0 < ovh < 0.5
+    # A finished rank has no current throughput: 0, not the speed it last had.
+    assert sample(m, "trainmon_train_tokens_per_second", **r0) == 0
+    assert sample(m, "trainmon_client_overhead_ratio", **r0) == 0
     assert sample(m, "trainmon_scrape_collector_success", collector="training") == 1
     assert (
         sample(m, "trainmon_build_info", version="0.1.0", revision=_rev(m), python_version=_py(m))

@@ -19,6 +19,15 @@ from trainmon_exporter.views.api import (
 T = 1_800_000_000.0
 """The views' "now" (Unix seconds)."""
 
+HOSTILE = "a\x1b[31mred\x1b]0;owned\x07b\x1b]8;;http://x\x1b\\c\x9b2Jd\x9d0;t\x9ce\x7ff\ng\u202eh"
+"""A string with terminal controls: ESC, a CSI colour, OSC retitles ended by BEL and by ST,
+the C1 CSI and OSC bytes with an ST, DEL, a newline and a bidirectional override."""
+
+
+def controls(text: str) -> list[str]:
+    """The control characters in ``text`` other than newlines (what a view must not print)."""
+    return [c for c in text if c != "\n" and not c.isprintable()]
+
 
 def event(kind: str = "loss_spike", step: int | None = 1377, **kw: Any) -> EventView:
     fields: dict[str, Any] = {

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ExporterProcess, child_env, trainmon_status, wait_for
+from tests.conftest import ExporterProcess, child_env, sample, trainmon_status, wait_for
 from tests.fakes.libnvml import CONFIG_ENV, build, h100, write_config
 from trainmon_client import init
 from trainmon_exporter.views import terminal
@@ -104,6 +104,97 @@ def test_status_once_and_live_view(
         r.finish()
 
 
+def test_a_crashed_rank_shows_no_throughput_anywhere(
+    tmp_path: Path, exporter_process: Callable[..., ExporterProcess]
+) -> None:
+    """A trainer killed mid-run, read within the rate window of its last step."""
+    import re
+
+    import httpx
+
+    ex = exporter_process().start()
+    script = tmp_path / "crash.py"
+    script.write_text(
+        "import os, time, trainmon_client\n"
+        "run = trainmon_client.init(run='crash-demo', num_params=10**8, flush_interval=0.0)\n"
+        "for step in range(40):\n"
+        "    run.log(step, loss=3.0 - step * 0.01, tokens=2048)\n"
+        "    time.sleep(0.03)\n"
+        "time.sleep(0.5)  # the flusher sends the last steps\n"
+        "os._exit(1)  # killed: no FINISH\n"
+    )
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        env=child_env(TRAINMON_SOCKET=ex.socket),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 1, out.stderr
+    rank = wait_for(
+        lambda: (
+            (runs := ex.runs()["runs"])
+            and runs[0]["ranks"][0]["status"] == "crashed"
+            and runs[0]["ranks"][0]
+        )
+    )
+    assert rank["steps_total"] == 40 and rank["seconds_since_last_step"] < 20  # in the window
+    assert rank["tokens_per_second"] is None and rank["mfu_ratio"] is None
+    assert sample(ex.metrics(), "trainmon_train_tokens_per_second", run="crash-demo", rank="0") == 0
+    once = trainmon_status("--url", ex.url, "--once")
+    ranks, _ = parse(once.stdout)
+    assert ranks[0]["status"] == "crashed"
+    assert ranks[0]["tokens_per_s"] == "-" and ranks[0]["mfu"] == "-"
+    assert "disconnected without finishing" in ranks[0]["anomalies"]
+    page = httpx.get(ex.url + "/", timeout=5).text
+    assert "<td class='crashed'>crashed</td>" in page
+    row = re.findall(r"<td[^>]*>(.*?)</td>", re.findall(r"<tr>(.*?)</tr>", page)[0])
+    assert row[:5] == ["crash-demo", "0/1", row[2], "crashed", "39"]
+    assert row[9] == "–" and row[11] == "–"  # tokens/s and MFU
+
+
+def test_sparklines_from_a_real_exporter(
+    exporter_process: Callable[..., ExporterProcess],
+) -> None:
+    """A trainer that logs a NaN and then reloads a checkpoint: its trend in the API, the page
+    and the live view."""
+    import httpx
+    from rich.console import Console
+
+    from trainmon_exporter.views import sparkline
+
+    ex = exporter_process().start()
+    run = init(run="spark-demo", socket_path=ex.socket, flush_interval=0.0)
+    for step in range(40):
+        run.log(step, loss=float("nan") if step == 30 else 4.0 - step * 0.05, tokens=4096)
+        time.sleep(0.01)
+    for step in range(20, 25):  # back to a checkpoint of step 20
+        run.log(step, loss=3.0, tokens=4096)
+    wait_for(lambda: ex.runs()["runs"][0]["ranks"][0]["steps_total"] == 45)
+    trend = ex.runs()["runs"][0]["ranks"][0]["trend"]
+    assert len(trend["steps"]) == 45 and trend["steps"][-1] == 24
+    marks = [(m["kind"], m["step"], trend["steps"][m["index"]]) for m in trend["marks"]]
+    assert marks == [("nonfinite", 30, 30), ("restart", 20, 20)]
+    assert trend["loss"][30] is None and trend["loss"][0] == 4.0
+    rates = [r for r in trend["tokens_per_second"][1:] if r is not None]
+    assert len(rates) == 43 and all(r > 0 for r in rates)  # none across the rollback
+
+    page = httpx.get(ex.url + "/", timeout=5).text
+    assert page.count("<svg class='spark'") == 2
+    assert "NaN/Inf loss at step 30" in page and "restart or rollback at step 20" in page
+
+    runs_body, gpus_body = terminal.fetch(ex.url)
+    console = Console(record=True, width=100, color_system=None)
+    console.print(terminal.rich_view(runs_body, gpus_body, ex.url))
+    screen = console.export_text()
+    spark = next(line for line in screen.splitlines() if "▁" in line or "█" in line)
+    marks_line = screen.splitlines()[screen.splitlines().index(spark) + 1]
+    assert "N" in marks_line and "R" in marks_line
+    assert any(b in spark for b in sparkline.BLOCKS)
+    run.finish()
+
+
 def test_status_says_when_the_exporter_is_unreachable() -> None:
     out = trainmon_status("--url", "http://127.0.0.1:9", "--once")
     assert out.returncode == 2
@@ -134,6 +225,55 @@ def test_status_says_when_the_answer_is_not_the_exporters_api() -> None:
     assert str(err.value) == (
         f"cannot read {url}/api/v1/runs: not a trainmon exporter's answer (time: Field required)"
     )
+
+
+class _Serve:
+    """A loopback HTTP server answering ``GET path`` with ``bodies[path]`` (JSON)."""
+
+    def __init__(self, bodies: dict[str, object]) -> None:
+        import json
+
+        encoded = {p: json.dumps(b).encode() for p, b in bodies.items()}
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = encoded.get(self.path)
+                self.send_response(200 if body is not None else 404)
+                self.send_header("Content-Length", str(len(body or b"")))
+                self.end_headers()
+                self.wfile.write(body or b"")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+
+    def __enter__(self) -> str:
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self.url
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_status_once_prints_no_terminal_control_from_the_api() -> None:
+    """An exporter's answer (another version, or anything at that address) whose run ids,
+    hostnames, metric names, GPU names and errors hold ESC, CSI, OSC and C1 controls."""
+    from tests.helpers import views as v
+
+    h = v.HOSTILE
+    rank = v.rank(0, hostname=h, health=[h], events=[v.event(h, 3)], values={"loss": 2.5, h: 1.0})
+    runs = v.runs(rank, run=h).model_dump(mode="json")
+    for gpus in (v.gpus(v.gpu(0, name=h, slowdown_reasons=[h])), v.no_gpus(h, h)):
+        with _Serve({"/api/v1/runs": runs, "/api/v1/gpus": gpus.model_dump(mode="json")}) as url:
+            out = trainmon_status("--url", url, "--once")
+        assert out.returncode == 0, out.stderr
+        assert not v.controls(out.stdout) and not v.controls(out.stderr), out
+        ranks, _ = parse(out.stdout)
+        assert ranks[0]["run"].startswith("a\\x1b[31mred\\x1b]0;owned\\x07b")
+        assert ranks[0]["loss"] == "2.5"
 
 
 def trainmon(*args: str) -> subprocess.CompletedProcess[str]:

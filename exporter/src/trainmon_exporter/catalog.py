@@ -458,14 +458,17 @@ TRAIN_TOKENS_PER_SECOND = Family(
     GAUGE,
     (
         "Tokens/s over rate_window_seconds: delta tokens / delta client wall time; 0 when no step "
-        "arrived within the window."
+        "arrived within the window or the rank no longer runs (finished, failed, crashed or "
+        "disconnected)."
     ),
     RANK,
     unit="tokens/s",
     collector="training",
     doc=(
         "Δ`tokens_total` / Δclient wall time between the oldest and newest step within "
-        "`rate_window_seconds` (30 s). 0 when no step arrived within the window."
+        "`rate_window_seconds` (30 s). 0 when no step arrived within the window, and from the "
+        "moment the rank no longer runs (finished, failed, crashed or disconnected), not the "
+        "speed it last had."
     ),
 )
 

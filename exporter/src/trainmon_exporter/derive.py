@@ -13,16 +13,20 @@ are the detectors' (:mod:`trainmon_exporter.analytics`); here they are only read
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_right
 from collections.abc import Mapping
 from typing import NamedTuple, Protocol, TypeVar
 
 from trainmon_exporter.analytics import RankAnalytics
 from trainmon_exporter.peaks import Mfu, rank_mfu
 from trainmon_exporter.settings import AnalyticsSettings
-from trainmon_exporter.state import RankState
+from trainmon_exporter.state import HistoryPoint, RankState
 
 __all__ = [
+    "MARK_KINDS",
     "MIN_RATE_SPAN_S",
+    "TREND_POINTS",
     "Rates",
     "SampledGpu",
     "findings",
@@ -33,6 +37,9 @@ __all__ = [
     "process_pid",
     "rates",
     "slow_improvement",
+    "stopped",
+    "trend",
+    "trend_input",
 ]
 
 MIN_RATE_SPAN_S = 0.5
@@ -50,16 +57,27 @@ class Rates(NamedTuple):
     """The client's share plus tracked operations (``Run.track``)."""
 
 
+def stopped(state: RankState) -> bool:
+    """Whether the rank does no work now: finished, failed, crashed, or its connection closed.
+
+    Such a rank has no current throughput: it is not running at its last speed.
+    """
+    return not state.connected or state.status != "running"
+
+
 def rates(state: RankState, now: float, window_s: float) -> Rates | None:
     """The rank's :class:`Rates` at wall time ``now`` (Unix s); None before they mean anything.
 
     Formula: Δ cumulative total / Δ client wall time between the oldest and the newest step
     inside the window. None before the window spans :data:`MIN_RATE_SPAN_S`. When the newest
-    step is older than the window, all are 0: a stopped run shows 0, not its last speed.
+    step is older than the window, or the rank :func:`stopped` (finished, failed, crashed or
+    disconnected), all are 0: a stopped rank shows 0, not its last speed.
     """
     win = state.window
     if len(win) < 2:
         return None
+    if stopped(state):
+        return Rates(0.0, 0.0, 0.0, 0.0)
     first, last = win[0], win[-1]
     dt = last.time - first.time
     if dt < MIN_RATE_SPAN_S:  # e.g. two steps 1 ms apart, the first paying the connect
@@ -184,3 +202,104 @@ def findings(state: RankState, m: Mfu) -> list[str]:
     if state.unapplied_total:
         out.append(f"{state.unapplied_total} messages sent here were never applied")
     return out
+
+
+TREND_POINTS = 60
+"""Points of a rank's :func:`trend`: its recent steps (``state.HISTORY_STEPS``), grouped."""
+MARK_KINDS = ("nonfinite", "spike", "hang", "restart")
+"""What a trend point can be marked with: a NaN or infinite loss, a loss spike (any
+severity), a hang after the step, the first step after a restart or rollback."""
+
+
+class Trend(NamedTuple):
+    """A rank's recent steps for a sparkline, oldest first, one entry per point.
+
+    A point groups consecutive logged steps (one step while the rank has logged at most
+    ``points`` of them).
+    """
+
+    steps: list[int]
+    """The last training step of each point."""
+    loss: list[float | None]
+    """Mean of the point's finite losses; None when it has none (none logged, or NaN only)."""
+    tokens_per_second: list[float | None]
+    """Δ tokens / Δ client wall time over the point's steps, each measured from the step
+    before it; None without a measurable interval or when the rank never logged tokens."""
+    marks: list[tuple[int, str, int]]
+    """``(point index, kind, step)`` with ``kind`` one of :data:`MARK_KINDS`, by index."""
+
+
+class TrendInput(NamedTuple):
+    """What :func:`trend` reads of a rank, copied under the store lock (:func:`trend_input`)."""
+
+    history: list[HistoryPoint]
+    events: list[tuple[str, int | None, float]]
+    """``(kind, step, time)`` of the rank's detector events that mark a trend."""
+
+
+def trend_input(state: RankState) -> TrendInput:
+    """Copy what :func:`trend` needs from ``state`` (call under the lock; a list copy)."""
+    return TrendInput(
+        list(state.history),
+        [
+            (e.kind, e.step, e.time)
+            for e in state.analytics.events
+            if e.kind == "hang" or e.kind.startswith("loss_spike_")
+        ],
+    )
+
+
+def trend(state: RankState | TrendInput, points: int = TREND_POINTS) -> Trend:
+    """The rank's last logged steps (``state.history``) as at most ``points`` points.
+
+    Marks come from the history (non-finite losses, restarts) and from the rank's detector
+    events (``loss_spike_*``, ``hang``), each placed on the point holding its step. Costs
+    O(history); pass a :func:`trend_input` copied under the store lock to compute it after
+    the lock is released.
+    """
+    given = state if isinstance(state, TrendInput) else trend_input(state)
+    h = given.history
+    n = len(h)
+    if not n:
+        return Trend([], [], [], [])
+    m = min(points, n)
+    bounds = [i * n // m for i in range(m + 1)]
+    has_tokens = h[-1].tokens > 0 or h[0].tokens > 0
+    steps: list[int] = []
+    loss: list[float | None] = []
+    tps: list[float | None] = []
+    marks: dict[tuple[int, str], int] = {}
+    for c in range(m):
+        lo, hi = bounds[c], bounds[c + 1]
+        total = count = 0.0
+        for p in h[lo:hi]:
+            if p.loss is not None:
+                if math.isfinite(p.loss):
+                    total += p.loss
+                    count += 1
+                else:
+                    marks.setdefault((c, "nonfinite"), p.step)
+            if p.restarted:
+                marks.setdefault((c, "restart"), p.step)
+        dtok = dt = 0.0
+        for j in range(max(lo, 1), hi):
+            a, b = h[j - 1], h[j]
+            if not b.restarted and b.time > a.time and b.tokens >= a.tokens:
+                dt += b.time - a.time
+                dtok += b.tokens - a.tokens
+        steps.append(h[hi - 1].step)
+        loss.append(total / count if count else None)
+        tps.append(dtok / dt if dt > 0 and has_tokens else None)
+    by_step: dict[int, list[int]] = {}
+    for j, p in enumerate(h):
+        by_step.setdefault(p.step, []).append(j)
+    for kind_name, step, when in given.events:
+        kind = "hang" if kind_name == "hang" else "spike"
+        found = by_step.get(step) if step is not None else None
+        if not found:
+            continue
+        # After a rollback a step number can repeat: the newest point logged before the event.
+        j = next((j for j in reversed(found) if h[j].time <= when + 1.0), found[-1])
+        marks.setdefault((bisect_right(bounds, j) - 1, kind), h[j].step)
+    ordered = sorted(marks.items(), key=lambda kv: (kv[0][0], MARK_KINDS.index(kv[0][1])))
+    return Trend(steps, loss, tps, [(c, kind, step) for (c, kind), step in ordered])

@@ -24,7 +24,7 @@ from bisect import bisect_left
 from collections import OrderedDict, deque
 from collections.abc import Callable, Container, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from trainmon_client import _protocol as P
 from trainmon_exporter.analytics import RankAnalytics, RunAnalytics
@@ -49,6 +49,8 @@ RANK_CHUNK = 8
 """Ranks a scrape reads per hold of :attr:`Store.lock` (see :meth:`Store.iter_ranks`)."""
 _RESUMED_FIELDS = tuple(k for k in P.HELLO_FIELDS if k not in ("run", "rank"))
 """HELLO fields a resumed rank takes from its new HELLO: all but its identity."""
+HISTORY_STEPS = 240
+"""Logged steps each rank keeps for the views' sparklines (:attr:`RankState.history`)."""
 WATCH_OPERATION = "watch"
 """Operation name of a rank's ``Run.watch`` checks (from its LAYERS records)."""
 
@@ -81,6 +83,20 @@ class WindowPoint:
     samples: float
     overhead: float
     monitoring: float  # client overhead + tracked operations, cumulative seconds
+
+
+class HistoryPoint(NamedTuple):
+    """One logged step as the views' sparklines draw it (:attr:`RankState.history`)."""
+
+    step: int
+    time: float
+    """The client's wall clock at the step (Unix s)."""
+    loss: float | None
+    """As logged, NaN and infinities included; None when the step logged no loss."""
+    tokens: float
+    """Cumulative tokens after the step (as ``tokens_total``)."""
+    restarted: bool
+    """The first step after a restart: a new process resumed the rank, or a rollback."""
 
 
 @dataclass(slots=True)
@@ -134,6 +150,7 @@ class RankState:
     hist_sum: float = 0.0
     hist_count: int = 0
     window: deque[WindowPoint] = field(default_factory=lambda: deque(maxlen=2048))
+    history: deque[HistoryPoint] = field(default_factory=lambda: deque(maxlen=HISTORY_STEPS))
     ops: dict[str, Operation] = field(default_factory=dict)
     checkpoint: P.Checkpoint | None = None  # the last one reported
     checkpoints_total: int = 0
@@ -229,6 +246,7 @@ class RankState:
                 self.nonfinite["custom"] += 1
                 self.analytics.observe_nonfinite(step, "custom", v)
         self.analytics.observe_step(step, loss, grad_norm, step_time, new_tokens, mem, stride)
+        self.history.append(HistoryPoint(step, when, loss, tokens, restarted or rolled_back))
         if unknown:
             drop("unknown_field", unknown)
         if capped:

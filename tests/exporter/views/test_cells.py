@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from trainmon_exporter.views.cells import GIB, NONFINITE, PAGE, TERMINAL, Cells
+from trainmon_exporter.views.cells import (
+    GIB,
+    MFU_WORDS,
+    NONFINITE,
+    PAGE,
+    TERMINAL,
+    Cells,
+    printable,
+    rank_status,
+    stopped,
+)
 
 from ...helpers import views as v
 
@@ -25,17 +35,56 @@ def test_a_reported_null_is_nonfinite(cells: Cells) -> None:
     assert cells.logged({"loss": 2.34567}, "loss", ".4g") == "2.346"
 
 
-def test_mfu_is_a_percentage_or_why_there_is_none() -> None:
+def test_mfu_is_a_percentage_or_why_there_is_none_in_words() -> None:
     assert PAGE.mfu(v.rank(mfu_ratio=0.417)) == "41.7 %"
     assert TERMINAL.mfu(v.rank(mfu_ratio=0.417)) == "41.7%"
-    why = v.rank(mfu_ratio=None, mfu_unavailable_reason="no_peak_flops")
-    assert PAGE.mfu(why) == "– (no_peak_flops)"
-    assert TERMINAL.mfu(why) == "-(no_peak_flops)"
+    why = v.rank(mfu_ratio=None, mfu_unavailable_reason="no_gpu_uuid")
+    assert PAGE.mfu(why) == "– (no GPU)"
+    assert TERMINAL.mfu(why) == "-(no GPU)"
     unknown = v.rank(mfu_ratio=None, mfu_unavailable_reason=None)
     assert PAGE.mfu(unknown) == "–" and TERMINAL.mfu(unknown) == "-"
+    # A reason a newer exporter sends is still words, not code.
+    assert TERMINAL.mfu(v.rank(mfu_ratio=None, mfu_unavailable_reason="new_reason")) == (
+        "-(new reason)"
+    )
+
+
+def test_every_mfu_reason_the_exporter_gives_has_words() -> None:
+    from trainmon_exporter.collectors.rank_gpu import MFU_REASONS
+
+    assert set(MFU_WORDS) == set(MFU_REASONS)
+    for words, why in MFU_WORDS.values():
+        assert "_" not in words and "  " not in words and len(words) <= 18 and why
+
+
+@pytest.mark.parametrize("status", ["crashed", "failed", "finished"])
+def test_a_rank_that_no_longer_runs_has_no_current_throughput(status: str) -> None:
+    rank = v.rank(status=status, up=False)
+    assert rank_status(rank) == status and stopped(rank)
+    for cells in (PAGE, TERMINAL):
+        assert cells.throughput(rank, ".0f") == cells.missing
+        assert cells.mfu(rank) == cells.missing
+
+
+def test_a_running_rank_whose_connection_closed_is_disconnected() -> None:
+    rank = v.rank(status="running", up=False)
+    assert rank_status(rank) == "disconnected" and stopped(rank)
+    assert TERMINAL.throughput(rank, ".0f") == "-"
+    assert TERMINAL.throughput(v.rank(), ".0f") == "123456"
+    assert not stopped(v.rank())
 
 
 def test_memory_is_gib_with_one_decimal() -> None:
     assert GIB == 2**30
     assert PAGE.gib(71 * 2**30) == TERMINAL.gib(71 * 2**30) == "71.0"
     assert PAGE.gib(80e9) == "74.5"
+
+
+def test_printable_escapes_every_control_character() -> None:
+    out = printable(v.HOSTILE)
+    assert all(c.isprintable() for c in out), repr(out)
+    assert out == (
+        "a\\x1b[31mred\\x1b]0;owned\\x07b\\x1b]8;;http://x\\x1b\\c\\x9b2Jd\\x9d0;t\\x9ce\\x7ff"
+        "\\x0ag\\u202eh"
+    )
+    assert printable("gpt2-124m node7 · 41.7 % é 日本") == "gpt2-124m node7 · 41.7 % é 日本"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import pytest
+
 from trainmon_exporter.sampler import FAILED, NO_DRIVER, SAMPLING
 from trainmon_exporter.views.html import StatusPage, render_status
 
@@ -38,7 +40,7 @@ def test_a_rank_row_shows_every_cell() -> None:
     rows = cells(render_status(page(runs=v.runs(rank))))
     assert rows[0] == [
         *["gpt2-medium-finetune", "3/8", "gpu-node-10.cluster.example.org", "running", "1499"],
-        *["NaN/Inf", "0.0003", "1.25", "123,456", "41.7 %", "3", "812.5", "0.123", "0.5"],
+        *["NaN/Inf", "", "0.0003", "1.25", "123,456", "", "41.7 %", "3", "812.5", "0.123", "0.5"],
         "loss spike · last event: loss_spike at step 100 x3 to step 120",
     ]
 
@@ -50,14 +52,16 @@ def test_missing_values_are_dashes_and_mfu_says_why() -> None:
         values={},
         tokens_per_second=None,
         mfu_ratio=None,
-        mfu_unavailable_reason="no_peak_flops",
+        mfu_unavailable_reason="unknown_gpu_model",
         gpu=None,
         step_time_mean_seconds=None,
         client_overhead_ratio=None,
         seconds_since_last_step=None,
     )
     row = cells(render_status(page(runs=v.runs(rank))))[0]
-    assert row[4:] == ["", "–", "–", "–", "–", "– (no_peak_flops)", "–", "–", "–", "–", "ok"]
+    assert row[4:] == [
+        *["", "–", "", "–", "–", "–", "", "– (GPU peak unknown)", "–", "–", "–", "–", "ok"]
+    ]
 
 
 def test_client_text_is_escaped() -> None:
@@ -94,9 +98,49 @@ def test_why_there_are_no_gpu_metrics() -> None:
     assert "<p> Hint: run as root</p>" in failed
 
 
-def test_the_header_line_names_the_socket_and_the_collectors() -> None:
-    html = render_status(page(collectors={"training": True, "gpu": False}))
+def test_the_header_line_says_how_the_socket_and_the_last_scrape_are_in_words() -> None:
+    html = render_status(page(collectors={"training": True, "gpu": True}))
     assert "<code>/run/trainmon/trainmon.sock</code>:\nlistening ·" in html
-    assert "collectors: training: ok, gpu: FAILING ·" in html
+    assert "metrics: the last scrape was complete ·" in html
+    html = render_status(page(collectors={"training": True, "gpu": False, "rank_gpu": False}))
+    assert "metrics: the last scrape lacked the gpu, rank_gpu series" in html
     html = render_status(page(collectors={}, socket_problem="socket file was replaced"))
-    assert "socket file was replaced ·" in html and "collectors: not scraped yet" in html
+    assert "socket file was replaced ·" in html
+    assert "metrics: not collected yet (Prometheus has not scraped /metrics)" in html
+    assert "not scraped yet" not in html and "collectors:" not in html
+
+
+def test_mfu_says_why_in_words_with_the_explanation_on_hover() -> None:
+    rank = v.rank(0, mfu_ratio=None, mfu_unavailable_reason="no_gpu_uuid")
+    html = render_status(page(runs=v.runs(rank)))
+    assert "(no_gpu_uuid)" not in html
+    assert (
+        "<td title='no MFU: the trainer reported no CUDA device (a CPU run)'>– (no GPU)</td>"
+        in (html)
+    )
+
+
+@pytest.mark.parametrize(
+    ("status", "up", "shown"),
+    [
+        ("crashed", False, "crashed"),
+        ("finished", True, "finished"),
+        ("running", False, "disconnected"),
+    ],
+)
+def test_a_rank_that_no_longer_runs_shows_no_throughput_and_says_why(
+    status: str, up: bool, shown: str
+) -> None:
+    rank = v.rank(0, status=status, up=up)  # the API's last figure, as an older exporter sent
+    row = cells(render_status(page(runs=v.runs(rank))))[0]
+    assert row[3] == shown and row[9] == "–" and row[11] == "–"  # tokens/s and MFU
+
+
+def test_no_control_character_from_the_api_reaches_the_page() -> None:
+    h = v.HOSTILE
+    rank = v.rank(0, hostname=h, status=h, health=[h], events=[v.event(h, 12)])
+    gpus = v.gpus(v.gpu(0, name=h, uuid=h, slowdown_reasons=[h]), driver_version=h)
+    for g, state in ((gpus, SAMPLING), (v.no_gpus(h, h), FAILED), (v.no_gpus(h), NO_DRIVER)):
+        html = render_status(page(runs=v.runs(rank, run=h), gpus=g, gpu_state=state))
+        assert not v.controls(html), html
+        assert "a\\x1b[31mred" in html

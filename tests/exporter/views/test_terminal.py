@@ -10,6 +10,7 @@ from rich.console import Console
 
 from trainmon_exporter.views import terminal
 from trainmon_exporter.views.api import GpusResponse, RunsResponse
+from trainmon_exporter.views.cells import shorten_middle
 
 from ...helpers import views as v
 
@@ -54,7 +55,7 @@ def source_numbers() -> set[str]:
     runs, gpus = api_bodies()
     texts = [*terminal.rank_rows(runs, gpus), *terminal.gpu_rows(gpus)]
     found = {n for row in texts for v in row.values() for n in NUMBER.findall(v)}
-    headers = [h for _, h, _, _ in (*terminal.LIVE_RANK_COLUMNS, *terminal.LIVE_GPU_COLUMNS)]
+    headers = [c.header for c in (*terminal.LIVE_RANK_COLUMNS, *terminal.LIVE_GPU_COLUMNS)]
     found |= {n for h in [*headers, "http://127.0.0.1:9478"] for n in NUMBER.findall(h)}
     return found
 
@@ -86,8 +87,8 @@ def test_narrow_terminal_names_hidden_columns(width: int) -> None:
 def test_wide_terminal_shows_every_column() -> None:
     screen = render(200)
     assert "hidden for width" not in screen
-    for _, header, _, _ in terminal.LIVE_RANK_COLUMNS:
-        assert header in screen, header
+    for c in terminal.LIVE_RANK_COLUMNS:
+        assert c.header in screen, c.header
     assert "gpu-node-7.cluster.example.org" in screen and "123456" in screen
 
 
@@ -109,7 +110,7 @@ def test_once_writes_every_cell_of_the_view_model() -> None:
         loss_ema=None,
         tokens_per_second=None,
         mfu_ratio=None,
-        mfu_unavailable_reason="no_peak_flops",
+        mfu_unavailable_reason="unknown_gpu_model",  # a crashed rank needs no MFU reason
         gpu=None,
         health=["crashed"],
         events=[v.event("crash", 12)],
@@ -130,7 +131,7 @@ def test_once_writes_every_cell_of_the_view_model() -> None:
     ]
     assert rows[3] == [
         *["gpt2-medium-finetune", "1/8", "-", "crashed", "-", "NaN/Inf", "-", "-"],
-        *["-(no_peak_flops)", "-", "-", "-", "crashed; last event crash at step 12"],
+        *["-", "-", "-", "-", "crashed; last event crash at step 12"],
     ]
     assert rows[4] == [""]
     assert rows[5] == ["# gpus (driver 550.54.15, 1 lost)"]
@@ -160,3 +161,86 @@ def test_live_view_colours_problems() -> None:
     assert re.search(r"\x1b\[[0-9;]*33mnonfinite_loss", screen)  # its anomalies, in yellow
     assert re.search(rf"{bold_red}\s*79", screen)  # the GPU with XIDs
     assert not re.search(rf"{bold_red}\s*running", screen)
+
+
+def hostile_bodies() -> tuple[RunsResponse, GpusResponse, GpusResponse]:
+    """Every string the terminal shows set to terminal controls: a rank and a GPU, and an
+    NVML failure."""
+    h = v.HOSTILE
+    rank = v.rank(
+        0,
+        hostname=h,
+        status=h,
+        health=[h],
+        events=[v.event(h, 12)],
+        custom={h: 1.0},
+        mfu_ratio=None,
+        mfu_unavailable_reason=h,
+    )
+    gpu = v.gpu(0, name=h, slowdown_reasons=[h])
+    return v.runs(rank, run=h), v.gpus(gpu, driver_version=h), v.no_gpus(h, h)
+
+
+def test_no_control_character_from_the_api_reaches_the_terminal() -> None:
+    runs, gpus, failed = hostile_bodies()
+    for g in (gpus, failed):
+        out = terminal.plain(runs, g)
+        assert not v.controls(out), out
+        assert "a\\x1b[31mred" in out  # shown, inert
+        for width in (80, 120, 200):
+            console = Console(record=True, width=width, color_system=None)
+            console.print(terminal.rich_view(runs, g, "http://127.0.0.1:9478"))
+            screen = console.export_text()
+            assert not v.controls(screen), (width, screen)
+
+
+GENERATED_RUN = "pretrain_gpt2_124m_v12-20261126-001523-ab12"  # as detect_run_id makes one
+
+
+def cpu_host_screen(width: int) -> str:
+    """A run with a generated id whose second rank logged a NaN, on a node without a GPU."""
+    nan = v.rank(
+        1,
+        values={"loss": None},
+        health=["non-finite values: loss x1, grad_norm x0"],
+        events=[v.event("nonfinite_loss", 40)],
+        gpu=None,
+    )
+    runs = v.runs(v.rank(0, gpu=None), nan, run=GENERATED_RUN)
+    gpus = v.no_gpus("NVML Shared Library Not Found", "install the NVIDIA driver, then restart")
+    console = Console(record=True, width=width, color_system=None)
+    console.print(terminal.rich_view(runs, gpus, "http://127.0.0.1:9478"))
+    return console.export_text()
+
+
+@pytest.mark.parametrize("width", [60, 80, 100, 120])
+def test_a_generated_run_id_is_shortened_and_health_never_hidden(width: int) -> None:
+    assert len(GENERATED_RUN) == 43
+    screen = cpu_host_screen(width)
+    assert max(len(line) for line in screen.splitlines()) <= width
+    flat = " ".join(screen.split())
+    assert "anomalies" in flat and ("NaN/Inf" in flat or width < 80)
+    last_column = " ".join(
+        line.split("│")[-2].strip() for line in screen.splitlines() if line.startswith("│")
+    )
+    assert "ok non-finite values: loss x1, grad_norm x0; last event nonfinite_loss" in last_column
+    assert "hidden for width" in flat and "anomalies" not in flat.split("hidden for width")[1]
+    shortened = re.search(r"(pretrain\S*)…(\S*ab12)", screen)
+    assert shortened, screen
+    assert GENERATED_RUN.startswith(shortened[1]) and GENERATED_RUN.endswith(shortened[2])
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_a_node_without_gpus_gets_one_line_not_an_empty_table(width: int) -> None:
+    lines = cpu_host_screen(width).rstrip("\n").splitlines()
+    assert lines[-1].startswith("GPUs: no GPU metrics (NVML Shared Library Not Found).")
+    assert "xids" not in "\n".join(lines) and "Hint" not in lines[-2]
+    assert [line for line in lines if "NVML" in line] == [lines[-1]]
+
+
+def test_a_run_id_keeps_both_ends_when_shortened() -> None:
+    assert shorten_middle(GENERATED_RUN, 20) == "pretrain_g…1523-ab12"
+    assert shorten_middle("short", 20) == "short"
+    assert shorten_middle("日本語のランID-0001", 10) == "日本語…001"  # 10 cells: CJK are two wide
+    for width in range(1, 44):
+        assert len(shorten_middle(GENERATED_RUN, width)) <= width

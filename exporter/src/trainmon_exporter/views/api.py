@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, Field
 
 if TYPE_CHECKING:
+    from trainmon_exporter import derive
     from trainmon_exporter.sampler import GpuSample, GpuSnapshot
     from trainmon_exporter.state import RankState, Store
 
@@ -29,6 +30,34 @@ class EventView(BaseModel):
     value: float | None = Field(description="the value that fired it, when there is one")
     count: int = Field(description="consecutive firings of this kind merged into this event")
     last_step: int | None = Field(description="step of the latest of those firings")
+
+
+class TrendMark(BaseModel):
+    """Something that happened on a point of a :class:`TrendView`."""
+
+    index: int = Field(description="the point it falls on")
+    kind: str = Field(
+        description="nonfinite (a NaN or infinite loss), spike (a loss spike), hang (no step "
+        "for longer than usual after this one) or restart (a new process or a rollback)"
+    )
+    step: int = Field(description="the training step it happened at")
+
+
+class TrendView(BaseModel):
+    """A rank's recent logged steps for sparklines, oldest first, one entry per point.
+
+    At most 60 points over the rank's last 240 logged steps (a point groups consecutive
+    steps once there are more than 60).
+    """
+
+    steps: list[int] = Field(default=[], description="last training step of each point")
+    loss: list[float | None] = Field(
+        default=[], description="mean finite loss of the point; null: none (see marks)"
+    )
+    tokens_per_second: list[float | None] = Field(
+        default=[], description="tokens / client wall time over the point's steps"
+    )
+    marks: list[TrendMark] = Field(default=[], description="by point index")
 
 
 class RankView(BaseModel):
@@ -49,9 +78,12 @@ class RankView(BaseModel):
     steps_total: int
     tokens_total: float
     samples_total: float
-    tokens_per_second: float | None
-    samples_per_second: float | None
-    client_overhead_ratio: float | None
+    tokens_per_second: float | None = Field(
+        description="over rate_window_seconds; null before a rate means anything and once the "
+        "rank no longer runs (finished, failed, crashed or disconnected: see status and up)"
+    )
+    samples_per_second: float | None = Field(description="as tokens_per_second")
+    client_overhead_ratio: float | None = Field(description="as tokens_per_second")
     step_time_mean_seconds: float | None
     model_flops_per_second: float | None = Field(description="tokens/s x flops_per_token")
     mfu_ratio: float | None = Field(description="model FLOP/s / peak dense FLOP/s")
@@ -66,6 +98,9 @@ class RankView(BaseModel):
     crashes: int
     health: list[str] = Field(description="human-readable problems seen on this rank")
     events: list[EventView] = Field(description="recent detector firings, oldest first")
+    trend: TrendView = Field(
+        default_factory=TrendView, description="recent steps for the views' sparklines"
+    )
 
 
 class RunView(BaseModel):
@@ -102,7 +137,8 @@ def _rank_view(
 ) -> RankView:
     from trainmon_exporter import derive
 
-    rates = derive.rates(s, now, window_s)
+    # A rank that stopped has no current rate (null, not the 0 the exported gauge reads).
+    rates = None if derive.stopped(s) else derive.rates(s, now, window_s)
     m, g = derive.mfu(s, None if rates is None else rates.tokens_per_second, gpus, override)
     return RankView(
         rank=s.rank,
@@ -155,14 +191,28 @@ def _rank_view(
     )
 
 
+def trend_view(t: derive.Trend) -> TrendView:
+    """The API view of a rank's :func:`~trainmon_exporter.derive.trend`."""
+    return TrendView(
+        steps=t.steps,
+        loss=[_num(v) for v in t.loss],
+        tokens_per_second=[_num(v) for v in t.tokens_per_second],
+        marks=[TrendMark(index=i, kind=k, step=st) for i, k, st in t.marks],
+    )
+
+
 def snapshot(
     store: Store, gpus: GpuSnapshot | None = None, peak_flops: float | None = None
 ) -> RunsResponse:
-    """Every run with its ranks, sorted by run then rank (the lock held a few ranks at a time).
+    """Every run with its ranks, sorted by run then rank.
+
+    The store's lock is held a few ranks at a time; the trends are drawn from copies after
+    it is released.
 
     ``gpus`` is the NVML sampler's latest pass (for the rank ↔ GPU join and MFU; ``None``:
     not sampled); ``peak_flops`` the MFU override setting.
     """
+    from trainmon_exporter import derive
     from trainmon_exporter.sampler import NOT_STARTED
 
     if gpus is None:
@@ -172,11 +222,14 @@ def snapshot(
     pids = gpus.process_memory()
     runs: dict[str, list[RankView]] = {}
     owners: dict[str, int | None] = {}
+    copied: list[tuple[RankView, derive.TrendInput]] = []
     for s in store.iter_ranks():
-        runs.setdefault(s.run, []).append(
-            _rank_view(s, now, store.window_s, by_uuid, pids, peak_flops)
-        )
+        view = _rank_view(s, now, store.window_s, by_uuid, pids, peak_flops)
+        runs.setdefault(s.run, []).append(view)
+        copied.append((view, derive.trend_input(s)))  # a copy: the trend is drawn unlocked
         owners.setdefault(s.run, s.owner_uid)
+    for view, given in copied:
+        view.trend = trend_view(derive.trend(given))
     for views in runs.values():
         views.sort(key=lambda v: v.rank)
     return RunsResponse(

@@ -2,22 +2,116 @@
 
 Both views apply the same rules; only their marks differ (:data:`PAGE`, :data:`TERMINAL`):
 a missing value is a dash, a value that was reported but is NaN or infinite is ``NaN/Inf``
-(JSON has neither, so the API sends null for it), MFU is a percentage or the reason it has
-none, and memory is shown in GiB.
+(JSON has neither, so the API sends null for it), MFU is a percentage or, in words, the
+reason it has none, a rank that no longer runs has no current throughput, and memory is
+shown in GiB. Every string that came from the API goes through
+:func:`printable` before either view shows it.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from unicodedata import east_asian_width
 
 from trainmon_exporter.views.api import RankView
 
 NONFINITE = "NaN/Inf"
 """A logged value that was reported but is NaN or infinite."""
 
+
+def cell_len(text: str) -> int:
+    """Terminal cells ``text`` takes: two for a wide (East Asian) character, else one."""
+    return sum(2 if east_asian_width(ch) in "WF" else 1 for ch in text)
+
+
 GIB = 2.0**30
 """Bytes in a GiB."""
+
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+"""C0 and C1 control characters, DEL, and the Unicode bidirectional controls."""
+
+
+def _escape(m: re.Match[str]) -> str:
+    c = ord(m.group())
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+
+def printable(text: str) -> str:
+    r"""``text`` with every control character written as its escape (``\x1b``, ``\u202e``).
+
+    Run ids, hostnames, metric and GPU names and error texts come from clients and from the
+    network: an ESC, CSI (``\x9b``) or OSC sequence in one would move the cursor, recolour
+    or retitle the terminal that prints it, and a newline or bidirectional override would
+    forge rows. Escaped, what is left is inert text that still shows what was sent (two ids
+    that differ only by a control character stay different).
+    """
+    return _CONTROL.sub(_escape, text)
+
+
+MFU_WORDS: Mapping[str, tuple[str, str]] = {
+    "no_flops_per_token": ("model size unknown", "the trainer did not pass num_params to init"),
+    "no_gpu_uuid": ("no GPU", "the trainer reported no CUDA device (a CPU run)"),
+    "gpu_not_sampled": (
+        "GPU not seen",
+        "NVML on this node does not show the trainer's GPU (no NVML, or another node's GPU)",
+    ),
+    "unknown_gpu_model": ("GPU peak unknown", "the GPU model is not in the peak table"),
+    "unknown_dtype": ("dtype peak unknown", "the GPU has no tensor-core peak for the dtype"),
+}
+"""Why a rank has no MFU (``RankView.mfu_unavailable_reason``): a few words for the cell and a
+sentence for the status page's tooltip (docs/metrics.md lists the reasons)."""
+
+
+def mfu_reason(reason: str) -> tuple[str, str]:
+    """``(words, explanation)`` for an MFU reason code; an unknown code is shown as words."""
+    known = MFU_WORDS.get(reason)
+    return known if known is not None else (reason.replace("_", " "), "")
+
+
+def rank_status(rank: RankView) -> str:
+    """The rank's status in a word.
+
+    ``running``, ``finished``, ``failed``, ``crashed``, or ``disconnected`` (its connection
+    closed without a verdict, e.g. idle or an exporter restart).
+    """
+    return "disconnected" if rank.status == "running" and not rank.up else rank.status
+
+
+def stopped(rank: RankView) -> bool:
+    """Whether the rank no longer runs.
+
+    Such a rank has no current throughput: a dash, not its last speed (:func:`rank_status`
+    says why).
+    """
+    return rank_status(rank) != "running"
+
+
+def shorten_middle(text: str, width: int) -> str:
+    """``text`` in at most ``width`` terminal cells, its middle replaced by ``…`` when longer.
+
+    Both ends stay: a generated run id (``<script>-<date>-<time>-<hex>``) keeps its script and
+    the time and digest that tell two launches apart.
+    """
+    if cell_len(text) <= width:
+        return text
+    if width <= 1:
+        return "…"[:width]
+    head = tail = ""
+    left, right = 0, len(text)
+    room = width - 1
+    while room > 0 and left < right:  # take characters from both ends in turn
+        c = text[left] if len(head) <= len(tail) else text[right - 1]
+        if cell_len(c) > room:
+            break
+        if len(head) <= len(tail):
+            head, left = head + c, left + 1
+        else:
+            tail, right = c + tail, right - 1
+        room -= cell_len(c)
+    return f"{head}…{tail}"
 
 
 def scale(v: float | None, k: float) -> float | None:
@@ -49,11 +143,22 @@ class Cells:
         return self.missing if ratio is None else f"{ratio * 100:.1f}{self.gap}%"
 
     def mfu(self, rank: RankView) -> str:
-        """The rank's MFU as a percentage, else the missing mark and why (``- (no_peak)``)."""
+        """The rank's MFU as a percentage, else the missing mark and why (``- (no GPU)``).
+
+        A rank that no longer runs has none, and needs no reason: its status says why.
+        """
+        if stopped(rank):
+            return self.missing
         if rank.mfu_ratio is not None:
             return self.percent(rank.mfu_ratio)
         reason = rank.mfu_unavailable_reason
-        return f"{self.missing}{self.gap}({reason})" if reason else self.missing
+        if not reason:
+            return self.missing
+        return f"{self.missing}{self.gap}({mfu_reason(reason)[0]})"
+
+    def throughput(self, rank: RankView, fmt: str) -> str:
+        """The rank's tokens/s; the missing mark once it no longer runs."""
+        return self.missing if stopped(rank) else self.number(rank.tokens_per_second, fmt)
 
     def gib(self, nbytes: float | None) -> str:
         """Bytes as GiB with one decimal."""

@@ -1,8 +1,9 @@
 """The status page at ``/``: runs, ranks and GPUs on one HTML page that refreshes every 5 s.
 
 :func:`render_status` reads only its :class:`StatusPage`: the API's view model and the few
-facts about the exporter itself that the page shows. Every value is escaped (run ids, names
-and hostnames come from clients).
+facts about the exporter itself that the page shows. Every string is escaped (run ids, names
+and hostnames come from clients): control characters first
+(:func:`~trainmon_exporter.views.cells.printable`), then HTML.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from dataclasses import dataclass
 
 from trainmon_exporter import __version__
 from trainmon_exporter.sampler import NO_DRIVER
-from trainmon_exporter.views.api import GpusResponse, RunsResponse
-from trainmon_exporter.views.cells import PAGE, scale
+from trainmon_exporter.state import HISTORY_STEPS
+from trainmon_exporter.views import sparkline
+from trainmon_exporter.views.api import GpusResponse, RankView, RunsResponse
+from trainmon_exporter.views.cells import PAGE, mfu_reason, printable, rank_status, scale, stopped
 
 
 @dataclass(frozen=True)
@@ -33,8 +36,25 @@ class StatusPage:
     """The NVML sampler's state (``sampler.STATES``); ``None`` when GPU sampling is off."""
 
 
+def _text(s: str) -> str:
+    """A string from the API as page text: control characters escaped, then HTML-escaped."""
+    return html.escape(printable(s))
+
+
+def _spark(rank: RankView, series: str) -> str:
+    """A sparkline cell: the SVG and the range it spans (empty before any step)."""
+    t = rank.trend
+    values = t.loss if series == "loss" else t.tokens_per_second
+    what = "loss" if series == "loss" else "tokens/s"
+    marks = t.marks if series == "loss" else [m for m in t.marks if m.kind in sparkline.FLOW]
+    drawn = sparkline.svg(values, marks, t.steps, what)
+    if not drawn:
+        return ""
+    return f"{drawn}<div class='range'>{sparkline.range_text(values)}</div>"
+
+
 def _rank_rows(page: StatusPage) -> str:
-    e, c = html.escape, PAGE
+    e, c = _text, PAGE
     rows = []
     for run in page.runs.runs:
         for r in run.ranks:
@@ -43,17 +63,22 @@ def _rank_rows(page: StatusPage) -> str:
                 last = r.events[-1]
                 times = f" x{last.count} to step {last.last_step}" if last.count > 1 else ""
                 health += f" · last event: {last.kind} at step {last.step}{times}"
+            status = rank_status(r)
+            why = mfu_reason(r.mfu_unavailable_reason or "")[1] if r.mfu_ratio is None else ""
+            mfu_title = f" title='no MFU: {e(why)}'" if why and not stopped(r) else ""
             rows.append(
                 "<tr>"
                 f"<td>{e(run.run)}</td><td>{r.rank}/{r.world_size}</td>"
                 f"<td>{e(r.hostname)}</td>"
-                f"<td class='{e(r.status)}'>{e(r.status)}</td>"
+                f"<td class='{e(status)}'>{e(status)}</td>"
                 f"<td>{'' if r.step is None else r.step}</td>"
                 f"<td>{c.logged(r.values, 'loss', '.4g')}</td>"
+                f"<td class='spark'>{_spark(r, 'loss')}</td>"
                 f"<td>{c.logged(r.values, 'lr', '.3g')}</td>"
                 f"<td>{c.logged(r.values, 'grad_norm', '.3g')}</td>"
-                f"<td>{c.number(r.tokens_per_second, ',.0f')}</td>"
-                f"<td>{e(c.mfu(r))}</td>"
+                f"<td>{c.throughput(r, ',.0f')}</td>"
+                f"<td class='spark'>{_spark(r, 'tokens_per_second')}</td>"
+                f"<td{mfu_title}>{e(c.mfu(r))}</td>"
                 f"<td>{c.missing if r.gpu is None else r.gpu}</td>"
                 f"<td>{c.number(scale(r.step_time_mean_seconds, 1e3), '.1f')}</td>"
                 f"<td>{c.number(scale(r.client_overhead_ratio, 100), '.3f')}</td>"
@@ -61,11 +86,11 @@ def _rank_rows(page: StatusPage) -> str:
                 f"<td>{e(health)}</td>"
                 "</tr>"
             )
-    return "\n".join(rows) or "<tr><td colspan='15'>No trainer has connected yet.</td></tr>"
+    return "\n".join(rows) or "<tr><td colspan='17'>No trainer has connected yet.</td></tr>"
 
 
 def _gpu_rows(gpus: GpusResponse) -> str:
-    e, c = html.escape, PAGE
+    e, c = _text, PAGE
     return "".join(
         "<tr>"
         f"<td>{g.index}</td><td>{e(g.name)}</td><td>{e(g.uuid)}</td>"
@@ -83,7 +108,7 @@ def _gpu_rows(gpus: GpusResponse) -> str:
 
 
 def _gpu_head(page: StatusPage) -> str:
-    e, gpus = html.escape, page.gpus
+    e, gpus = _text, page.gpus
     if gpus.ok:
         lost = f" · {gpus.lost_total} lost" if gpus.lost_total else ""
         return (
@@ -101,31 +126,62 @@ def _gpu_head(page: StatusPage) -> str:
     return f"<p class='crashed'>No GPU metrics: {e(gpus.error)}.</p><p>{hint}</p>"
 
 
+def _scrape_words(collectors: Mapping[str, bool]) -> str:
+    """How the last scrape of ``/metrics`` went, in words (HTML-escaped)."""
+    if not collectors:
+        return "metrics: not collected yet (Prometheus has not scraped /metrics)"
+    failed = [k for k, ok in collectors.items() if not ok]
+    if not failed:
+        return "metrics: the last scrape was complete"
+    names = ", ".join(_text(k) for k in failed)
+    return (
+        f"<span class='crashed'>metrics: the last scrape lacked the {names} series "
+        "(their collectors failed; see the exporter's log)</span>"
+    )
+
+
+def _legend() -> str:
+    """What the sparklines show and what their marks mean."""
+    marks = ", ".join(
+        f"<span style='color:{colour}'>{'N ' if kind == 'nonfinite' else ''}|</span> {words}"
+        for kind, (_, words, colour) in sparkline.MARKS.items()
+    )
+    return (
+        f"<p class='key'>Sparklines: each rank's last {HISTORY_STEPS} logged steps, oldest on "
+        f"the left, scaled to the range printed under them; the green dot is the latest. "
+        f"Marks: {marks}. Hover a mark for its step.</p>"
+    )
+
+
 def render_status(page: StatusPage) -> str:
     """HTML for ``/``."""
-    e = html.escape
-    collectors = (
-        ", ".join(f"{e(k)}: {'ok' if v else 'FAILING'}" for k, v in page.collectors.items())
-        or "not scraped yet"
-    )
+    e = _text
+    collectors = _scrape_words(page.collectors)
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><meta http-equiv="refresh" content="5">
 <title>trainmon exporter</title>
 <style>
 body{{font-family:system-ui,sans-serif;margin:1.5em;color:#222}}
 table{{border-collapse:collapse}}
-td,th{{padding:.3em .7em;border-bottom:1px solid #ddd;text-align:right}}
-td:first-child,th:first-child,td:nth-child(3),td:nth-child(4),td:last-child{{text-align:left}}
+td,th{{padding:.3em .6em;border-bottom:1px solid #ddd;text-align:right;vertical-align:middle}}
+td{{white-space:nowrap}} td:first-child,td:nth-child(3),td:last-child{{white-space:normal}}
+table.ranks td:last-child{{min-width:14em}}
+td:first-child,th:first-child,td:nth-child(3),td:nth-child(4),td:last-child,th:last-child{{text-align:left}}
 .crashed,.failed{{color:#b00;font-weight:bold}} .running{{color:#070}} .finished{{color:#555}}
+.disconnected{{color:#555}} td.spark{{padding:.2em .4em;text-align:left}}
+svg.spark{{display:block}} .range{{font-size:75%;color:#555}}
+.key span{{font-weight:bold;padding:0 .2em}}
 </style></head><body>
 <h1>trainmon exporter {e(__version__)}</h1>
 <p>Ingest socket <code>{e(page.socket)}</code>:
 {e(page.socket_problem or "listening")} ·
-collectors: {collectors} ·
+{collectors} ·
 <a href="/metrics">/metrics</a> · <a href="/api/v1/runs">/api/v1/runs</a> ·
 <a href="/openapi.json">API schema (OpenAPI)</a></p>
-<table><thead><tr><th>run</th><th>rank</th><th>host</th><th>status</th><th>step</th>
-<th>loss</th><th>lr</th><th>grad norm</th><th>tokens/s</th><th>MFU</th><th>GPU</th><th>step ms</th>
+{_legend()}
+<table class='ranks'><thead><tr><th>run</th><th>rank</th><th>host</th><th>status</th><th>step</th>
+<th>loss</th><th>loss, recent steps</th><th>lr</th><th>grad norm</th><th>tokens/s</th>
+<th>tokens/s, recent steps</th><th>MFU</th><th>GPU</th><th>step ms</th>
 <th>client overhead %</th><th>s since step</th><th>health</th></tr></thead>
 <tbody>
 {_rank_rows(page)}

@@ -35,8 +35,9 @@ from typing import Any, NamedTuple, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from trainmon_exporter._defaults import DEFAULT_PORT
+from trainmon_exporter.views import sparkline
 from trainmon_exporter.views.api import GpusResponse, GpuView, RunsResponse
-from trainmon_exporter.views.cells import NONFINITE, TERMINAL
+from trainmon_exporter.views.cells import NONFINITE, TERMINAL, printable, rank_status
 
 DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
 PASSWORD_VARIABLE = "TRAINMON_STATUS_PASSWORD"
@@ -98,14 +99,17 @@ def _get(url: str, path: str, model: type[_Body], timeout: float, access: Access
         reason = getattr(exc, "reason", exc)
         if isinstance(exc, urllib.error.HTTPError) and exc.code == 401:
             reason = f"401 {reason}: give --user, and the password in {PASSWORD_VARIABLE}"
-        raise StatusError(f"cannot read {url}{path}: {reason}") from None
+        raise StatusError(printable(f"cannot read {url}{path}: {reason}")) from None
     try:
         return model.model_validate(body)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"
         raise StatusError(
-            f"cannot read {url}{path}: not a trainmon exporter's answer ({where}: {first['msg']})"
+            printable(
+                f"cannot read {url}{path}: not a trainmon exporter's answer "
+                f"({where}: {first['msg']})"
+            )
         ) from None
 
 
@@ -123,7 +127,7 @@ def fetch(
 
 
 def rank_rows(runs: RunsResponse, gpus: GpusResponse) -> list[dict[str, str]]:
-    """One row per rank (keys: :data:`RANK_COLUMNS`), every value already formatted."""
+    """One row per rank (keys: :data:`RANK_COLUMNS`), every value formatted and printable."""
     c = TERMINAL
     by_index = {g.index: g for g in gpus.gpus}
     rows = []
@@ -142,11 +146,11 @@ def rank_rows(runs: RunsResponse, gpus: GpusResponse) -> list[dict[str, str]]:
                     "run": run.run,
                     "rank": f"{r.rank}/{r.world_size}",
                     "host": r.hostname or c.missing,
-                    "status": r.status,
+                    "status": rank_status(r),
                     "step": c.missing if r.step is None else str(r.step),
                     "loss": c.logged(r.values, "loss", ".4g"),
                     "loss_ema": c.number(r.loss_ema, ".4g"),
-                    "tokens_per_s": c.number(r.tokens_per_second, ".0f"),
+                    "tokens_per_s": c.throughput(r, ".0f"),
                     "mfu": c.mfu(r),
                     "gpu": c.missing if r.gpu is None else str(r.gpu),
                     "gpu_util": c.missing if g is None else c.percent(g.utilization_ratio),
@@ -154,12 +158,12 @@ def rank_rows(runs: RunsResponse, gpus: GpusResponse) -> list[dict[str, str]]:
                     "anomalies": "; ".join(anomalies) or "ok",
                 }
             )
-    return rows
+    return [{k: printable(v) for k, v in row.items()} for row in rows]
 
 
 def _gpu_row(g: GpuView) -> dict[str, str]:
     c = TERMINAL
-    return {
+    row = {
         "gpu": str(g.index),
         "name": g.name,
         "util": c.percent(g.utilization_ratio),
@@ -171,10 +175,11 @@ def _gpu_row(g: GpuView) -> dict[str, str]:
         "slowdown": ",".join(g.slowdown_reasons) or "none",
         "xids": str(g.xid_errors),
     }
+    return {k: printable(v) for k, v in row.items()}
 
 
 def gpu_rows(gpus: GpusResponse) -> list[dict[str, str]]:
-    """One row per GPU of the last NVML sample (keys: :data:`GPU_COLUMNS`), by index."""
+    """One row per GPU of the last NVML sample (keys: :data:`GPU_COLUMNS`), by index, printable."""
     return [_gpu_row(g) for g in sorted(gpus.gpus, key=lambda g: g.index)]
 
 
@@ -196,10 +201,11 @@ def plain(runs: RunsResponse, gpus: GpusResponse) -> str:
     lines = ["# ranks", *table(RANK_COLUMNS, rank_rows(runs, gpus))]
     lines.append("")
     if gpus.ok:
-        lines.append(f"# gpus (driver {gpus.driver_version or '?'}, {gpus.lost_total} lost)")
+        driver = printable(gpus.driver_version) or "?"
+        lines.append(f"# gpus (driver {driver}, {gpus.lost_total} lost)")
         lines += table(GPU_COLUMNS, gpu_rows(gpus))
     else:
-        lines.append(f"# gpus: none ({gpus.error or 'GPU sampling off'})")
+        lines.append(f"# gpus: none ({printable(gpus.error) or 'GPU sampling off'})")
     return "\n".join(lines) + "\n"
 
 
@@ -209,20 +215,24 @@ class Column(NamedTuple):
     Lower ``priority`` numbers are kept first when the terminal is narrow; a column that does
     not fit whole is dropped (and named in the caption), never squeezed, so a number is never
     cut into another number. Only text columns (``wraps``) wrap, and only between words (their
-    minimum width is their longest word).
+    minimum width is their longest word). A ``kept`` column is never dropped: a narrow
+    terminal shortens it (``shortens``: long values lose their middle, as run ids do) or folds
+    its words instead.
     """
 
     key: str
     header: str
     priority: int
     wraps: bool
+    kept: bool = False
+    shortens: bool = False
 
 
 LIVE_RANK_COLUMNS = (
-    Column("run", "run", 0, False),
-    Column("rank", "rank", 1, False),
+    Column("run", "run", 0, False, kept=True, shortens=True),
+    Column("rank", "rank", 1, False, kept=True),
     Column("host", "host", 8, False),
-    Column("status", "status", 2, False),
+    Column("status", "status", 2, False, kept=True),
     Column("step", "step", 3, False),
     Column("loss", "loss", 4, False),
     Column("loss_ema", "loss ema", 11, False),
@@ -231,10 +241,10 @@ LIVE_RANK_COLUMNS = (
     Column("gpu", "gpu", 9, False),
     Column("gpu_util", "gpu util", 10, False),
     Column("gpu_mem", "gpu mem", 12, False),
-    Column("anomalies", "anomalies", 5, True),
+    Column("anomalies", "anomalies", 5, True, kept=True),
 )
 LIVE_GPU_COLUMNS = (
-    Column("gpu", "gpu", 0, False),
+    Column("gpu", "gpu", 0, False, kept=True),
     Column("name", "name", 6, True),
     Column("util", "util", 1, False),
     Column("tensor", "tensor", 7, False),
@@ -247,6 +257,11 @@ LIVE_GPU_COLUMNS = (
 )
 # A bordered table with one space of padding each side: 3 cells per column plus one border.
 _CELL_OVERHEAD = 3
+SHORT_RUN = 20
+"""Width a long run id is shortened to before any optional column is given up for it; space
+left over widens it again (a generated id is 43 characters)."""
+FOLD_MIN = 8
+"""Narrowest a kept text column is folded to when even the kept columns do not fit."""
 
 
 def _cell_width(text: str, wraps: bool) -> int:
@@ -263,31 +278,49 @@ def fit_columns(
 ) -> tuple[list[tuple[str, str, int, bool]], list[str]]:
     """The columns of ``spec`` that fit in ``width`` terminal cells, with their widths.
 
-    Columns are taken by priority while the table's minimum width (every cell whole, text
-    wrapped between words) stays within ``width``; space left over then widens the text
-    columns up to their longest value. Returns ``(shown, dropped_headers)``, ``shown`` as
-    ``(key, header, width, wraps)`` in display order; the first column is always shown.
+    Kept columns are always shown, a shortening one at no more than :data:`SHORT_RUN`; the
+    others are taken by priority while the table's minimum width (every cell whole, text
+    wrapped between words) stays within ``width``. Space left over widens the text columns
+    up to their longest value, then the shortened ones back to theirs. When even the kept columns
+    do not fit, the shortening ones give way down to their header and the wrapping ones are
+    folded down to :data:`FOLD_MIN`. Returns ``(shown, dropped_headers)``, ``shown`` as
+    ``(key, header, width, wraps)`` in display order.
     """
+    from rich.cells import cell_len
 
-    def need(key: str, header: str, wraps: bool) -> int:
-        return max([_cell_width(header, wraps)] + [_cell_width(r[key], wraps) for r in rows])
+    def need(c: Column, wraps: bool) -> int:
+        return max([_cell_width(c.header, wraps)] + [_cell_width(r[c.key], wraps) for r in rows])
 
-    minimum = {key: need(key, header, wraps) for key, header, _, wraps in spec}
-    budget = width - 1  # the left border
-    keep: set[str] = set()
-    for key, _, _, _ in sorted(spec, key=lambda c: c.priority):
-        cost = minimum[key] + _CELL_OVERHEAD
-        if cost <= budget or not keep:
-            keep.add(key)
+    minimum = {c.key: need(c, c.wraps) for c in spec}
+    for c in spec:
+        if c.shortens:
+            minimum[c.key] = min(minimum[c.key], max(SHORT_RUN, cell_len(c.header)))
+    by_priority = sorted(spec, key=lambda c: c.priority)
+    kept = [c for c in by_priority if c.kept] or by_priority[:1]
+    keep = {c.key for c in kept}
+    budget = width - 1 - sum(minimum[k] + _CELL_OVERHEAD for k in keep)  # 1: the left border
+    for c in kept:  # too narrow even for these: shorten, then fold
+        if budget >= 0:
+            break
+        floor = max(cell_len(c.header), 4) if c.shortens else FOLD_MIN if c.wraps else None
+        if floor is not None and minimum[c.key] > floor:
+            give = min(minimum[c.key] - floor, -budget)
+            minimum[c.key] -= give
+            budget += give
+    for c in by_priority:
+        cost = minimum[c.key] + _CELL_OVERHEAD
+        if c.key not in keep and cost <= budget:
+            keep.add(c.key)
             budget -= cost
     widths = dict(minimum)
-    for key, header, _, wraps in sorted(spec, key=lambda c: c.priority):
-        if key in keep and wraps and budget > 0:
-            grow = min(budget, need(key, header, False) - widths[key])
-            widths[key] += max(0, grow)
-            budget -= max(0, grow)
-    shown = [(key, header, widths[key], wraps) for key, header, _, wraps in spec if key in keep]
-    dropped = [header for key, header, _, _ in spec if key not in keep]
+    growing = [c for c in by_priority if c.wraps] + [c for c in by_priority if c.shortens]
+    for c in growing:
+        if c.key in keep and budget > 0:
+            grow = max(0, min(budget, need(c, False) - widths[c.key]))
+            widths[c.key] += grow
+            budget -= grow
+    shown = [(c.key, c.header, widths[c.key], c.wraps) for c in spec if c.key in keep]
+    dropped = [c.header for c in spec if c.key not in keep]
     return shown, dropped
 
 
@@ -302,17 +335,14 @@ class _FittedTable:
         styles: list[tuple[str, dict[str, str]]],
         caption: str | None,
     ) -> None:
-        self.title, self.spec, self.rows, self.styles, self.caption = (
-            title,
-            spec,
-            rows,
-            styles,
-            caption,
-        )
+        self.title, self.spec, self.rows = title, spec, rows
+        self.styles, self.caption = styles, caption
 
     def __rich_console__(self, console: Any, options: Any) -> Any:
         from rich.table import Table
         from rich.text import Text
+
+        from trainmon_exporter.views.cells import shorten_middle
 
         shown, dropped = fit_columns(self.spec, self.rows, options.max_width)
         notes = [self.caption] if self.caption else []
@@ -324,10 +354,11 @@ class _FittedTable:
             table.add_column(
                 header, width=width, no_wrap=not wraps, overflow="fold" if wraps else "ignore"
             )
+        shortens = {c.key for c in self.spec if c.shortens}
         for row, (style, cell_styles) in zip(self.rows, self.styles, strict=True):
             cells = []
-            for key, _, _, _ in shown:
-                cell = Text(row[key])
+            for key, _, width, _ in shown:
+                cell = Text(shorten_middle(row[key], width) if key in shortens else row[key])
                 if key in cell_styles:
                     cell.stylize(cell_styles[key])
                 cells.append(cell)
@@ -335,20 +366,46 @@ class _FittedTable:
         yield table
 
 
+def _line(text: str, style: str = "") -> Any:
+    """One line of text, cut with ``…`` at the terminal's width rather than wrapped."""
+    from rich.text import Text
+
+    return Text(text, style=style, no_wrap=True, overflow="ellipsis")
+
+
+def gpu_line(gpus: GpusResponse) -> str | None:
+    """The one line the live view shows instead of the GPU table when there is none to show."""
+    if not gpus.ok:
+        hint = f" Hint: {gpus.hint}" if gpus.hint else ""
+        return printable(f"GPUs: no GPU metrics ({gpus.error or 'GPU sampling off'}).{hint}")
+    if not gpus.gpus:
+        return "GPUs: NVML sees no GPU on this node."
+    return None
+
+
 def rich_view(runs: RunsResponse, gpus: GpusResponse, url: str) -> Any:
-    """The live view: two rich tables, problems in colour, columns fitted to the terminal.
+    """The live view: the ranks, then the GPUs, problems in colour, fitted to the terminal.
 
     At any width every number shown is whole: columns that do not fit are dropped by
-    priority (run, rank, status, step, loss and anomalies go last) and named in the caption.
+    priority and named in the caption; run, rank, status and anomalies are never dropped (a
+    long run id loses its middle instead). Without GPU metrics (a CPU node, NVML failing) the
+    GPU table is one line saying why.
     """
     from rich.console import Group
 
     rows = rank_rows(runs, gpus)
+    ids = [row["run"] for row in rows]
+    for i in range(1, len(rows)):
+        if ids[i] == ids[i - 1]:
+            rows[i]["run"] = ""  # a run's id heads its first rank only
     styles: list[tuple[str, dict[str, str]]] = []
     for row in rows:
-        style = {"crashed": "bold red", "failed": "bold red", "finished": "dim"}.get(
-            row["status"], ""
-        )
+        style = {
+            "crashed": "bold red",
+            "failed": "bold red",
+            "finished": "dim",
+            "disconnected": "dim",
+        }.get(row["status"], "")
         cell_styles: dict[str, str] = {}
         if row["anomalies"] != "ok":
             cell_styles["anomalies"] = "yellow"
@@ -356,22 +413,22 @@ def rich_view(runs: RunsResponse, gpus: GpusResponse, url: str) -> Any:
             cell_styles["loss"] = "bold red"
         styles.append((style, cell_styles))
     ranks = _FittedTable(
-        f"trainmon · {url}",
+        printable(f"trainmon · {url}"),
         LIVE_RANK_COLUMNS,
         rows,
         styles,
         None if rows else "No trainer has connected yet.",
     )
+    trends = sparkline.TerminalTrends(runs, SHORT_RUN)
+    line = gpu_line(gpus)
+    if line is not None:
+        return Group(ranks, trends, _line(line, "" if gpus.ok or not gpus.hint else "yellow"))
     grows = gpu_rows(gpus)
     gstyles: list[tuple[str, dict[str, str]]] = [
         ("bold red" if r["xids"] != "0" else ("yellow" if r["slowdown"] != "none" else ""), {})
         for r in grows
     ]
-    caption = None
-    if not gpus.ok:
-        hint = f" Hint: {gpus.hint}" if gpus.hint else ""
-        caption = f"No GPU metrics: {gpus.error}.{hint}"
-    return Group(ranks, _FittedTable("GPUs", LIVE_GPU_COLUMNS, grows, gstyles, caption))
+    return Group(ranks, trends, _FittedTable("GPUs", LIVE_GPU_COLUMNS, grows, gstyles, None))
 
 
 def normalise_url(url: str) -> str:
@@ -459,7 +516,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "trainmon status") -> in
                 try:
                     runs, gpus = fetch(url, access=how)
                 except StatusError as exc:
-                    live.console.print(f"[red]{exc}[/red]")
+                    live.console.print(str(exc), style="red", markup=False)
                     continue
                 live.update(rich_view(runs, gpus, url))
         except KeyboardInterrupt:
