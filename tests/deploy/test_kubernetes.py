@@ -547,6 +547,95 @@ def _identity(spec: dict[str, Any], c: dict[str, Any]) -> tuple[int, int, list[i
     return int(sc["runAsUser"]), int(sc.get("runAsGroup", sc["runAsUser"])), groups
 
 
+def _init_container_argv(spec: dict[str, Any], init: dict[str, Any]) -> list[str]:
+    """``setpriv`` argv running ``init``'s command with its uid, gid and exact capabilities.
+
+    The container's capability set is the runtime's after ``drop: [ALL]`` and ``add``: that
+    set becomes the bounding and inheritable set, so a root process keeps only those
+    (permitted = effective = bounding set on exec); ``allowPrivilegeEscalation: false`` is
+    ``no_new_privs``.
+    """
+    uid, gid, groups = _identity(spec, init)
+    sc = init["securityContext"]
+    caps = sc.get("capabilities", {})
+    assert caps.get("drop") == ["ALL"], "the re-enactment knows only drop: [ALL] plus add"
+    names = ",".join(f"+{c.lower()}" for c in caps.get("add", []))
+    capset = f"-all,{names}" if names else "-all"
+    argv = _runs_as(uid, gid, groups, [f"--bounding-set={capset}", f"--inh-caps={capset}"])
+    if sc.get("allowPrivilegeEscalation") is False:
+        argv.append("--no-new-privs")
+    return argv
+
+
+def _run_init_container(
+    spec: dict[str, Any], init: dict[str, Any], mount: Path, command: list[str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the init container's command (or ``command``) on ``mount`` as the pod runs it."""
+    cmd = [c.replace("/run/trainmon", str(mount)) for c in (command or init["command"])]
+    return subprocess.run(
+        [*_init_container_argv(spec, init), *cmd],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+def _socket_dir_init() -> tuple[dict[str, Any], dict[str, Any]]:
+    spec = dict(pod_specs())["overlays/daemonset:DaemonSet/trainmon-exporter"]
+    (init,) = [c for c in spec.get("initContainers", []) if c["name"] == "socket-dir"]
+    return spec, init
+
+
+@pytest.mark.parametrize("starts", [1, 2, 3])
+def test_the_socket_dir_init_container_succeeds_on_every_start(starts: int) -> None:
+    """The DaemonSet's pod restarted on a node: the hostPath directory kept from the last
+    start (owned by the exporter) is prepared again with the init container's uid and
+    exact capabilities, ending 0750 and owned by the exporter's uid and group each time."""
+    _need_root_and_setpriv()
+    spec, init = _socket_dir_init()
+    exporter = spec["containers"][0]
+    uid, gid, _ = _identity(spec, exporter)
+    base = Path("/tmp") / f"tmk8s-init-{os.getpid()}"
+    shutil.rmtree(base, ignore_errors=True)
+    base.mkdir()
+    try:
+        mount = base / "run-trainmon"
+        _volume_as_kubelet_makes_it(mount, spec)
+        for start in range(starts):
+            out = _run_init_container(spec, init, mount)
+            assert out.returncode == 0, f"start {start + 1}: {out.stderr}"
+            st = mount.stat()
+            assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (uid, gid, 0o750), start + 1
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_the_init_container_re_enactment_has_only_the_pods_capabilities() -> None:
+    """The re-enactment can fail: a chmod of a directory another uid owns is refused with
+    the pod's capability set, as on a real restart before the command took ownership first;
+    and the process holds exactly the capabilities the manifest adds."""
+    _need_root_and_setpriv()
+    spec, init = _socket_dir_init()
+    base = Path("/tmp") / f"tmk8s-caps-{os.getpid()}"
+    shutil.rmtree(base, ignore_errors=True)
+    base.mkdir()
+    try:
+        mount = base / "run-trainmon"
+        _volume_as_kubelet_makes_it(mount, spec)
+        os.chown(mount, 65532, 9478)
+        old = ["sh", "-c", "chmod 0750 /run/trainmon && chown 65532:9478 /run/trainmon"]
+        out = _run_init_container(spec, init, mount, old)
+        assert out.returncode != 0 and "not permitted" in out.stderr, out
+        status = _run_init_container(spec, init, mount, ["cat", "/proc/self/status"]).stdout
+        caps = {k: int(v, 16) for k, v in re.findall(r"^(Cap\w+):\s+([0-9a-f]+)$", status, re.M)}
+        bits = {"CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3}  # linux/capability.h
+        wanted = sum(1 << bits[c] for c in init["securityContext"]["capabilities"]["add"])
+        assert caps["CapEff"] == caps["CapPrm"] == caps["CapBnd"] == wanted, caps
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 TRAINER = """
 import sys, time, trainmon_client
 run = trainmon_client.init(run="perm", rank=0, world_size=1, socket_path=sys.argv[1],
@@ -604,9 +693,9 @@ def test_a_non_root_trainer_reaches_the_socket_with_the_manifests_permissions(
     try:
         _volume_as_kubelet_makes_it(mount, ex_spec)
         for init in ex_spec.get("initContainers", []):
-            if "command" in init:  # the DaemonSet's socket-dir preparation, as root
-                cmd = init["command"][-1].replace("/run/trainmon", str(mount))
-                subprocess.run(["sh", "-c", cmd], check=True, timeout=30)
+            if "command" in init:  # the DaemonSet's socket-dir preparation
+                out = _run_init_container(ex_spec, init, mount)
+                assert out.returncode == 0, out.stderr
         sock = env(exporter)["TRAINMON_SOCKET"]["value"].replace("/run/trainmon", str(mount))
         port = free_port()
         ex_env = child_env(
