@@ -154,6 +154,36 @@ def test_kustomize_renders(path: Path) -> None:
         }
 
 
+def test_every_overlay_renders_the_same_daemonset_selector() -> None:
+    """Kubernetes never lets a DaemonSet's spec.selector change: switching overlays, or
+    renaming a release, must apply over the objects already there. Every overlay that has
+    the DaemonSet renders the base's selector, and the pod template still carries it."""
+    base = yaml.safe_load((K8S / "base" / "exporter" / "daemonset.yaml").read_text())
+    selectors = {}
+    for path in OVERLAYS:
+        for obj in rendered(path):
+            if obj["kind"] == "DaemonSet":
+                selectors[str(path)] = obj["spec"]["selector"]
+                labels = obj["spec"]["template"]["metadata"]["labels"]
+                assert obj["spec"]["selector"]["matchLabels"].items() <= labels.items(), path
+    assert len(selectors) >= 2, selectors  # the premise: more than one overlay has it
+    for path, selector in selectors.items():
+        assert selector == base["spec"]["selector"], path
+
+
+def test_kube_prometheus_stack_overlay_labels_monitors_and_rules_with_the_release() -> None:
+    """Its Prometheus selects PodMonitors and PrometheusRules by ``release``: every one the
+    overlay renders carries it (a rule file added without its entry in release-label.yaml
+    fails here)."""
+    objs = rendered(Path("overlays/kube-prometheus-stack"))
+    selected = [o for o in objs if o["kind"] in CRD_FILES]
+    assert {o["kind"] for o in selected} == set(CRD_FILES)
+    for o in selected:
+        assert o["metadata"]["labels"].get("release") == "kube-prometheus-stack", o["metadata"]
+    (ds,) = [o for o in objs if o["kind"] == "DaemonSet"]
+    assert "release" not in json.dumps(ds["spec"]), "the release label must stay off the pods"
+
+
 # --------------------------------------------------------------------------- schemas
 
 
