@@ -200,7 +200,15 @@ def test_builtin_objects_validate_against_kubernetes_schemas(version: str) -> No
         except kv.ValidationError as exc:
             pytest.fail(f"{path}: {obj['kind']}/{obj['metadata']['name']} on {version}: {exc}")
         seen.add(obj["kind"])
-    assert {"DaemonSet", "Job", "Service", "ServiceAccount", "ConfigMap", "Namespace"} <= seen
+    assert {
+        "DaemonSet",
+        "Job",
+        "Service",
+        "ServiceAccount",
+        "ConfigMap",
+        "Namespace",
+        "NetworkPolicy",
+    } <= seen
 
 
 def test_pytorchjob_pod_templates_validate_as_pod_templates() -> None:
@@ -512,6 +520,54 @@ def test_daemonset_shape() -> None:
     assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
     for vol in spec["volumes"]:
         assert vol["hostPath"] == {"path": "/run/trainmon", "type": "DirectoryOrCreate"}
+
+
+def test_the_daemonset_runs_on_every_gpu_node_whatever_taints_it() -> None:
+    """A node agent: an ``Exists`` toleration without key matches every taint (as
+    node-exporter's), and the priority class dcgm-exporter runs with."""
+    for path, ds in objects("DaemonSet"):
+        spec = ds["spec"]["template"]["spec"]
+        assert {"operator": "Exists"} in spec["tolerations"], path
+        assert spec["priorityClassName"] == "system-node-critical", path
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a LabelSelector with matchLabels only (what the manifests use) selects."""
+    assert set(selector) <= {"matchLabels"}, selector
+    return selector.get("matchLabels", {}).items() <= labels.items()
+
+
+def test_only_prometheus_reaches_the_exporters_port() -> None:
+    """In every overlay with the DaemonSet, one NetworkPolicy selects its pods, restricts
+    ingress, and admits only pods labelled as prometheus-operator labels Prometheus pods
+    (any namespace) on the exporter's metrics port, TCP."""
+    prometheus_pod = {
+        "app.kubernetes.io/name": "prometheus",
+        "app.kubernetes.io/managed-by": "prometheus-operator",
+        "prometheus": "k8s",
+    }
+    grafana_pod = {"app.kubernetes.io/name": "grafana"}
+    for path in OVERLAYS:
+        objs = rendered(path)
+        for ds in [o for o in objs if o["kind"] == "DaemonSet"]:
+            pod = ds["spec"]["template"]["metadata"]["labels"]
+            (c,) = ds["spec"]["template"]["spec"]["containers"]
+            port = next(p["containerPort"] for p in c["ports"] if p["name"] == "metrics")
+            policies = [
+                o
+                for o in objs
+                if o["kind"] == "NetworkPolicy" and _selects(o["spec"]["podSelector"], pod)
+            ]
+            assert len(policies) == 1, (path, policies)
+            spec = policies[0]["spec"]
+            assert "Ingress" in spec["policyTypes"]
+            (rule,) = spec["ingress"]
+            assert rule["ports"] == [{"port": port, "protocol": "TCP"}]
+            (peer,) = rule["from"]
+            assert peer["namespaceSelector"] == {}  # Prometheus runs in its own namespace
+            assert _selects(peer["podSelector"], prometheus_pod)
+            assert not _selects(peer["podSelector"], grafana_pod)
+            assert not _selects(peer["podSelector"], pod)
 
 
 def test_sidecars_are_native_and_scraped_by_port_name() -> None:
