@@ -98,6 +98,11 @@ def pod_specs() -> Iterator[tuple[str, dict[str, Any]]]:
                 yield f"{name}/{rtype}", rs["template"]["spec"]
 
 
+def is_exporter_image(image: str) -> bool:
+    """``[registry/…/]trainmon-exporter[:tag]``."""
+    return image.rsplit("/", 1)[-1].split(":")[0] == "trainmon-exporter"
+
+
 def containers(spec: dict[str, Any]) -> list[dict[str, Any]]:
     return [*spec.get("initContainers", []), *spec["containers"]]
 
@@ -448,7 +453,7 @@ def test_podmonitors_give_the_job_the_alerts_expect() -> None:
 def exporter_containers() -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
     for where, spec in pod_specs():
         for c in containers(spec):
-            if str(c["image"]).startswith("trainmon-exporter") and "command" not in c:
+            if is_exporter_image(str(c["image"])) and "command" not in c:
                 yield where, spec, c
 
 
@@ -568,6 +573,30 @@ def test_only_prometheus_reaches_the_exporters_port() -> None:
             assert _selects(peer["podSelector"], prometheus_pod)
             assert not _selects(peer["podSelector"], grafana_pod)
             assert not _selects(peer["podSelector"], pod)
+
+
+def test_the_exporter_image_is_registry_qualified_and_named_in_the_kustomizations() -> None:
+    """Every rendered exporter container (init containers included) runs one image: a
+    registry-qualified name, tagged with this release's version. The manifests name it
+    ``trainmon-exporter`` only, so kustomize's ``images:`` is where it is set."""
+    from trainmon_exporter import __version__
+
+    images = {
+        c["image"]
+        for _, spec in pod_specs()
+        for c in containers(spec)
+        if is_exporter_image(c["image"])
+    }
+    assert len(images) == 1, images
+    (image,) = images
+    name, tag = image.rsplit(":", 1)
+    registry = name.split("/")[0]
+    assert "/" in name and ("." in registry or ":" in registry), f"{image}: no registry"
+    assert tag == __version__, image
+    for path in K8S.rglob("*.yaml"):
+        for found in re.findall(r"^\s*(?:- )?image:\s*(\S+)", path.read_text(), re.M):
+            if is_exporter_image(found):
+                assert found == "trainmon-exporter", f"{path}: {found} (set it in images:)"
 
 
 def test_sidecars_are_native_and_scraped_by_port_name() -> None:
@@ -768,7 +797,7 @@ def test_a_non_root_trainer_reaches_the_socket_with_the_manifests_permissions(
     specs = dict(pod_specs())
     ex_spec, tr_spec = specs[exporter_pod], specs[trainer_pod]
     exporter = next(
-        c for c in containers(ex_spec) if "trainmon-exporter" in c["image"] and "command" not in c
+        c for c in containers(ex_spec) if is_exporter_image(c["image"]) and "command" not in c
     )
     trainer = next(c for c in tr_spec["containers"] if "TRAINMON_RUN" in env(c))
     base = Path("/tmp") / f"tmk8s-{os.getpid()}"
