@@ -189,6 +189,62 @@ def test_kube_prometheus_stack_overlay_labels_monitors_and_rules_with_the_releas
     assert "release" not in json.dumps(ds["spec"]), "the release label must stay off the pods"
 
 
+PROMETHEUS_K8S = {"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "monitoring"}
+"""kube-prometheus's Prometheus identity (manifests/prometheus-serviceAccount.yaml), which its
+own Roles let list pods only in default, kube-system and monitoring."""
+
+
+def _can(objs: tuple[dict[str, Any], ...], who: dict[str, str], ns: str, verb: str) -> bool:
+    """Whether the Roles and RoleBindings among ``objs`` let ``who`` ``verb`` pods in ``ns``
+    (RBAC's rule: a RoleBinding in ``ns`` naming the subject, whose Role in ``ns`` has a rule
+    for the core group, resource pods and the verb)."""
+    roles = {
+        o["metadata"]["name"]: o
+        for o in objs
+        if o["kind"] == "Role" and o["metadata"].get("namespace") == ns
+    }
+    for rb in objs:
+        if rb["kind"] != "RoleBinding" or rb["metadata"].get("namespace") != ns:
+            continue
+        if who not in rb["subjects"] or rb["roleRef"]["kind"] != "Role":
+            continue
+        role = roles.get(rb["roleRef"]["name"])
+        for rule in (role or {}).get("rules", []):
+            if (
+                "" in rule["apiGroups"]
+                and {"pods", "*"} & set(rule["resources"])
+                and {verb, "*"} & set(rule["verbs"])
+            ):
+                return True
+    return False
+
+
+def test_kube_prometheus_overlay_lets_its_prometheus_discover_the_exporters() -> None:
+    """kube-prometheus's Prometheus may get, list and watch pods in the DaemonSet's namespace
+    (what its PodMonitor's discovery needs), nothing more, and only that ServiceAccount."""
+    objs = rendered(Path("overlays/kube-prometheus"))
+    (ds,) = [o for o in objs if o["kind"] == "DaemonSet"]
+    ns = ds["metadata"]["namespace"]
+    for verb in ("get", "list", "watch"):
+        assert _can(objs, PROMETHEUS_K8S, ns, verb), verb
+    for verb in ("create", "delete", "update", "patch"):
+        assert not _can(objs, PROMETHEUS_K8S, ns, verb), verb
+    someone = {**PROMETHEUS_K8S, "namespace": ns}
+    assert not _can(objs, someone, ns, "list")  # the subject keeps its own namespace
+    # the check can fail: the DaemonSet overlay alone grants nothing
+    assert not _can(rendered(Path("overlays/daemonset")), PROMETHEUS_K8S, ns, "list")
+
+
+def test_the_access_for_training_namespaces_takes_the_namespace_kubectl_gives() -> None:
+    """base/prometheus-k8s-access, applied with ``kubectl apply -n <training namespace> -k``
+    for the sidecar variant: no namespace of its own, so -n places it."""
+    objs = rendered(Path("base/prometheus-k8s-access"))
+    assert {o["kind"] for o in objs} == {"Role", "RoleBinding"}
+    assert all("namespace" not in o["metadata"] for o in objs)
+    placed = tuple({**o, "metadata": {**o["metadata"], "namespace": "ml-team"}} for o in objs)
+    assert _can(placed, PROMETHEUS_K8S, "ml-team", "list")
+
+
 # --------------------------------------------------------------------------- schemas
 
 
