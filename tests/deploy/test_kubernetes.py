@@ -172,8 +172,8 @@ def test_every_overlay_renders_the_same_daemonset_selector() -> None:
                 labels = obj["spec"]["template"]["metadata"]["labels"]
                 assert obj["spec"]["selector"]["matchLabels"].items() <= labels.items(), path
     assert len(selectors) >= 2, selectors  # the premise: more than one overlay has it
-    for path, selector in selectors.items():
-        assert selector == base["spec"]["selector"], path
+    for where, selector in selectors.items():
+        assert selector == base["spec"]["selector"], where
 
 
 def test_kube_prometheus_stack_overlay_labels_monitors_and_rules_with_the_release() -> None:
@@ -595,7 +595,8 @@ def test_the_daemonset_runs_on_every_gpu_node_whatever_taints_it() -> None:
 def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
     """Whether a LabelSelector with matchLabels only (what the manifests use) selects."""
     assert set(selector) <= {"matchLabels"}, selector
-    return selector.get("matchLabels", {}).items() <= labels.items()
+    wanted: dict[str, str] = selector.get("matchLabels", {})
+    return wanted.items() <= labels.items()
 
 
 def test_only_prometheus_reaches_the_exporters_port() -> None:
@@ -732,7 +733,9 @@ def _init_container_argv(spec: dict[str, Any], init: dict[str, Any]) -> list[str
     assert caps.get("drop") == ["ALL"], "the re-enactment knows only drop: [ALL] plus add"
     names = ",".join(f"+{c.lower()}" for c in caps.get("add", []))
     capset = f"-all,{names}" if names else "-all"
-    argv = _runs_as(uid, gid, groups, [f"--bounding-set={capset}", f"--inh-caps={capset}"])
+    argv: list[str] = _runs_as(
+        uid, gid, groups, [f"--bounding-set={capset}", f"--inh-caps={capset}"]
+    )
     if sc.get("allowPrivilegeEscalation") is False:
         argv.append("--no-new-privs")
     return argv
