@@ -16,8 +16,11 @@ from typing import Any
 
 OUT = Path(__file__).resolve().parent / "dashboards"
 DS = {"type": "prometheus", "uid": "${datasource}"}
-# A run is (cluster, namespace, run) fleet-wide. On a single Prometheus neither label exists;
-# their variables' "All" is the regex .*, which also matches a label that is absent.
+# A run is (cluster, namespace, run) fleet-wide. On a single Prometheus neither label exists.
+# Every variable's "All" is the regex .* (ALL_VALUE), which also matches a label that is absent:
+# an alert or series without run, rank or instance still shows under "All".
+ALL_VALUE = ".*"
+CLUSTER = 'cluster=~"$cluster"'
 RUN = 'cluster=~"$cluster", namespace=~"$namespace", run=~"$run"'
 SEL = f'{RUN}, rank=~"$rank"'
 FLEET = "cluster, namespace"
@@ -33,7 +36,7 @@ SLOWDOWN_REASONS = (
 
 
 def variables(extra: tuple[tuple[str, str], ...] = ()) -> dict[str, Any]:
-    def query_var(name: str, query: str, all_value: str | None = None) -> dict[str, Any]:
+    def query_var(name: str, query: str) -> dict[str, Any]:
         var = {
             "type": "query",
             "name": name,
@@ -45,9 +48,8 @@ def variables(extra: tuple[tuple[str, str], ...] = ()) -> dict[str, Any]:
             "includeAll": True,
             "current": {"text": "All", "value": "$__all"},
             "sort": 1,
+            "allValue": ALL_VALUE,
         }
-        if all_value is not None:
-            var["allValue"] = all_value
         return var
 
     return {
@@ -59,12 +61,8 @@ def variables(extra: tuple[tuple[str, str], ...] = ()) -> dict[str, Any]:
                 "query": "prometheus",
                 "current": {"text": "Prometheus", "value": "trainmon-prometheus"},
             },
-            query_var("cluster", "label_values(trainmon_run_info, cluster)", ".*"),
-            query_var(
-                "namespace",
-                'label_values(trainmon_run_info{cluster=~"$cluster"}, namespace)',
-                ".*",
-            ),
+            query_var("cluster", "label_values(trainmon_run_info, cluster)"),
+            query_var("namespace", f"label_values(trainmon_run_info{{{CLUSTER}}}, namespace)"),
             query_var(
                 "run",
                 'label_values(trainmon_run_info{cluster=~"$cluster", namespace=~"$namespace"}, run)',
@@ -244,7 +242,8 @@ def training() -> dict[str, Any]:
                 (f"run:trainmon_train_mfu_ratio:avg{{{RUN}}}", "MFU {{run}} mean"),
                 (
                     f'max by ({FLEET}, run, rank, uuid) (trainmon_rank_info{{{SEL}, uuid!=""}}) '
-                    "* on (uuid) group_left () max by (uuid) (trainmon_gpu_tensor_active_ratio)",
+                    "* on (cluster, uuid) group_left () max by (cluster, uuid) "
+                    f"(trainmon_gpu_tensor_active_ratio{{{CLUSTER}}})",
                     "tensor active " + rank_legend,
                 ),
             ],
@@ -524,14 +523,15 @@ def health() -> dict[str, Any]:
     )
 
 
-GPU = 'instance=~"$instance", gpu=~"$gpu"'
+GPU = f'{CLUSTER}, instance=~"$instance", gpu=~"$gpu"'
+NODE = f'{CLUSTER}, instance=~"$instance"'
 
 
 def on_ranks(gpu_metric: str) -> str:
     """A per-GPU series relabelled with the run and rank on that GPU (join on the UUID)."""
     return (
         f'max by ({FLEET}, run, rank, uuid) (trainmon_rank_info{{{SEL}, uuid!=""}}) '
-        f"* on (uuid) group_left (gpu) max by (uuid, gpu) ({gpu_metric})"
+        f"* on (cluster, uuid) group_left (gpu) max by (cluster, uuid, gpu) ({gpu_metric})"
     )
 
 
@@ -553,7 +553,7 @@ def link_panel(lay: Layout, title: str, link: str, legend: str) -> dict[str, Any
 
 def gpu() -> dict[str, Any]:
     lay = Layout()
-    g = "GPU {{gpu}} {{instance}}"
+    g = "GPU {{gpu}} {{instance}} {{cluster}}"
     ranked = "{{run}} rank {{rank}} (GPU {{gpu}})"
     panels = [
         row(lay, "Utilisation"),
@@ -703,7 +703,7 @@ def gpu() -> dict[str, Any]:
             "XID errors",
             [
                 (
-                    f"sum by (instance, gpu, xid) (increase(trainmon_gpu_xid_errors_total"
+                    f"sum by (cluster, instance, gpu, xid) (increase(trainmon_gpu_xid_errors_total"
                     f"{{{GPU}}}[$__range]))",
                     "XID {{xid}} " + g,
                 )
@@ -717,7 +717,7 @@ def gpu() -> dict[str, Any]:
             "Uncorrectable ECC errors",
             [
                 (
-                    "sum by (instance, gpu) (increase(trainmon_gpu_ecc_errors_total"
+                    "sum by (cluster, instance, gpu) (increase(trainmon_gpu_ecc_errors_total"
                     f'{{{GPU}, error_type="uncorrected", counter_type="volatile"}}[$__range]))',
                     g,
                 )
@@ -742,14 +742,14 @@ def gpu() -> dict[str, Any]:
             "GPUs lost, NVML read errors",
             [
                 (
-                    'sum by (instance) (increase(trainmon_gpu_lost_total{instance=~"$instance"}'
+                    f"sum by (cluster, instance) (increase(trainmon_gpu_lost_total{{{NODE}}}"
                     "[$__range]))",
-                    "lost {{instance}}",
+                    "lost {{instance}} {{cluster}}",
                 ),
                 (
-                    'sum by (instance) (increase(trainmon_gpu_read_errors_total{instance=~"$instance"}'
+                    f"sum by (cluster, instance) (increase(trainmon_gpu_read_errors_total{{{NODE}}}"
                     "[$__range]))",
-                    "read errors {{instance}}",
+                    "read errors {{instance}} {{cluster}}",
                 ),
             ],
             kind="stat",
@@ -758,9 +758,7 @@ def gpu() -> dict[str, Any]:
         ),
     ]
     annotations = [
-        annotation(
-            "XID", "red", 'increase(trainmon_gpu_xid_errors_total{instance=~"$instance"}[1m]) > 0'
-        ),
+        annotation("XID", "red", f"increase(trainmon_gpu_xid_errors_total{{{NODE}}}[1m]) > 0"),
     ]
     return dashboard(
         "trainmon-gpu",
@@ -769,8 +767,8 @@ def gpu() -> dict[str, Any]:
         panels,
         annotations,
         (
-            ("instance", "label_values(trainmon_gpu_info, instance)"),
-            ("gpu", 'label_values(trainmon_gpu_info{instance=~"$instance"}, gpu)'),
+            ("instance", f"label_values(trainmon_gpu_info{{{CLUSTER}}}, instance)"),
+            ("gpu", f"label_values(trainmon_gpu_info{{{NODE}}}, gpu)"),
         ),
     )
 

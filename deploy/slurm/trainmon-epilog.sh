@@ -2,7 +2,8 @@
 # trainmon Slurm Epilog (slurm.conf: Epilog=/etc/slurm/trainmon-epilog.sh): undoes what
 # trainmon-prolog.sh did when a job ends on a node. Removes the job's id from every file of the
 # job map (and a file left empty), and takes the socket ACL entries of the job's user away once
-# none of that user's jobs on this node holds them. Same settings as the prolog; never fails.
+# none of that user's jobs on this node holds them, under the lock the prolog takes. Same
+# settings as the prolog; never fails.
 
 [ -r "${TRAINMON_SLURM_DEFAULTS:=/etc/default/trainmon-slurm}" ] && . "$TRAINMON_SLURM_DEFAULTS"
 : "${TRAINMON_SOCKET:=/run/trainmon/trainmon.sock}"
@@ -31,14 +32,20 @@ if [ -n "$TRAINMON_JOB_MAP_DIR" ] && [ -d "$TRAINMON_JOB_MAP_DIR" ]; then
   ) 9>>"$TRAINMON_JOB_MAP_DIR/.lock"
 fi
 
+# Under the node's lock, which the prolog takes too: a prolog granting the same user access for
+# a new job waits, or is waited for, so the grant it makes is never revoked here.
 uid=${SLURM_JOB_UID:-}
 held=$TRAINMON_SLURM_STATE/users/$uid
-if [ "$TRAINMON_SOCKET_ACL" = 1 ] && [ -n "$uid" ] && [ -d "$held" ]; then
-  rm -f "$held/$job"
-  if rmdir "$held" 2>/dev/null && command -v setfacl >/dev/null 2>&1; then
-    dir=$(dirname "$TRAINMON_SOCKET")
-    [ -d "$dir" ] && { setfacl -d -x "u:$uid" "$dir" || say "setfacl on $dir failed"; }
-    [ -S "$TRAINMON_SOCKET" ] && { setfacl -x "u:$uid" "$TRAINMON_SOCKET" || say "setfacl on $TRAINMON_SOCKET failed"; }
-  fi
+if [ "$TRAINMON_SOCKET_ACL" = 1 ] && [ -n "$uid" ] && [ -d "$TRAINMON_SLURM_STATE/users" ]; then
+  (
+    flock -w 30 9 || { say "$TRAINMON_SLURM_STATE locked for 30 s: socket access not changed"; exit 0; }
+    [ -d "$held" ] || exit 0
+    rm -f "$held/$job"
+    if rmdir "$held" 2>/dev/null && command -v setfacl >/dev/null 2>&1; then
+      dir=$(dirname "$TRAINMON_SOCKET")
+      [ -d "$dir" ] && { setfacl -d -x "u:$uid" "$dir" || say "setfacl on $dir failed"; }
+      [ -S "$TRAINMON_SOCKET" ] && { setfacl -x "u:$uid" "$TRAINMON_SOCKET" || say "setfacl on $TRAINMON_SOCKET failed"; }
+    fi
+  ) 9>>"$TRAINMON_SLURM_STATE/.lock"
 fi
 exit 0

@@ -12,12 +12,23 @@
 #    ends. The socket's mode is unchanged (0660 by default): other local users still cannot
 #    connect.
 #
+# Both are reconciled first: an epilog that never ran (node crash, slurmd killed) would leave
+# its job in the map, so that dcgm-exporter emits the GPU's series a second time under that
+# job, and its user's grant on the socket, until reboot. Entries of jobs Slurm no longer runs
+# on this node (TRAINMON_RUNNING_JOBS) are dropped, as their epilog would have. When Slurm
+# cannot tell, nothing is dropped. Grants and revocations of the prolog and the epilog take a
+# node-wide lock (flock), so a user's new job never loses access to the epilog of that user's
+# previous job ending at the same moment.
+#
 # Settings, from /etc/default/trainmon-slurm if it exists (or the file TRAINMON_SLURM_DEFAULTS
 # names):
 #   TRAINMON_SOCKET        the exporter's socket          (/run/trainmon/trainmon.sock)
 #   TRAINMON_JOB_MAP_DIR   the job map directory; empty: no map          (/run/trainmon-jobs)
 #   TRAINMON_SOCKET_ACL    1: grant the job's user access; 0: leave the socket alone    (1)
 #   TRAINMON_SLURM_STATE   which jobs hold a grant, per user      (/run/trainmon-slurm)
+#   TRAINMON_RUNNING_JOBS  a command printing the ids of the jobs on this node, one a line;
+#                          empty: no reconciling
+#       (timeout 10 squeue --noheader --nodelist="$SLURMD_NODENAME" --states=CF,R,S,CG --format=%A)
 #
 # A prolog that fails drains the node, so this one never fails: problems are logged (syslog,
 # tag trainmon-prolog) and it exits 0.
@@ -27,19 +38,61 @@
 : "${TRAINMON_JOB_MAP_DIR=/run/trainmon-jobs}"
 : "${TRAINMON_SOCKET_ACL:=1}"
 : "${TRAINMON_SLURM_STATE:=/run/trainmon-slurm}"
+if [ -z "${TRAINMON_RUNNING_JOBS+set}" ]; then
+  # $SLURMD_NODENAME is expanded when the command runs
+  TRAINMON_RUNNING_JOBS='timeout 10 squeue --noheader --nodelist="$SLURMD_NODENAME" --states=CF,R,S,CG --format=%A'
+fi
 
 say() { logger -t trainmon-prolog -- "job ${SLURM_JOB_ID:-?}: $*" 2>/dev/null || echo "trainmon-prolog: $*" >&2; }
 
 job=${SLURM_JOB_ID:-}
 [ -n "$job" ] || { say "no SLURM_JOB_ID, nothing to do"; exit 0; }
 
+# The jobs Slurm runs on this node (this one included), one id a line; reconcile=0 when Slurm
+# cannot tell (no command, no node name, the command failed): then nothing is dropped.
+nl='
+'
+reconcile=0
+live=$job
+if [ -z "$TRAINMON_RUNNING_JOBS" ]; then
+  :
+elif [ -z "${SLURMD_NODENAME:-}" ] && case $TRAINMON_RUNNING_JOBS in *SLURMD_NODENAME*) true ;; *) false ;; esac; then
+  say "no SLURMD_NODENAME: stale jobs not reconciled"
+elif listed=$(eval "$TRAINMON_RUNNING_JOBS" 2>/dev/null); then
+  reconcile=1
+  for j in $listed; do
+    case $j in
+      '' | *[!0-9]*) say "'$j' from TRAINMON_RUNNING_JOBS is not a job id: stale jobs not reconciled"; reconcile=0; break ;;
+    esac
+    live="$live$nl$j"
+  done
+else
+  say "cannot list this node's jobs ($TRAINMON_RUNNING_JOBS): stale jobs not reconciled"
+fi
+is_live() { case "$nl$live$nl" in *"$nl$1$nl"*) return 0 ;; esac; return 1; }
+
 # 1. The job map. SLURM_JOB_GPUS holds the node's GPU indices allocated to the job;
 # CUDA_VISIBLE_DEVICES holds the same in prolog and epilog on Slurm releases without it.
 if [ -n "$TRAINMON_JOB_MAP_DIR" ]; then
   gpus=${SLURM_JOB_GPUS:-${CUDA_VISIBLE_DEVICES:-}}
-  if [ -n "$gpus" ] && mkdir -p "$TRAINMON_JOB_MAP_DIR" && chmod 0755 "$TRAINMON_JOB_MAP_DIR"; then
+  if { [ -n "$gpus" ] || [ -d "$TRAINMON_JOB_MAP_DIR" ]; } \
+    && mkdir -p "$TRAINMON_JOB_MAP_DIR" && chmod 0755 "$TRAINMON_JOB_MAP_DIR"; then
     (
       flock -w 10 9 || { say "job map locked for 10 s, skipped"; exit 0; }
+      if [ "$reconcile" = 1 ]; then
+        for f in "$TRAINMON_JOB_MAP_DIR"/*; do
+          [ -f "$f" ] || continue
+          stale=0
+          while read -r j; do is_live "$j" || { stale=1; say "job $j no longer runs here: dropped from $f"; }; done < "$f"
+          [ "$stale" = 1 ] || continue
+          while read -r j; do is_live "$j" && echo "$j"; done < "$f" > "$f.tmp.$$"
+          if [ -s "$f.tmp.$$" ]; then
+            chmod 0644 "$f.tmp.$$" && mv -f "$f.tmp.$$" "$f" || say "cannot write $f"
+          else
+            rm -f "$f.tmp.$$" "$f"
+          fi
+        done
+      fi
       for gpu in $(echo "$gpus" | tr ',' ' '); do
         case $gpu in
           *[!0-9.]* | .* | *. ) say "GPU '$gpu' is not an index, left out of the job map"; continue ;;
@@ -54,23 +107,49 @@ if [ -n "$TRAINMON_JOB_MAP_DIR" ]; then
 fi
 
 # 2. Socket access for the job's user, counted per job so the epilog of one job does not take
-# it from another job of the same user on this node.
+# it from another job of the same user on this node; under the node's lock, which the epilog
+# takes too.
 uid=${SLURM_JOB_UID:-}
-if [ "$TRAINMON_SOCKET_ACL" = 1 ] && [ -n "$uid" ] && [ "$uid" != 0 ]; then
-  dir=$(dirname "$TRAINMON_SOCKET")
-  if ! command -v setfacl >/dev/null 2>&1; then
-    say "setfacl not found (Debian/Ubuntu/RHEL package acl): socket access not granted"
-  elif [ ! -d "$dir" ]; then
-    say "$dir does not exist (is the exporter running?): socket access not granted"
-  else
-    mkdir -p "$TRAINMON_SLURM_STATE/users/$uid" && : > "$TRAINMON_SLURM_STATE/users/$uid/$job"
-    # The grant never widens the socket's mode: the ACL mask stays the socket's group bits
-    # (setfacl -n; a new socket gets the exporter's --socket-mode group bits as its mask), so
-    # with --socket-mode 0600 nobody else connects. g::rw keeps --socket-group working.
-    setfacl -d -m "u:$uid:rw,g::rw" "$dir" || say "setfacl on $dir failed"
-    if [ -S "$TRAINMON_SOCKET" ]; then
-      setfacl -n -m "u:$uid:rw" "$TRAINMON_SOCKET" || say "setfacl on $TRAINMON_SOCKET failed"
+dir=$(dirname "$TRAINMON_SOCKET")
+revoke() {
+  [ -d "$dir" ] && { setfacl -d -x "u:$1" "$dir" || say "setfacl on $dir failed"; }
+  [ -S "$TRAINMON_SOCKET" ] && { setfacl -x "u:$1" "$TRAINMON_SOCKET" || say "setfacl on $TRAINMON_SOCKET failed"; }
+}
+if [ "$TRAINMON_SOCKET_ACL" = 1 ] && mkdir -p "$TRAINMON_SLURM_STATE/users"; then
+  (
+    flock -w 30 9 || { say "$TRAINMON_SLURM_STATE locked for 30 s: socket access not changed"; exit 0; }
+    have_setfacl=0
+    command -v setfacl >/dev/null 2>&1 && have_setfacl=1
+    if [ "$reconcile" = 1 ]; then
+      for held in "$TRAINMON_SLURM_STATE"/users/*/*; do
+        [ -f "$held" ] || continue
+        j=${held##*/}
+        is_live "$j" && continue
+        rm -f "$held"
+        u=${held%/*}
+        u=${u##*/}
+        say "job $j of uid $u no longer runs here: its grant dropped"
+        if rmdir "$TRAINMON_SLURM_STATE/users/$u" 2>/dev/null && [ "$have_setfacl" = 1 ]; then
+          revoke "$u"
+        fi
+      done
     fi
-  fi
+    if [ -z "$uid" ] || [ "$uid" = 0 ]; then
+      exit 0
+    elif [ "$have_setfacl" = 0 ]; then
+      say "setfacl not found (Debian/Ubuntu/RHEL package acl): socket access not granted"
+    elif [ ! -d "$dir" ]; then
+      say "$dir does not exist (is the exporter running?): socket access not granted"
+    else
+      mkdir -p "$TRAINMON_SLURM_STATE/users/$uid" && : > "$TRAINMON_SLURM_STATE/users/$uid/$job"
+      # The grant never widens the socket's mode: the ACL mask stays the socket's group bits
+      # (setfacl -n; a new socket gets the exporter's --socket-mode group bits as its mask), so
+      # with --socket-mode 0600 nobody else connects. g::rw keeps --socket-group working.
+      setfacl -d -m "u:$uid:rw,g::rw" "$dir" || say "setfacl on $dir failed"
+      if [ -S "$TRAINMON_SOCKET" ]; then
+        setfacl -n -m "u:$uid:rw" "$TRAINMON_SOCKET" || say "setfacl on $TRAINMON_SOCKET failed"
+      fi
+    fi
+  ) 9>>"$TRAINMON_SLURM_STATE/.lock"
 fi
 exit 0

@@ -10,11 +10,12 @@ the content changed, so Prometheus re-reads it only then::
     trainmon_slurm_sd.py --output … --partition gpu --gpu-nodes --port 9478
 
 Each group is ``{"targets": ["<NodeAddr>:<port>"], "labels": {"instance": "<NodeName>:<port>",
-"node": "<NodeName>"}}``: Prometheus connects to the address slurmctld itself uses to reach the
-node's slurmd, and every series and alert names the node as Slurm does (``scontrol show node``,
-``squeue -w``). Nodes Slurm reports down, powered down or not yet in service (``--skip-states``)
-are left out, so their exporters are not reported as unreachable while the node is known to be
-out; a drained node still counts (its running jobs are monitored).
+"node": "<NodeName>"}}`` (an IPv6 NodeAddr in brackets: ``[fd00::11]:9478``): Prometheus
+connects to the address slurmctld itself uses to reach the node's slurmd, and every series
+and alert names the node as Slurm does (``scontrol show node``, ``squeue -w``). Nodes Slurm
+reports down, powered down or not yet in service (``--skip-states``) are left out, so their
+exporters are not reported as unreachable while the node is known to be out; a drained node
+still counts (its running jobs are monitored).
 
 If Slurm cannot be asked (slurmctld unreachable, ``sinfo`` missing), the old file is kept: an
 empty target list would make Prometheus forget every exporter. The exit status is then 1 with
@@ -98,6 +99,14 @@ def parse_sinfo(text: str) -> list[dict[str, str]]:
     return list(nodes.values())
 
 
+def host_port(host: str, port: int) -> str:
+    """``host:port`` as Prometheus parses a target: an IPv6 address in brackets
+    (``fd00::1`` → ``[fd00::1]:9478``), a name or IPv4 address as it is."""
+    if ":" in host and not host.startswith("["):
+        return f"[{host}]:{port}"
+    return f"{host}:{port}"
+
+
 def targets(
     nodes: list[dict[str, str]],
     port: int,
@@ -126,7 +135,7 @@ def targets(
         host = node[address]
         groups.append(
             {
-                "targets": [f"{host}:{port}"],
+                "targets": [host_port(host, port)],
                 "labels": {"instance": f"{node['name']}:{port}", "node": node["name"]},
             }
         )

@@ -43,7 +43,11 @@ def children() -> set[Path]:
 
 
 # What a smoke run needs that is not Python: Debian packages CI installs (.ci/run).
-NEEDS = {"rules_eval.py": "prometheus", "false_alarms.py": "prometheus"}
+NEEDS = {
+    "rules_eval.py": "prometheus",
+    "false_alarms.py": "prometheus",
+    "prometheus_memory.py": "prometheus",
+}
 
 
 def test_benchmarks_are_found() -> None:

@@ -98,6 +98,11 @@ def pod_specs() -> Iterator[tuple[str, dict[str, Any]]]:
                 yield f"{name}/{rtype}", rs["template"]["spec"]
 
 
+def is_exporter_image(image: str) -> bool:
+    """``[registry/…/]trainmon-exporter[:tag]``."""
+    return image.rsplit("/", 1)[-1].split(":")[0] == "trainmon-exporter"
+
+
 def containers(spec: dict[str, Any]) -> list[dict[str, Any]]:
     return [*spec.get("initContainers", []), *spec["containers"]]
 
@@ -154,6 +159,92 @@ def test_kustomize_renders(path: Path) -> None:
         }
 
 
+def test_every_overlay_renders_the_same_daemonset_selector() -> None:
+    """Kubernetes never lets a DaemonSet's spec.selector change: switching overlays, or
+    renaming a release, must apply over the objects already there. Every overlay that has
+    the DaemonSet renders the base's selector, and the pod template still carries it."""
+    base = yaml.safe_load((K8S / "base" / "exporter" / "daemonset.yaml").read_text())
+    selectors = {}
+    for path in OVERLAYS:
+        for obj in rendered(path):
+            if obj["kind"] == "DaemonSet":
+                selectors[str(path)] = obj["spec"]["selector"]
+                labels = obj["spec"]["template"]["metadata"]["labels"]
+                assert obj["spec"]["selector"]["matchLabels"].items() <= labels.items(), path
+    assert len(selectors) >= 2, selectors  # the premise: more than one overlay has it
+    for where, selector in selectors.items():
+        assert selector == base["spec"]["selector"], where
+
+
+def test_kube_prometheus_stack_overlay_labels_monitors_and_rules_with_the_release() -> None:
+    """Its Prometheus selects PodMonitors and PrometheusRules by ``release``: every one the
+    overlay renders carries it (a rule file added without its entry in release-label.yaml
+    fails here)."""
+    objs = rendered(Path("overlays/kube-prometheus-stack"))
+    selected = [o for o in objs if o["kind"] in CRD_FILES]
+    assert {o["kind"] for o in selected} == set(CRD_FILES)
+    for o in selected:
+        assert o["metadata"]["labels"].get("release") == "kube-prometheus-stack", o["metadata"]
+    (ds,) = [o for o in objs if o["kind"] == "DaemonSet"]
+    assert "release" not in json.dumps(ds["spec"]), "the release label must stay off the pods"
+
+
+PROMETHEUS_K8S = {"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "monitoring"}
+"""kube-prometheus's Prometheus identity (manifests/prometheus-serviceAccount.yaml), which its
+own Roles let list pods only in default, kube-system and monitoring."""
+
+
+def _can(objs: tuple[dict[str, Any], ...], who: dict[str, str], ns: str, verb: str) -> bool:
+    """Whether the Roles and RoleBindings among ``objs`` let ``who`` ``verb`` pods in ``ns``
+    (RBAC's rule: a RoleBinding in ``ns`` naming the subject, whose Role in ``ns`` has a rule
+    for the core group, resource pods and the verb)."""
+    roles = {
+        o["metadata"]["name"]: o
+        for o in objs
+        if o["kind"] == "Role" and o["metadata"].get("namespace") == ns
+    }
+    for rb in objs:
+        if rb["kind"] != "RoleBinding" or rb["metadata"].get("namespace") != ns:
+            continue
+        if who not in rb["subjects"] or rb["roleRef"]["kind"] != "Role":
+            continue
+        role = roles.get(rb["roleRef"]["name"])
+        for rule in (role or {}).get("rules", []):
+            if (
+                "" in rule["apiGroups"]
+                and {"pods", "*"} & set(rule["resources"])
+                and {verb, "*"} & set(rule["verbs"])
+            ):
+                return True
+    return False
+
+
+def test_kube_prometheus_overlay_lets_its_prometheus_discover_the_exporters() -> None:
+    """kube-prometheus's Prometheus may get, list and watch pods in the DaemonSet's namespace
+    (what its PodMonitor's discovery needs), nothing more, and only that ServiceAccount."""
+    objs = rendered(Path("overlays/kube-prometheus"))
+    (ds,) = [o for o in objs if o["kind"] == "DaemonSet"]
+    ns = ds["metadata"]["namespace"]
+    for verb in ("get", "list", "watch"):
+        assert _can(objs, PROMETHEUS_K8S, ns, verb), verb
+    for verb in ("create", "delete", "update", "patch"):
+        assert not _can(objs, PROMETHEUS_K8S, ns, verb), verb
+    someone = {**PROMETHEUS_K8S, "namespace": ns}
+    assert not _can(objs, someone, ns, "list")  # the subject keeps its own namespace
+    # the check can fail: the DaemonSet overlay alone grants nothing
+    assert not _can(rendered(Path("overlays/daemonset")), PROMETHEUS_K8S, ns, "list")
+
+
+def test_the_access_for_training_namespaces_takes_the_namespace_kubectl_gives() -> None:
+    """base/prometheus-k8s-access, applied with ``kubectl apply -n <training namespace> -k``
+    for the sidecar variant: no namespace of its own, so -n places it."""
+    objs = rendered(Path("base/prometheus-k8s-access"))
+    assert {o["kind"] for o in objs} == {"Role", "RoleBinding"}
+    assert all("namespace" not in o["metadata"] for o in objs)
+    placed = tuple({**o, "metadata": {**o["metadata"], "namespace": "ml-team"}} for o in objs)
+    assert _can(placed, PROMETHEUS_K8S, "ml-team", "list")
+
+
 # --------------------------------------------------------------------------- schemas
 
 
@@ -170,7 +261,15 @@ def test_builtin_objects_validate_against_kubernetes_schemas(version: str) -> No
         except kv.ValidationError as exc:
             pytest.fail(f"{path}: {obj['kind']}/{obj['metadata']['name']} on {version}: {exc}")
         seen.add(obj["kind"])
-    assert {"DaemonSet", "Job", "Service", "ServiceAccount", "ConfigMap", "Namespace"} <= seen
+    assert {
+        "DaemonSet",
+        "Job",
+        "Service",
+        "ServiceAccount",
+        "ConfigMap",
+        "Namespace",
+        "NetworkPolicy",
+    } <= seen
 
 
 def test_pytorchjob_pod_templates_validate_as_pod_templates() -> None:
@@ -410,7 +509,7 @@ def test_podmonitors_give_the_job_the_alerts_expect() -> None:
 def exporter_containers() -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
     for where, spec in pod_specs():
         for c in containers(spec):
-            if str(c["image"]).startswith("trainmon-exporter") and "command" not in c:
+            if is_exporter_image(str(c["image"])) and "command" not in c:
                 yield where, spec, c
 
 
@@ -484,6 +583,79 @@ def test_daemonset_shape() -> None:
         assert vol["hostPath"] == {"path": "/run/trainmon", "type": "DirectoryOrCreate"}
 
 
+def test_the_daemonset_runs_on_every_gpu_node_whatever_taints_it() -> None:
+    """A node agent: an ``Exists`` toleration without key matches every taint (as
+    node-exporter's), and the priority class dcgm-exporter runs with."""
+    for path, ds in objects("DaemonSet"):
+        spec = ds["spec"]["template"]["spec"]
+        assert {"operator": "Exists"} in spec["tolerations"], path
+        assert spec["priorityClassName"] == "system-node-critical", path
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a LabelSelector with matchLabels only (what the manifests use) selects."""
+    assert set(selector) <= {"matchLabels"}, selector
+    wanted: dict[str, str] = selector.get("matchLabels", {})
+    return wanted.items() <= labels.items()
+
+
+def test_only_prometheus_reaches_the_exporters_port() -> None:
+    """In every overlay with the DaemonSet, one NetworkPolicy selects its pods, restricts
+    ingress, and admits only pods labelled as prometheus-operator labels Prometheus pods
+    (any namespace) on the exporter's metrics port, TCP."""
+    prometheus_pod = {
+        "app.kubernetes.io/name": "prometheus",
+        "app.kubernetes.io/managed-by": "prometheus-operator",
+        "prometheus": "k8s",
+    }
+    grafana_pod = {"app.kubernetes.io/name": "grafana"}
+    for path in OVERLAYS:
+        objs = rendered(path)
+        for ds in [o for o in objs if o["kind"] == "DaemonSet"]:
+            pod = ds["spec"]["template"]["metadata"]["labels"]
+            (c,) = ds["spec"]["template"]["spec"]["containers"]
+            port = next(p["containerPort"] for p in c["ports"] if p["name"] == "metrics")
+            policies = [
+                o
+                for o in objs
+                if o["kind"] == "NetworkPolicy" and _selects(o["spec"]["podSelector"], pod)
+            ]
+            assert len(policies) == 1, (path, policies)
+            spec = policies[0]["spec"]
+            assert "Ingress" in spec["policyTypes"]
+            (rule,) = spec["ingress"]
+            assert rule["ports"] == [{"port": port, "protocol": "TCP"}]
+            (peer,) = rule["from"]
+            assert peer["namespaceSelector"] == {}  # Prometheus runs in its own namespace
+            assert _selects(peer["podSelector"], prometheus_pod)
+            assert not _selects(peer["podSelector"], grafana_pod)
+            assert not _selects(peer["podSelector"], pod)
+
+
+def test_the_exporter_image_is_registry_qualified_and_named_in_the_kustomizations() -> None:
+    """Every rendered exporter container (init containers included) runs one image: a
+    registry-qualified name, tagged with this release's version. The manifests name it
+    ``trainmon-exporter`` only, so kustomize's ``images:`` is where it is set."""
+    from trainmon_exporter import __version__
+
+    images = {
+        c["image"]
+        for _, spec in pod_specs()
+        for c in containers(spec)
+        if is_exporter_image(c["image"])
+    }
+    assert len(images) == 1, images
+    (image,) = images
+    name, tag = image.rsplit(":", 1)
+    registry = name.split("/")[0]
+    assert "/" in name and ("." in registry or ":" in registry), f"{image}: no registry"
+    assert tag == __version__, image
+    for path in K8S.rglob("*.yaml"):
+        for found in re.findall(r"^\s*(?:- )?image:\s*(\S+)", path.read_text(), re.M):
+            if is_exporter_image(found):
+                assert found == "trainmon-exporter", f"{path}: {found} (set it in images:)"
+
+
 def test_sidecars_are_native_and_scraped_by_port_name() -> None:
     pm = next(o for _, o in objects("PodMonitor") if o["metadata"]["name"] == "trainmon-sidecar")
     port = pm["spec"]["podMetricsEndpoints"][0]["port"]
@@ -547,6 +719,97 @@ def _identity(spec: dict[str, Any], c: dict[str, Any]) -> tuple[int, int, list[i
     return int(sc["runAsUser"]), int(sc.get("runAsGroup", sc["runAsUser"])), groups
 
 
+def _init_container_argv(spec: dict[str, Any], init: dict[str, Any]) -> list[str]:
+    """``setpriv`` argv running ``init``'s command with its uid, gid and exact capabilities.
+
+    The container's capability set is the runtime's after ``drop: [ALL]`` and ``add``: that
+    set becomes the bounding and inheritable set, so a root process keeps only those
+    (permitted = effective = bounding set on exec); ``allowPrivilegeEscalation: false`` is
+    ``no_new_privs``.
+    """
+    uid, gid, groups = _identity(spec, init)
+    sc = init["securityContext"]
+    caps = sc.get("capabilities", {})
+    assert caps.get("drop") == ["ALL"], "the re-enactment knows only drop: [ALL] plus add"
+    names = ",".join(f"+{c.lower()}" for c in caps.get("add", []))
+    capset = f"-all,{names}" if names else "-all"
+    argv: list[str] = _runs_as(
+        uid, gid, groups, [f"--bounding-set={capset}", f"--inh-caps={capset}"]
+    )
+    if sc.get("allowPrivilegeEscalation") is False:
+        argv.append("--no-new-privs")
+    return argv
+
+
+def _run_init_container(
+    spec: dict[str, Any], init: dict[str, Any], mount: Path, command: list[str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the init container's command (or ``command``) on ``mount`` as the pod runs it."""
+    cmd = [c.replace("/run/trainmon", str(mount)) for c in (command or init["command"])]
+    return subprocess.run(
+        [*_init_container_argv(spec, init), *cmd],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+def _socket_dir_init() -> tuple[dict[str, Any], dict[str, Any]]:
+    spec = dict(pod_specs())["overlays/daemonset:DaemonSet/trainmon-exporter"]
+    (init,) = [c for c in spec.get("initContainers", []) if c["name"] == "socket-dir"]
+    return spec, init
+
+
+@pytest.mark.parametrize("starts", [1, 2, 3])
+def test_the_socket_dir_init_container_succeeds_on_every_start(starts: int) -> None:
+    """The DaemonSet's pod restarted on a node: the hostPath directory kept from the last
+    start (owned by the exporter) is prepared again with the init container's uid and
+    exact capabilities, ending 0750 and owned by the exporter's uid and group each time."""
+    _need_root_and_setpriv()
+    spec, init = _socket_dir_init()
+    exporter = spec["containers"][0]
+    uid, gid, _ = _identity(spec, exporter)
+    base = Path("/tmp") / f"tmk8s-init-{os.getpid()}"
+    shutil.rmtree(base, ignore_errors=True)
+    base.mkdir()
+    try:
+        mount = base / "run-trainmon"
+        _volume_as_kubelet_makes_it(mount, spec)
+        for start in range(starts):
+            out = _run_init_container(spec, init, mount)
+            assert out.returncode == 0, f"start {start + 1}: {out.stderr}"
+            st = mount.stat()
+            assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (uid, gid, 0o750), start + 1
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_the_init_container_re_enactment_has_only_the_pods_capabilities() -> None:
+    """The re-enactment can fail: a chmod of a directory another uid owns is refused with
+    the pod's capability set, as on a real restart before the command took ownership first;
+    and the process holds exactly the capabilities the manifest adds."""
+    _need_root_and_setpriv()
+    spec, init = _socket_dir_init()
+    base = Path("/tmp") / f"tmk8s-caps-{os.getpid()}"
+    shutil.rmtree(base, ignore_errors=True)
+    base.mkdir()
+    try:
+        mount = base / "run-trainmon"
+        _volume_as_kubelet_makes_it(mount, spec)
+        os.chown(mount, 65532, 9478)
+        old = ["sh", "-c", "chmod 0750 /run/trainmon && chown 65532:9478 /run/trainmon"]
+        out = _run_init_container(spec, init, mount, old)
+        assert out.returncode != 0 and "not permitted" in out.stderr, out
+        status = _run_init_container(spec, init, mount, ["cat", "/proc/self/status"]).stdout
+        caps = {k: int(v, 16) for k, v in re.findall(r"^(Cap\w+):\s+([0-9a-f]+)$", status, re.M)}
+        bits = {"CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3}  # linux/capability.h
+        wanted = sum(1 << bits[c] for c in init["securityContext"]["capabilities"]["add"])
+        assert caps["CapEff"] == caps["CapPrm"] == caps["CapBnd"] == wanted, caps
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 TRAINER = """
 import sys, time, trainmon_client
 run = trainmon_client.init(run="perm", rank=0, world_size=1, socket_path=sys.argv[1],
@@ -593,7 +856,7 @@ def test_a_non_root_trainer_reaches_the_socket_with_the_manifests_permissions(
     specs = dict(pod_specs())
     ex_spec, tr_spec = specs[exporter_pod], specs[trainer_pod]
     exporter = next(
-        c for c in containers(ex_spec) if "trainmon-exporter" in c["image"] and "command" not in c
+        c for c in containers(ex_spec) if is_exporter_image(c["image"]) and "command" not in c
     )
     trainer = next(c for c in tr_spec["containers"] if "TRAINMON_RUN" in env(c))
     base = Path("/tmp") / f"tmk8s-{os.getpid()}"
@@ -604,9 +867,9 @@ def test_a_non_root_trainer_reaches_the_socket_with_the_manifests_permissions(
     try:
         _volume_as_kubelet_makes_it(mount, ex_spec)
         for init in ex_spec.get("initContainers", []):
-            if "command" in init:  # the DaemonSet's socket-dir preparation, as root
-                cmd = init["command"][-1].replace("/run/trainmon", str(mount))
-                subprocess.run(["sh", "-c", cmd], check=True, timeout=30)
+            if "command" in init:  # the DaemonSet's socket-dir preparation
+                out = _run_init_container(ex_spec, init, mount)
+                assert out.returncode == 0, out.stderr
         sock = env(exporter)["TRAINMON_SOCKET"]["value"].replace("/run/trainmon", str(mount))
         port = free_port()
         ex_env = child_env(

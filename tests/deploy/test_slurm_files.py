@@ -106,6 +106,18 @@ def test_targets_from_sinfo() -> None:
         m.parse_sinfo("gpu001|10.0.0.1|gpu001\n")
 
 
+def test_ipv6_node_addresses_are_bracketed() -> None:
+    """Prometheus reads ``host:port`` with an IPv6 host only in brackets."""
+    m = sd()
+    nodes = m.parse_sinfo(
+        "gpu005|fd00::11|gpu005|gpu*|gpu:8|mixed\ngpu006|::1|gpu006|gpu|gpu:8|idle\n"
+    )
+    assert [g["targets"] for g in m.targets(nodes, 9478)] == [["[fd00::11]:9478"], ["[::1]:9478"]]
+    assert m.targets(nodes, 9478)[0]["labels"]["instance"] == "gpu005:9478"
+    assert m.host_port("10.0.0.1", 9478) == "10.0.0.1:9478"
+    assert m.host_port("[fd00::11]", 9478) == "[fd00::11]:9478"
+
+
 def test_the_file_is_kept_when_slurm_cannot_answer(tmp_path: Path) -> None:
     out = tmp_path / "trainmon.json"
     old = [{"targets": ["10.0.0.1:9478"], "labels": {"instance": "a:9478", "node": "a"}}]
@@ -210,6 +222,82 @@ def test_prolog_and_epilog_over_overlapping_jobs(node: Node) -> None:
     node.script("trainmon-epilog.sh", 42)
     assert node.job_map() == {}
     assert "65534" not in node.acl(node.sock_path) + node.acl(node.run)
+
+
+def test_a_prolog_drops_the_jobs_whose_epilog_never_ran(node: Node) -> None:
+    """Job 41 ends without its epilog (node crash, slurmd killed). The next prolog asks Slurm
+    which jobs run on the node (TRAINMON_RUNNING_JOBS: here a command that answers as
+    ``squeue`` would) and drops 41 from the job map and its user's grant, keeping job 42's."""
+    node.script("trainmon-prolog.sh", 41, SLURM_JOB_GPUS="0,1")
+    node.script("trainmon-prolog.sh", 42, uid=65533, SLURM_JOB_GPUS="1")
+    assert node.job_map() == {"0": ["41"], "1": ["41", "42"]}
+    # Slurm cannot tell (command fails, or prints something else than job ids): nothing dropped.
+    for answer in ("exit 1", "echo 42; echo oops"):
+        node.script(
+            "trainmon-prolog.sh",
+            43,
+            uid=65532,
+            SLURM_JOB_GPUS="2",
+            SLURMD_NODENAME="n1",
+            TRAINMON_RUNNING_JOBS=answer,
+        )
+    assert node.job_map() == {"0": ["41"], "1": ["41", "42"], "2": ["43"]}
+    assert "user:65534:rw-" in node.acl(node.sock_path)
+    node.script(
+        "trainmon-prolog.sh",
+        44,
+        uid=65532,
+        SLURM_JOB_GPUS="0",
+        SLURMD_NODENAME="n1",
+        TRAINMON_RUNNING_JOBS='test "$SLURMD_NODENAME" = n1 && printf "42\\n43\\n"',
+    )
+    assert node.job_map() == {"0": ["44"], "1": ["42"], "2": ["43"]}
+    acl = node.acl(node.sock_path) + node.acl(node.run)
+    assert "65534" not in acl, acl  # 41's user had no other job here
+    assert "user:65533:rw-" in node.acl(node.sock_path)  # 42 still runs
+    assert "user:65532:rw-" in node.acl(node.sock_path)  # 43 and 44
+    assert sorted(p.name for p in (node.state / "users").iterdir()) == ["65532", "65533"]
+    # The epilogs of the live jobs still undo exactly their own entries.
+    for job, uid in ((42, 65533), (43, 65532), (44, 65532)):
+        node.script("trainmon-epilog.sh", job, uid=uid)
+    assert node.job_map() == {}
+    assert not any(f"{u}" in node.acl(node.sock_path) for u in (65532, 65533, 65534))
+
+
+def test_a_users_next_job_keeps_access_when_the_last_one_ends_at_that_moment(node: Node) -> None:
+    """The epilog of a user's job and the prolog of the same user's next job, started at the
+    same moment, many times, with real setfacl: the new job's grant is always there after
+    both (grants and revocations are serialised by the node's lock)."""
+    procs_env = {
+        "PATH": os.environ["PATH"],
+        "TRAINMON_SLURM_DEFAULTS": str(node.defaults),
+        "SLURM_JOB_UID": "65534",
+        "TRAINMON_RUNNING_JOBS": "",
+    }
+    lost = []
+    trials = 60
+    for trial in range(trials):
+        old, new = 1000 + 2 * trial, 1001 + 2 * trial
+        node.script("trainmon-prolog.sh", old, SLURM_JOB_GPUS="0")
+        both = [
+            subprocess.Popen(
+                ["sh", str(SLURM / name)],
+                env={**procs_env, "SLURM_JOB_ID": str(job), "SLURM_JOB_GPUS": "0"},
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
+            for name, job in (("trainmon-epilog.sh", old), ("trainmon-prolog.sh", new))
+        ]
+        for p in both:
+            _, err = p.communicate(timeout=60)
+            assert p.returncode == 0, err
+        acl = node.acl(node.sock_path)
+        if "user:65534:rw-" not in acl or "default:user:65534:rw-" not in node.acl(node.run):
+            lost.append(trial)
+        assert node.job_map() == {"0": [str(new)]}
+        node.script("trainmon-epilog.sh", new)
+        assert "65534" not in node.acl(node.sock_path)
+    assert not lost, f"the new job lost its access in {len(lost)} of {trials} trials"
 
 
 def test_a_new_socket_inherits_the_grant(node: Node) -> None:

@@ -238,3 +238,42 @@ def test_killing_one_nodes_trainers_pages_a_crash_naming_the_node(cluster: Clust
         acl = lab.on_node(node, "getfacl", "-cn", "/run/trainmon", "/run/trainmon/trainmon.sock")
         assert "65534" not in acl.stdout, acl.stdout
     print(f"job {cluster.job} ended; job map and socket ACL cleared on both nodes")
+
+
+def test_a_prolog_drops_a_job_whose_epilog_never_ran(cluster: Cluster) -> None:
+    """A job whose epilog never ran (node crash, slurmd killed) stays in the job map and holds
+    its user's grant. The prolog of the next job on the node asks Slurm (``squeue``, the
+    shipped default) which jobs run there and drops it: once that job has ended too, nothing of
+    either is left."""
+    lab, stale = cluster.lab, "999999"
+    for node in NODES:
+        # the prolog of a job Slurm never heard of, whose epilog will never run
+        lab.on_node(
+            node,
+            "env",
+            f"SLURM_JOB_ID={stale}",
+            "SLURM_JOB_UID=65534",
+            "SLURM_JOB_GPUS=0,1",
+            "TRAINMON_RUNNING_JOBS=",
+            "sh",
+            str(SLURM_DIR / "trainmon-prolog.sh"),
+        )
+        left = lab.on_node(node, "cat", "/run/trainmon-jobs/0").stdout.split()
+        assert left == [stale], left
+    job = lab.slurm(
+        "sbatch", "--parsable", "-N2", "--gres=gpu:1", "--uid=nobody", f"--chdir={lab.dir}",
+        f"--output={lab.dir}/out/%j.out", "--wrap", "sleep 1",
+    ).stdout.strip()  # fmt: skip
+    wait_for(
+        lambda: not lab.slurm("squeue", "--noheader", "--jobs", job, check=False).stdout.strip(),
+        timeout=120,
+        interval=0.5,
+    )
+    for node in NODES:
+        left = lab.on_node(node, "ls", "-A", "/run/trainmon-jobs").stdout.split()
+        assert left == [".lock"], (node, left, lab.log()[-3000:])
+        acl = lab.on_node(node, "getfacl", "-cn", "/run/trainmon", "/run/trainmon/trainmon.sock")
+        assert "65534" not in acl.stdout, acl.stdout
+        held = lab.on_node(node, "ls", "-A", "/run/trainmon-slurm/users").stdout.split()
+        assert held == [], held
+    print(f"job {stale} (no epilog) dropped by the prolog of job {job} on both nodes")

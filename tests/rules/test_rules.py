@@ -115,3 +115,29 @@ def test_rules_key_runs_by_cluster_namespace_and_run() -> None:
     assert not found, found
     assert fleet_key_problems("sum by (run) (x)") == ["by (run)"]  # the check can fail
     assert fleet_key_problems("x{run=%q,rank=%q}") == ["{run=%q,rank=%q}"]
+
+
+def test_the_dcgm_turnover_test_fails_a_join_that_keeps_finished_ranks(tmp_path: Path) -> None:
+    """tests/rules/dcgm_test.yml can fail: with the record built from every exported rank
+    (finished ones stay until the series TTL), its turnover case meets the many-to-many
+    error Prometheus raises for a GPU with a finished and a live rank."""
+    rules = yaml.safe_load((PROM / "trainmon.dcgm.rules.yml").read_text())
+    (rule,) = rules["groups"][0]["rules"]
+    assert "trainmon_run_up" in rule["expr"], "the record no longer keeps only live ranks"
+    rule["expr"] = (
+        "max by (cluster, namespace, run, rank, UUID) "
+        '(label_replace(trainmon_rank_info{uuid!=""}, "UUID", "$1", "uuid", "(.+)"))'
+    )
+    (tmp_path / "every_rank.rules.yml").write_text(yaml.safe_dump(rules))
+    text = (ROOT / "tests" / "rules" / "dcgm_test.yml").read_text()
+    src = "../../deploy/prometheus/trainmon.dcgm.rules.yml"
+    assert text.count(src) == 1
+    (tmp_path / "dcgm_test.yml").write_text(text.replace(src, "every_rank.rules.yml"))
+    out = subprocess.run(
+        [promtool(), "test", "rules", "dcgm_test.yml"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert out.returncode != 0 and "many-to-many" in out.stdout + out.stderr, out.stdout
