@@ -22,7 +22,7 @@ from trainmon_exporter.apply import (
     Refused,
 )
 from trainmon_exporter.ingest import INVALID_REASONS, IngestMetrics
-from trainmon_exporter.state import SERIES_PER_RANK, Store
+from trainmon_exporter.state import SERIES_PER_RANK, RankState, Store
 
 from ..helpers.exporter import HELLO, hello, pkt, step, store_of
 
@@ -68,22 +68,34 @@ def test_every_reason_a_record_can_be_refused_for_is_counted_from_zero() -> None
 
 
 def test_the_stores_refusals_are_refusals() -> None:
-    store = store_of(max_series=SERIES_PER_RANK)
-    store.max_ranks = 2
+    said: set[str | RankState] = set()
+    store = store_of(max_series=2 * SERIES_PER_RANK, max_series_per_uid=SERIES_PER_RANK)
     first = store.attach(HELLO, uid=1)
     assert not isinstance(first, str)
-    said = {
+    said |= {
         store.attach(HELLO, uid=2),  # not_owner
         store.attach(HELLO, uid=1),  # duplicate_rank
-        store.attach(HELLO | {"run": "b"}, uid=1),  # series_budget
+        store.attach(HELLO | {"run": "b"}, uid=1),  # uid_series_quota
     }
-    store.max_series = 1 << 30
-    store.attach(HELLO | {"run": "b"}, uid=1)
-    said.add(store.attach(HELLO | {"run": "c"}, uid=1))  # too_many_ranks
-    assert said == {"not_owner", "duplicate_rank", "series_budget", "too_many_ranks"}
+    assert not isinstance(store.attach(HELLO | {"run": "b"}, uid=2), str)
+    said.add(store.attach(HELLO | {"run": "c"}, uid=3))  # series_budget
+    store = store_of(max_ranks=2, max_ranks_per_uid=1)
+    assert not isinstance(store.attach(HELLO, uid=1), str)
+    said.add(store.attach(HELLO | {"run": "b"}, uid=1))  # uid_rank_quota
+    assert not isinstance(store.attach(HELLO | {"run": "b"}, uid=2), str)
+    said.add(store.attach(HELLO | {"run": "c"}, uid=3))  # too_many_ranks
+    assert said == {
+        "not_owner",
+        "duplicate_rank",
+        "uid_series_quota",
+        "series_budget",
+        "uid_rank_quota",
+        "too_many_ranks",
+    }
     for reason in said:
         assert isinstance(reason, str)
         assert Refused(reason).reason == reason
+        assert reason in FATAL
 
 
 def test_every_record_type_is_applied_and_counted() -> None:

@@ -54,6 +54,8 @@ REFUSALS: Final = (
     "not_owner",
     "peer_not_allowed",
     "series_budget",
+    "uid_rank_quota",
+    "uid_series_quota",
 )
 """Every reason a well-formed record is refused for (a :class:`Refused` with another reason
 is a bug); :meth:`Store.attach`'s refusals are among them."""
@@ -67,9 +69,13 @@ FATAL: Final = frozenset(
         "not_owner",
         "peer_not_allowed",
         "series_budget",
+        "uid_rank_quota",
+        "uid_series_quota",
     }
 )
-"""Refusals of a HELLO: the connection has no identity, so it is closed."""
+"""Refusals of a HELLO: the connection has no identity, so it is closed. Each is also counted
+by uid (:meth:`Store.count_refused_hello`, ``trainmon_ingest_hellos_refused_total``), with a
+HELLO the protocol refuses (``malformed``...) under its protocol reason."""
 MAX_NAMES_PER_CONNECTION: Final = 4096
 """Names one connection may bind (custom metrics, operations, layers): a memory bound. The
 client binds at most 1,024 custom names plus its layers and operations."""
@@ -227,9 +233,13 @@ class Applier:
                     except Refused as exc:
                         invalid[exc.reason].inc()
                         outcome = Outcome.CLOSE if exc.reason in FATAL else Outcome.SKIPPED
+                        if outcome is Outcome.CLOSE:
+                            self.store.count_refused_hello(exc.reason, link.peer_uid)
                     except P.ProtocolError as exc:
                         invalid[exc.reason].inc()
                         outcome = Outcome.CLOSE if rtype == P.HELLO else Outcome.SKIPPED
+                        if outcome is Outcome.CLOSE:
+                            self.store.count_refused_hello(exc.reason, link.peer_uid)
                     except Exception:  # a bug or a value nobody foresaw: this record only
                         invalid[INTERNAL_ERROR].inc()
                         log.exception(
@@ -320,16 +330,21 @@ class Applier:
         result = self.store.attach(hello.model_dump(), link.peer_uid, link.peer_pid)
         if isinstance(result, str):
             if result == "not_owner":
-                owner = self.store.run_state(hello.run)
                 log.warning(
                     "refused run %s rank %d from uid %s: the run belongs to uid %s",
                     hello.run,
                     hello.rank,
                     link.peer_uid,
-                    None if owner is None else owner.owner_uid,
+                    self.store.owner_of(hello.run),
                 )
             else:
-                log.warning("refused run %s rank %d: %s", hello.run, hello.rank, result)
+                log.warning(
+                    "refused run %s rank %d from uid %s: %s",
+                    hello.run,
+                    hello.rank,
+                    link.peer_uid,
+                    result,
+                )
             raise Refused(result)
         link.state = result
         # The client re-sends every NAME after HELLO; forget what an earlier connection bound.

@@ -1894,18 +1894,22 @@ EXPORTER_RANKS_EVICTED = Family(
     COUNTER,
     (
         "Disconnected (run, rank) pairs dropped before series_ttl_seconds to make room for a new "
-        "rank (max_ranks or max_series reached), by the status they ended with; finished and "
-        "failed go first, then crashed, then running (closed by the exporter)."
+        "rank (a cap or a uid's quota reached), by the status they ended with; finished and "
+        "failed go first, then crashed, then running (closed by the exporter). None is evicted "
+        "within rank_retention_seconds of disconnecting."
     ),
     ("status",),
     unit="pairs",
     collector="exporter",
     doc=(
-        "Disconnected pairs dropped before their TTL to make room for a new rank when `max_ranks` "
-        "or `max_series` is reached, by the status they ended with: `finished` and `failed` go "
-        "first, then `crashed`, then `running` (closed by the exporter: idle or shutdown); oldest "
-        "first within each. A connected rank is never evicted. The run id stays its owner's until "
-        "the TTL."
+        "Disconnected pairs dropped before their TTL to make room for a new rank when `max_ranks`, "
+        "`max_series` or the new rank's uid quota (`max_ranks_per_uid`, `max_series_per_uid`) is "
+        "reached, by the status they ended with: `finished` and `failed` go first, then "
+        "`crashed`, then `running` (closed by the exporter: idle or shutdown); oldest first "
+        "within each, the new rank's own uid's first. A connected rank is never evicted, nor a "
+        "disconnected one within `rank_retention_seconds` of disconnecting, whoever connects; "
+        "a uid at its quota evicts only its own ranks. The run id stays its owner's until the "
+        "TTL."
     ),
 )
 
@@ -1925,6 +1929,30 @@ EXPORTER_SERIES = Family(
     ),
 )
 
+
+INGEST_HELLOS_REFUSED = Family(
+    "trainmon_ingest_hellos_refused",
+    COUNTER,
+    (
+        "HELLOs refused, so trainers turned away, by reason and by the uid that sent them "
+        "(SO_PEERCRED; the first 64 uids refused get their own label value, later ones share "
+        'uid="other"). A series appears with the uid\'s first refusal.'
+    ),
+    ("reason", "uid"),
+    unit="HELLOs",
+    collector="exporter",
+    doc=(
+        "HELLOs refused, each a trainer turned away (its connection closed), by the refusal "
+        "reason of `trainmon_ingest_messages_invalid_total` (`not_owner`, `duplicate_rank`, "
+        "`uid_rank_quota`, `uid_series_quota`, `too_many_ranks`, `series_budget`, "
+        "`peer_not_allowed`, `bad_hello`, or a protocol reason such as `malformed`) and the uid "
+        "of the process that sent it (`SO_PEERCRED`; `unknown` where the kernel gave none). The "
+        "`uid` label is bounded: the first 64 uids refused since the exporter started get their "
+        "own value, later ones share `other`. A series appears with its first refusal, so "
+        "rules read it with `unless ... offset` as well as `increase()` "
+        "(`TrainmonTrainerRefused`)."
+    ),
+)
 
 # ---------- ingest: the socket server's instruments (trainmon_exporter.ingest.IngestMetrics)
 
@@ -1975,12 +2003,16 @@ INGEST_MESSAGES_INVALID = Family(
         "reserved id, bad status), `no_hello` (data before HELLO), `duplicate_hello`, `bad_hello` "
         "(wrong types, or a run id or hostname that is too long or has control characters), "
         "`invalid_name` (quotes, spaces, newlines, over 128 characters), `duplicate_rank` (that "
-        "(run, rank) is already connected), `too_many_ranks` (`max_ranks`), `name_cap` (a NAME "
+        "(run, rank) is already connected), `too_many_ranks` (`max_ranks`, and no disconnected "
+        "rank past `rank_retention_seconds`), `name_cap` (a NAME "
         "past the 4,096 names one connection may bind), `not_owner` (a HELLO from a uid other "
         "than the one that opened the run: a new rank or a reconnect, see "
         "[exporter.md](exporter.md#who-may-write)), `peer_not_allowed` (a HELLO from a process "
         "outside `allowed_uids`/`allowed_gids`), `series_budget` (a new rank while `max_series` "
-        "is spent by connected ranks), `empty` (a zero-length packet; the connection stays open), "
+        "is spent and no disconnected rank is past `rank_retention_seconds`), `uid_rank_quota` "
+        "(a new rank of a uid that holds `max_ranks_per_uid` ranks, none of its own past "
+        "retention), `uid_series_quota` (a new rank of a uid whose share `max_series_per_uid` "
+        "is spent), `empty` (a zero-length packet; the connection stays open), "
         "`internal_error` (a record whose application raised: dropped and logged, the rest of the "
         "packet applies, the rank stays connected). A connection whose HELLO is refused is "
         "closed; every record after that HELLO in its packet counts as `no_hello`."
@@ -2375,6 +2407,7 @@ EXPORTER_TABLE: tuple[Family, ...] = (
     EXPORTER_RANKS_EXPIRED,
     EXPORTER_RANKS_EVICTED,
     EXPORTER_SERIES,
+    INGEST_HELLOS_REFUSED,
     INGEST_CONNECTIONS,
     INGEST_OPEN_CONNECTIONS,
     INGEST_MAX_CONNECTIONS,
