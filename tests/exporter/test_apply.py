@@ -15,6 +15,7 @@ from trainmon_client import _protocol as P
 from trainmon_exporter.apply import (
     FATAL,
     INTERNAL_ERROR,
+    LABEL_CHARS,
     MAX_NAMES_PER_CONNECTION,
     REFUSALS,
     Applier,
@@ -218,3 +219,33 @@ def test_a_record_whose_application_raises_is_counted_and_the_rest_applies(
     assert not b.applier.packet(link, pkt(step(1), step(2), step(3)))
     assert b.invalid(INTERNAL_ERROR) == 1 and b.applied("step") == 2
     assert link.state is not None and link.state.step == 3 and link.state.connected
+
+
+@pytest.mark.parametrize(
+    ("sent", "kept"),
+    [
+        ("gpu-node-07.cluster.local", "gpu-node-07.cluster.local"),
+        ("gpu-nоde-07", "gpu-n_de-07"),  # a Cyrillic o: a homoglyph
+        ("n\u0336o\u0336d\u0336e\u0489", "node"),  # zalgo: combining marks
+        ("ｎｏｄｅ１", "node1"),  # full-width forms
+        ("café-node", "cafe-node"),
+        ("node 🔥🔥 x", "node_x"),
+    ],
+)
+def test_label_values_are_normalised_and_counted(sent: str, kept: str) -> None:
+    b = Bench()
+    link = Link(peer_pid=7, peer_uid=1000, peer_gid=1000)
+    assert not b.applier.packet(link, pkt(hello(hostname=sent, client_version=sent)))
+    assert link.state is not None
+    assert link.state.hostname == kept and link.state.client_version == kept
+    assert set(link.state.hostname) <= LABEL_CHARS
+    assert b.dropped("label_rewritten") == (0 if kept == sent else 2)
+    assert b.applied("hello") == 1
+
+
+def test_a_control_character_in_a_label_still_refuses_the_hello() -> None:
+    b = Bench()
+    link = Link(peer_uid=1000)
+    assert b.applier.packet(link, pkt(hello(hostname="node\n1")))
+    assert b.invalid("bad_hello") == 1 and link.state is None
+    assert b.store.hellos_refused == {("bad_hello", "1000"): 1}

@@ -374,6 +374,26 @@ RUN_RESTARTS = Family(
     ),
 )
 
+TRAIN_STEP_ROLLBACKS = Family(
+    "trainmon_train_step_rollbacks",
+    COUNTER,
+    (
+        "Times the rank's step number went backward within one client process (a checkpoint "
+        "reload); each is also a restart. Repeated ones keep the spike detectors starting over."
+    ),
+    RANK,
+    unit="1",
+    collector="training",
+    doc=(
+        "Times the step number went backward within one client process (a checkpoint reload, "
+        "or a loop that logs lower steps): the rollbacks among `trainmon_run_restarts_total`. "
+        "Each one starts the rank's statistics over, so a rank that steps back every few steps "
+        "keeps its loss and gradient spike detectors from ever judging; repeated rollbacks are "
+        "a finding of their own (`TrainmonRepeatedRollbacks`). Exists at 0 from the rank's "
+        "first message."
+    ),
+)
+
 TRAIN_ALLOCATOR_RETRIES = Family(
     "trainmon_train_allocator_retries",
     COUNTER,
@@ -1924,7 +1944,7 @@ EXPORTER_SERIES = Family(
     unit="series",
     collector="exporter",
     doc=(
-        "Estimated series of every rank in the exposition (107 per rank, 1 per custom metric or "
+        "Estimated series of every rank in the exposition (108 per rank, 1 per custom metric or "
         "evaluation value, 3 per operation, 15 per exported layer), held under `max_series`."
     ),
 )
@@ -2027,7 +2047,9 @@ INGEST_VALUES_DROPPED = Family(
         "id), custom_cap (over max_custom_metrics), layer_cap (over max_layers), layer_rank "
         "(layers of a rank outside layer_ranks: analysed, not exported), unknown_hello_key, "
         "operation_cap (over max_operations), series_budget (max_series spent), bad_counter (a "
-        "cumulative total that was not finite, negative or went back)."
+        "cumulative total that was not finite, negative or went back), unknown_stat (a layer "
+        "value under a stat code the protocol does not define), label_rewritten (a HELLO label "
+        "value kept with characters outside letters, digits and ._-:/+ replaced)."
     ),
     ("reason",),
     unit="values",
@@ -2041,7 +2063,12 @@ INGEST_VALUES_DROPPED = Family(
         "evaluation value, operation or layer while `max_series` is spent), `bad_counter` (a "
         "cumulative total of a STEP, tokens, samples or client overhead, that is NaN, infinite, "
         "negative, or lower than the previous one without a client restart: the total keeps its "
-        "previous value)."
+        "previous value), `unknown_stat` (a value of a LAYERS record under a stat code the "
+        "protocol does not define: never stored), `label_rewritten` (a HELLO value that becomes "
+        "a label of `trainmon_rank_info`, hostname, GPU UUID, client version or dtype, with "
+        "characters outside ASCII letters, digits and `. _ - : / +`: kept with accents and "
+        "combining marks removed and any other character replaced by `_`, see "
+        "[reliability.md](reliability.md#who-may-write))."
     ),
 )
 
@@ -2266,6 +2293,7 @@ TRAINING_TABLE: tuple[Family, ...] = (
     RUN_START_TIMESTAMP_SECONDS,
     RUN_CRASHES,
     RUN_RESTARTS,
+    TRAIN_STEP_ROLLBACKS,
     TRAIN_STEP,
     TRAIN_STEPS,
     TRAIN_LAST_STEP_TIMESTAMP_SECONDS,

@@ -34,9 +34,9 @@ NONFINITE_FIELDS = ("loss", "grad_norm", "lr", "custom")
 """``field`` label values of ``trainmon_train_nonfinite_values_total``; ``custom`` sums every
 custom metric, so each series exists at 0 from a rank's first message."""
 STATUSES = ("running", "finished", "failed", "crashed")
-SERIES_PER_RANK = 107
+SERIES_PER_RANK = 108
 """Series one rank costs in the exposition before any custom metric, operation, evaluation
-value or layer: the rank budget of docs/scaling.md#cardinality-budget (110, measured with every
+value or layer: the rank budget of docs/scaling.md#cardinality-budget (111, measured with every
 feature and one tracked operation) less that operation's 3."""
 SERIES_PER_LAYER = len(P.LAYER_STATS) + len(P.LAYER_QUANTILES)
 """Series one exported layer costs at most (each statistic and gradient quantile)."""
@@ -52,6 +52,11 @@ _RESUMED_FIELDS = tuple(k for k in P.HELLO_FIELDS if k not in ("run", "rank"))
 MAX_REFUSED_UIDS = 64
 """Distinct ``uid`` label values of ``trainmon_ingest_hellos_refused_total``; the uids
 refused after them share ``uid="other"``."""
+LAYER_STAT_CODES = frozenset(
+    (*P.LAYER_STATS.values(), *(P.QUANTILE_CODE0 + i for i in range(len(P.LAYER_QUANTILES))))
+)
+"""Stat codes a LAYERS record may carry; values under any other code are dropped
+(``unknown_stat``), never stored."""
 WATCH_OPERATION = "watch"
 """Operation name of a rank's ``Run.watch`` checks (from its LAYERS records)."""
 
@@ -120,6 +125,7 @@ class RankState:
     """Told when the connection ends (its :class:`Store` indexes the rank for eviction)."""
     connections: int = 1
     crashes: int = 0
+    rollbacks: int = 0  # steps that went backward in the same client process
     step: int | None = None
     last_step_time: float | None = None
     steps_total: int = 0
@@ -180,6 +186,8 @@ class RankState:
         tokens, samples, overhead, bad = self._checked_totals(restarted, tokens, samples, overhead)
         if bad:
             drop("bad_counter", bad)
+        if rolled_back:
+            self.rollbacks += 1
         if restarted or rolled_back:
             self.analytics.reseed()
         if restarted or (self.window and when < self.window[-1].time):
@@ -310,10 +318,16 @@ class RankState:
 
         With ``export`` false (a rank outside ``layer_ranks``) the layers feed the rank's
         analytics but are not kept for the per-layer series. Drops: ``unknown_field`` (no
-        name), ``layer_cap`` (a new layer over ``cap``), ``layer_rank`` (analysed, not kept).
+        name), ``layer_cap`` (a new layer over ``cap``), ``layer_rank`` (analysed, not kept),
+        ``unknown_stat`` (each value under a stat code outside :data:`LAYER_STAT_CODES`, in a
+        row that is otherwise applied).
         """
         k = len(codes)
-        unknown = capped = 0
+        unknown = capped = stats = 0
+        keep: list[int] | None = None  # positions of the known stat codes, when some are not
+        if not LAYER_STAT_CODES.issuperset(codes):
+            keep = [i for i, c in enumerate(codes) if c in LAYER_STAT_CODES]
+            codes = tuple(codes[i] for i in keep)
         rows: list[tuple[str, dict[int, float]]] = []
         for r, name in enumerate(names):
             if name is None:
@@ -322,7 +336,11 @@ class RankState:
             if export and name not in self.layers and len(self.layers) >= cap:
                 capped += 1
                 continue
-            row = dict(zip(codes, values[r * k : (r + 1) * k], strict=True))
+            vals = values[r * k : (r + 1) * k]
+            if keep is not None:
+                stats += k - len(keep)
+                vals = tuple(vals[i] for i in keep)
+            row = dict(zip(codes, vals, strict=True))
             if export:
                 self.layers[name] = row
             elif len(rows) >= cap:
@@ -336,6 +354,8 @@ class RankState:
             drop("layer_cap", capped)
         if not export and rows:
             drop("layer_rank", len(rows))
+        if stats:
+            drop("unknown_stat", stats)
 
     def observe_checkpoint(self, record: P.Checkpoint) -> None:
         """Apply a CHECKPOINT record."""
