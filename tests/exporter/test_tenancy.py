@@ -16,21 +16,24 @@ from trainmon_exporter.state import EVICTION_ORDER, MAX_REFUSED_UIDS, SERIES_PER
 
 from ..conftest import InProcessExporter, sample, wait_for
 from ..helpers.exporter import HELLO, store_of
-from .test_trust import (
+from ..helpers.uids import (
     ATTACKER,
     ATTACKER_GID,
     OWNER,
     OWNER_GID,
     User,
-    _crash,
-    _start_victim,
-    invalid,
+    crash,
     needs_root,
     run_as,
     shared_exporter,
+    start_victim,
 )
 
 REFUSED = "trainmon_ingest_hellos_refused_total"
+
+
+def invalid(ex: InProcessExporter, reason: str) -> float:
+    return sample(ex.metrics(), "trainmon_ingest_messages_invalid_total", reason=reason) or 0.0
 
 
 def _h(run: str, rank: int = 0) -> dict[str, Any]:
@@ -190,6 +193,7 @@ def test_admission_indexes_stay_consistent() -> None:
         elif op < 0.95:
             for s in list(store.ranks.values()):
                 if not s.connected:  # time passes: every rank that left, left 3 s earlier
+                    assert s.left_mono is not None and s.disconnected_mono is not None
                     s.left_mono -= 3
                     s.disconnected_mono -= 3
         else:
@@ -276,7 +280,7 @@ def test_another_uids_churn_neither_erases_nor_takes_over_a_crash(
     exported (retention), the attacker is refused at its own quota, counted by its uid, and
     the victim's restarted trainer resumes its run."""
     ex = shared_exporter(make_exporter, socket_mode="0666", max_ranks=8, max_ranks_per_uid=4)
-    _crash(ex, _start_victim(ex))
+    crash(ex, start_victim(ex))
     out = run_as(ex.socket, ATTACKER, ATTACKER_GID, CHURN.replace("COUNT", "300"))
     assert out.strip() == "done"
     wait_for(lambda: _refused(ex, "uid_rank_quota", ATTACKER) == 300 - 4, timeout=30)

@@ -873,6 +873,7 @@ class Store:
     def expire(self, now_mono: float | None = None) -> int:
         """Drop ranks disconnected for longer than the TTL. Returns how many were dropped.
 
+        A rank the exporter closed (idle, or at shutdown) counts from when it closed it.
         O(ranks dropped): the eviction queues hold disconnected ranks oldest first.
         """
         now_mono = time.monotonic() if now_mono is None else now_mono
@@ -881,8 +882,9 @@ class Store:
             for q in self._gone.values():
                 while q:
                     s = next(iter(q.values()))
-                    if s.disconnected_mono is None or now_mono - s.disconnected_mono < self.ttl_s:
-                        break  # the oldest of this status is not due (or left at shutdown)
+                    left = s.left_mono if s.left_mono is not None else now_mono
+                    if now_mono - left < self.ttl_s:
+                        break  # the oldest of this status is not due yet
                     self._remove(s, remember=False)
                     n += 1
             self.expired_total += n
