@@ -338,7 +338,6 @@ class RankState:
                 continue
             vals = values[r * k : (r + 1) * k]
             if keep is not None:
-                stats += k - len(keep)
                 vals = tuple(vals[i] for i in keep)
             row = dict(zip(codes, vals, strict=True))
             if export:
@@ -346,6 +345,8 @@ class RankState:
             elif len(rows) >= cap:
                 capped += 1
                 continue
+            if keep is not None:
+                stats += k - len(keep)  # of a row applied (a refused row counts once, above)
             rows.append((name, row))
         self.analytics.observe_layers(rows)
         if unknown:
