@@ -15,6 +15,7 @@ from trainmon_client import _protocol as P
 from trainmon_exporter.apply import (
     FATAL,
     INTERNAL_ERROR,
+    LABEL_CHARS,
     MAX_NAMES_PER_CONNECTION,
     REFUSALS,
     Applier,
@@ -22,7 +23,7 @@ from trainmon_exporter.apply import (
     Refused,
 )
 from trainmon_exporter.ingest import INVALID_REASONS, IngestMetrics
-from trainmon_exporter.state import SERIES_PER_RANK, Store
+from trainmon_exporter.state import SERIES_PER_RANK, RankState, Store
 
 from ..helpers.exporter import HELLO, hello, pkt, step, store_of
 
@@ -68,22 +69,34 @@ def test_every_reason_a_record_can_be_refused_for_is_counted_from_zero() -> None
 
 
 def test_the_stores_refusals_are_refusals() -> None:
-    store = store_of(max_series=SERIES_PER_RANK)
-    store.max_ranks = 2
+    said: set[str | RankState] = set()
+    store = store_of(max_series=2 * SERIES_PER_RANK, max_series_per_uid=SERIES_PER_RANK)
     first = store.attach(HELLO, uid=1)
     assert not isinstance(first, str)
-    said = {
+    said |= {
         store.attach(HELLO, uid=2),  # not_owner
         store.attach(HELLO, uid=1),  # duplicate_rank
-        store.attach(HELLO | {"run": "b"}, uid=1),  # series_budget
+        store.attach(HELLO | {"run": "b"}, uid=1),  # uid_series_quota
     }
-    store.max_series = 1 << 30
-    store.attach(HELLO | {"run": "b"}, uid=1)
-    said.add(store.attach(HELLO | {"run": "c"}, uid=1))  # too_many_ranks
-    assert said == {"not_owner", "duplicate_rank", "series_budget", "too_many_ranks"}
+    assert not isinstance(store.attach(HELLO | {"run": "b"}, uid=2), str)
+    said.add(store.attach(HELLO | {"run": "c"}, uid=3))  # series_budget
+    store = store_of(max_ranks=2, max_ranks_per_uid=1)
+    assert not isinstance(store.attach(HELLO, uid=1), str)
+    said.add(store.attach(HELLO | {"run": "b"}, uid=1))  # uid_rank_quota
+    assert not isinstance(store.attach(HELLO | {"run": "b"}, uid=2), str)
+    said.add(store.attach(HELLO | {"run": "c"}, uid=3))  # too_many_ranks
+    assert said == {
+        "not_owner",
+        "duplicate_rank",
+        "uid_series_quota",
+        "series_budget",
+        "uid_rank_quota",
+        "too_many_ranks",
+    }
     for reason in said:
         assert isinstance(reason, str)
         assert Refused(reason).reason == reason
+        assert reason in FATAL
 
 
 def test_every_record_type_is_applied_and_counted() -> None:
@@ -206,3 +219,33 @@ def test_a_record_whose_application_raises_is_counted_and_the_rest_applies(
     assert not b.applier.packet(link, pkt(step(1), step(2), step(3)))
     assert b.invalid(INTERNAL_ERROR) == 1 and b.applied("step") == 2
     assert link.state is not None and link.state.step == 3 and link.state.connected
+
+
+@pytest.mark.parametrize(
+    ("sent", "kept"),
+    [
+        ("gpu-node-07.cluster.local", "gpu-node-07.cluster.local"),
+        ("gpu-nоde-07", "gpu-n_de-07"),  # a Cyrillic o: a homoglyph
+        ("n\u0336o\u0336d\u0336e\u0489", "node"),  # zalgo: combining marks
+        ("ｎｏｄｅ１", "node1"),  # full-width forms
+        ("café-node", "cafe-node"),
+        ("node 🔥🔥 x", "node_x"),
+    ],
+)
+def test_label_values_are_normalised_and_counted(sent: str, kept: str) -> None:
+    b = Bench()
+    link = Link(peer_pid=7, peer_uid=1000, peer_gid=1000)
+    assert not b.applier.packet(link, pkt(hello(hostname=sent, client_version=sent)))
+    assert link.state is not None
+    assert link.state.hostname == kept and link.state.client_version == kept
+    assert set(link.state.hostname) <= LABEL_CHARS
+    assert b.dropped("label_rewritten") == (0 if kept == sent else 2)
+    assert b.applied("hello") == 1
+
+
+def test_a_control_character_in_a_label_still_refuses_the_hello() -> None:
+    b = Bench()
+    link = Link(peer_uid=1000)
+    assert b.applier.packet(link, pkt(hello(hostname="node\n1")))
+    assert b.invalid("bad_hello") == 1 and link.state is None
+    assert b.store.hellos_refused == {("bad_hello", "1000"): 1}

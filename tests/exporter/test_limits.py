@@ -368,7 +368,14 @@ def test_concurrent_and_unread_scrapes_are_bounded_and_ingest_keeps_applying(
     exporter_process: Callable[..., ExporterProcess],
 ) -> None:
     ex = exporter_process(
-        "--http-max-concurrent-scrapes", "2", "--http-write-timeout-seconds", "1"
+        "--http-max-concurrent-scrapes",
+        "2",
+        "--http-write-timeout-seconds",
+        "1",
+        "--max-series-per-uid",  # one uid (this test's) fills the exposition
+        "50000",
+        "--max-ranks-per-uid",
+        "256",
     ).start()
     socks = _fill(ex.socket, 64, 250)
     lazy: list[socket.socket] = []
@@ -482,7 +489,7 @@ def test_the_series_budget_bounds_the_whole_exposition(
 def test_finished_then_crashed_ranks_make_room_for_live_ones(
     make_exporter: Callable[..., InProcessExporter],
 ) -> None:
-    ex = make_exporter(max_ranks=2)
+    ex = make_exporter(max_ranks=2, rank_retention_seconds=0)
     done = raw_connect(ex.socket)
     done.send(pkt(hello(run="done"), step(1), P.encode_finish(P.FINISH_OK, 2.0)))
     crashed = raw_connect(ex.socket)

@@ -218,3 +218,32 @@ def test_how_a_connection_ends() -> None:
     ]
     assert [s.crashes for s in (crashed, finished, idle, shutdown)] == [1, 0, 0, 0]
     assert idle.disconnected_mono is not None and shutdown.disconnected_mono is None
+
+
+def test_a_step_that_goes_back_is_a_rollback_and_a_restart() -> None:
+    """A rank that steps back every 10 steps: each time counted, as a rollback and a restart;
+    a new process resuming the rank (its totals start over) is a restart only."""
+    store = store_of()
+    s = attached(store)
+    n = 0
+    for cycle in range(5):
+        for i in range(10):
+            n += 1
+            s.observe_step(step(100 + i, steps_total=n, tokens_total=10.0 * n), {}, 30.0)
+        assert s.rollbacks == cycle and s.analytics.restarts == cycle
+    s.observe_step(step(200, steps_total=1), {}, 30.0)  # a new process: its totals start over
+    assert s.rollbacks == 4 and s.analytics.restarts == 5
+
+
+def test_values_under_an_unknown_stat_code_are_dropped_not_stored() -> None:
+    store = store_of()
+    s = attached(store)
+    drops = Drops()
+    codes = (P.STAT_GRAD_NORM, 200, P.QUANTILE_CODE0 + 6, 9)
+    record = P.Layers(
+        P.LayersHeader(10, 110.0, 1, 0.1), codes, (64, 65, 99), (1.0, 7.0, 3.0, 8.0) * 3
+    )
+    store.observe_layers(s, record, {64: "l0", 65: "l1"}, drops)
+    row = {P.STAT_GRAD_NORM: 1.0, P.QUANTILE_CODE0 + 6: 3.0}
+    assert s.layers == {"l0": row, "l1": row}
+    assert drops == {"unknown_stat": 4, "unknown_field": 1}  # 2 codes x 2 named rows

@@ -75,6 +75,7 @@ def test_a_checkpoint_rollback_is_a_restart_not_a_spike_or_a_divergence(
         run.log(i, loss=loss_at(i, rng), tokens=1000)
     wait_for(lambda: (r := exporter.rank("rollback", 0)) and r["step"] == 399)
     assert rank_metric(exporter, "trainmon_run_restarts_total", "rollback") == 1
+    assert rank_metric(exporter, "trainmon_train_step_rollbacks_total", "rollback") == 1
     assert spikes(exporter, "rollback") == 0
     slope = rank_metric(exporter, "trainmon_train_loss_ema_slope", "rollback")
     assert slope is not None and slope < 0, slope
@@ -110,6 +111,7 @@ def test_a_new_process_resuming_a_rank_is_a_restart(exporter: InProcessExporter)
     wait_for(lambda: (r := exporter.rank("resume", 0)) and r["up"] and r["step"] == 199)
     m = exporter.metrics()
     assert sample(m, "trainmon_run_restarts_total", run="resume", rank="0") == 1
+    assert sample(m, "trainmon_train_step_rollbacks_total", run="resume", rank="0") == 0
     assert sample(m, "trainmon_run_crashes_total", run="resume", rank="0") == 1
     assert spikes(exporter, "resume") == 0
     second.close()

@@ -9,78 +9,30 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-import subprocess
-import sys
-import textwrap
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 import trainmon_client
 
-from ..conftest import InProcessExporter, child_env, connect, sample, short_tmpdir, wait_for
+from ..conftest import InProcessExporter, connect, sample, short_tmpdir, wait_for
 from ..helpers.exporter import HELLO, store_of
-
-OWNER, OWNER_GID = 43002, 43002
-ATTACKER, ATTACKER_GID = 43001, 43001
-TRAINERS = 43100  # the shared group of the socket
-NONFINITE = "trainmon_train_nonfinite_values_total"
-
-needs_root = pytest.mark.skipif(
-    os.geteuid() != 0, reason="needs root to run clients as other uids (setuid)"
+from ..helpers.uids import (
+    ATTACKER,
+    ATTACKER_GID,
+    OWNER,
+    OWNER_GID,
+    TRAINERS,
+    User,
+    crash,
+    needs_root,
+    run_as,
+    shared_exporter,
+    start_victim,
 )
 
-PRELUDE = """
-import os, sys, time
-import trainmon_client
-from trainmon_client import _protocol as P
-os.setgroups({groups!r}); os.setgid({gid}); os.setuid({uid})
-SOCK = {sock!r}
-def init(run, rank=0, world_size=1):
-    return trainmon_client.init(run=run, rank=rank, world_size=world_size, local_rank=rank,
-                                socket_path=SOCK, flush_interval=0.0)
-"""
-
-
-class User:
-    """A client process running as another uid; reads commands from stdin via ``input()``."""
-
-    def __init__(
-        self, sock: str, uid: int, gid: int, code: str, groups: tuple[int, ...] = ()
-    ) -> None:
-        src = PRELUDE.format(groups=list(groups), gid=gid, uid=uid, sock=sock)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", src + textwrap.dedent(code)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=child_env(),
-        )
-
-    def say(self, line: str = "") -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-
-    def wait(self, timeout: float = 30) -> tuple[int, str, str]:
-        out, err = self.proc.communicate(timeout=timeout)
-        return self.proc.returncode, out, err
-
-
-def run_as(sock: str, uid: int, gid: int, code: str, groups: tuple[int, ...] = ()) -> str:
-    rc, out, err = User(sock, uid, gid, code, groups).wait()
-    assert rc == 0, err
-    return out
-
-
-def shared_exporter(make: Callable[..., InProcessExporter], **settings: Any) -> InProcessExporter:
-    """An exporter whose socket other uids can reach (directory 0755)."""
-    ex = make(**settings)
-    os.chmod(Path(ex.socket).parent, 0o755)
-    return ex
+NONFINITE = "trainmon_train_nonfinite_values_total"
 
 
 def invalid(ex: InProcessExporter, reason: str) -> float:
@@ -90,16 +42,6 @@ def invalid(ex: InProcessExporter, reason: str) -> float:
 def run_view(ex: InProcessExporter, run: str) -> dict[str, Any] | None:
     return next((r for r in ex.runs()["runs"] if r["run"] == run), None)
 
-
-# A trainer that logs three steps, then on its stdin: "crash" exits without finishing.
-VICTIM = """
-r = init("victim")
-for i in range(1, 4):
-    r.log(i, loss=2.0, tokens=100)
-print("logged", flush=True)
-input()
-os._exit(0)
-"""
 
 # Another uid taking over the crashed run, marking it finished with a fake loss.
 TAKEOVER = """
@@ -126,20 +68,6 @@ input()
 """
 
 
-def _start_victim(ex: InProcessExporter, groups: tuple[int, ...] = ()) -> User:
-    victim = User(ex.socket, OWNER, OWNER_GID, VICTIM, groups)
-    assert victim.proc.stdout is not None
-    assert victim.proc.stdout.readline().strip() == "logged"
-    wait_for(lambda: (k := ex.rank("victim", 0)) and k["step"] == 3)
-    return victim
-
-
-def _crash(ex: InProcessExporter, victim: User) -> None:
-    victim.say()  # the victim exits without finishing
-    victim.wait()
-    wait_for(lambda: ex.rank("victim", 0)["status"] == "crashed")  # type: ignore[index]
-
-
 @needs_root
 def test_the_default_socket_keeps_other_users_out(
     make_exporter: Callable[..., InProcessExporter],
@@ -149,13 +77,13 @@ def test_the_default_socket_keeps_other_users_out(
     ex = shared_exporter(make_exporter, socket_group=str(TRAINERS))
     st = os.stat(ex.socket)
     assert stat.S_IMODE(st.st_mode) == 0o660 and st.st_gid == TRAINERS
-    victim = _start_victim(ex, groups=(TRAINERS,))
+    victim = start_victim(ex, groups=(TRAINERS,))
     try:
         out = run_as(ex.socket, ATTACKER, ATTACKER_GID, SQUAT.replace("input()", ""))
         assert out.strip() == "refused"  # EACCES at connect: the kernel said no
         run_as(ex.socket, ATTACKER, ATTACKER_GID, NANS)
     finally:
-        _crash(ex, victim)
+        crash(ex, victim)
     run_as(ex.socket, ATTACKER, ATTACKER_GID, TAKEOVER)
     m = ex.metrics()
     assert sample(m, "trainmon_ingest_connections_total") == 1  # the victim's only
@@ -171,7 +99,7 @@ def test_another_uid_cannot_take_over_a_crashed_run(
 ) -> None:
     """The first attack, with the socket open to everyone (0666): refused as not_owner."""
     ex = shared_exporter(make_exporter, socket_mode="0666")
-    _crash(ex, _start_victim(ex))
+    crash(ex, start_victim(ex))
     run_as(ex.socket, ATTACKER, ATTACKER_GID, TAKEOVER)
     wait_for(lambda: invalid(ex, "not_owner") >= 1)
     r = ex.rank("victim", 0)
@@ -190,7 +118,7 @@ def test_another_uid_cannot_send_nans_into_a_live_run(
 ) -> None:
     """The third attack: NaNs as a new rank of someone's run (and as its rank 0)."""
     ex = shared_exporter(make_exporter, socket_mode="0666")
-    victim = _start_victim(ex)
+    victim = start_victim(ex)
     try:
         run_as(ex.socket, ATTACKER, ATTACKER_GID, NANS)
         run_as(ex.socket, ATTACKER, ATTACKER_GID, NANS.replace("rank=1", "rank=0"))

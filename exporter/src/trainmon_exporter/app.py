@@ -90,6 +90,9 @@ def build_exporter(
         ttl_s=settings.series_ttl_seconds,
         max_series=settings.max_series,
         max_operations=settings.max_operations,
+        max_ranks_per_uid=settings.max_ranks_per_uid,
+        max_series_per_uid=settings.max_series_per_uid,
+        retention_s=settings.rank_retention_seconds,
     )
     registry = CollectorRegistry(auto_describe=False)
     metrics = IngestMetrics(registry)

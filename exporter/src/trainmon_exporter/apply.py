@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import enum
 import logging
+import string
+import unicodedata
 from typing import Final
 
 from prometheus_client import Counter
@@ -32,6 +34,7 @@ from trainmon_exporter.state import RankState, Store
 __all__ = [
     "FATAL",
     "INTERNAL_ERROR",
+    "LABEL_CHARS",
     "MAX_NAMES_PER_CONNECTION",
     "REFUSALS",
     "Applier",
@@ -54,6 +57,8 @@ REFUSALS: Final = (
     "not_owner",
     "peer_not_allowed",
     "series_budget",
+    "uid_rank_quota",
+    "uid_series_quota",
 )
 """Every reason a well-formed record is refused for (a :class:`Refused` with another reason
 is a bug); :meth:`Store.attach`'s refusals are among them."""
@@ -67,9 +72,13 @@ FATAL: Final = frozenset(
         "not_owner",
         "peer_not_allowed",
         "series_budget",
+        "uid_rank_quota",
+        "uid_series_quota",
     }
 )
-"""Refusals of a HELLO: the connection has no identity, so it is closed."""
+"""Refusals of a HELLO: the connection has no identity, so it is closed. Each is also counted
+by uid (:meth:`Store.count_refused_hello`, ``trainmon_ingest_hellos_refused_total``), with a
+HELLO the protocol refuses (``malformed``...) under its protocol reason."""
 MAX_NAMES_PER_CONNECTION: Final = 4096
 """Names one connection may bind (custom metrics, operations, layers): a memory bound. The
 client binds at most 1,024 custom names plus its layers and operations."""
@@ -100,10 +109,42 @@ class Outcome(enum.Enum):
     """Refused, and the connection must close (a HELLO that cannot be accepted)."""
 
 
+LABEL_CHARS: Final = frozenset(string.ascii_letters + string.digits + "._-:/+")
+"""Characters a HELLO value that becomes a label value keeps (hostname, GPU UUID, client
+version, dtype): ASCII letters and digits, and ``. _ - : / +`` (host names of RFC 1123, NVML
+UUIDs and MIG paths, PEP 440 versions). No label of trainmon takes free text."""
+LABEL_FIELDS: Final = ("hostname", "gpu_uuid", "client_version", "dtype")
+"""HELLO fields exported as labels of ``trainmon_rank_info``."""
+
+
+def label_value(value: str, limit: int) -> str:
+    """``value`` with only :data:`LABEL_CHARS`, at most ``limit`` characters.
+
+    Compatibility forms are decomposed (NFKD: a full-width ``Ｈ`` is ``H``, ``é`` is ``e`` and an
+    accent) and combining marks dropped (accents, "zalgo" stacks); any other character
+    (letters of other scripts, homoglyphs, emoji, spaces) becomes ``_``, a run of them one ``_``.
+    """
+    if LABEL_CHARS.issuperset(value):
+        return value
+    out: list[str] = []
+    for ch in unicodedata.normalize("NFKD", value):
+        if ch in LABEL_CHARS:
+            out.append(ch)
+        elif unicodedata.category(ch).startswith("M"):
+            continue
+        elif not out or out[-1] != "_":
+            out.append("_")
+    return "".join(out)[:limit]
+
+
 def _printable(value: str, limit: int) -> str:
     if len(value) > limit or not value.isprintable():
         raise ValueError(f"must be at most {limit} printable characters")
     return value
+
+
+def _label(value: str, limit: int) -> str:
+    return label_value(_printable(value, limit), limit)
 
 
 class HelloMessage(BaseModel):
@@ -126,7 +167,7 @@ class HelloMessage(BaseModel):
     @field_validator("dtype")
     @classmethod
     def _dtype(cls, v: str) -> str:
-        return _printable(v, 16).lower()
+        return _label(v, 16).lower()
 
     @field_validator("run")
     @classmethod
@@ -138,17 +179,17 @@ class HelloMessage(BaseModel):
     @field_validator("hostname")
     @classmethod
     def _hostname(cls, v: str) -> str:
-        return _printable(v, 253)
+        return _label(v, 253)
 
     @field_validator("client_version")
     @classmethod
     def _version(cls, v: str) -> str:
-        return _printable(v, 64)
+        return _label(v, 64)
 
     @field_validator("gpu_uuid")
     @classmethod
     def _uuid(cls, v: str | None) -> str | None:
-        return None if v is None else _printable(v, 96)
+        return None if v is None else _label(v, 96)
 
 
 class Link:
@@ -227,9 +268,13 @@ class Applier:
                     except Refused as exc:
                         invalid[exc.reason].inc()
                         outcome = Outcome.CLOSE if exc.reason in FATAL else Outcome.SKIPPED
+                        if outcome is Outcome.CLOSE:
+                            self.store.count_refused_hello(exc.reason, link.peer_uid)
                     except P.ProtocolError as exc:
                         invalid[exc.reason].inc()
                         outcome = Outcome.CLOSE if rtype == P.HELLO else Outcome.SKIPPED
+                        if outcome is Outcome.CLOSE:
+                            self.store.count_refused_hello(exc.reason, link.peer_uid)
                     except Exception:  # a bug or a value nobody foresaw: this record only
                         invalid[INTERNAL_ERROR].inc()
                         log.exception(
@@ -317,19 +362,39 @@ class Applier:
         extra = sum(1 for k in raw if k not in HelloMessage.model_fields)
         if extra:
             self.drop("unknown_hello_key", extra)
+        rewritten = sum(
+            1
+            for k in LABEL_FIELDS
+            if isinstance(v := raw.get(k), str) and v.lower() != str(getattr(hello, k)).lower()
+        )
+        if rewritten:
+            log.warning(
+                "run %s rank %d from uid %s: %d label value(s) with characters outside "
+                "letters, digits and . _ - : / + were rewritten",
+                hello.run,
+                hello.rank,
+                link.peer_uid,
+                rewritten,
+            )
+            self.drop("label_rewritten", rewritten)
         result = self.store.attach(hello.model_dump(), link.peer_uid, link.peer_pid)
         if isinstance(result, str):
             if result == "not_owner":
-                owner = self.store.run_state(hello.run)
                 log.warning(
                     "refused run %s rank %d from uid %s: the run belongs to uid %s",
                     hello.run,
                     hello.rank,
                     link.peer_uid,
-                    None if owner is None else owner.owner_uid,
+                    self.store.owner_of(hello.run),
                 )
             else:
-                log.warning("refused run %s rank %d: %s", hello.run, hello.rank, result)
+                log.warning(
+                    "refused run %s rank %d from uid %s: %s",
+                    hello.run,
+                    hello.rank,
+                    link.peer_uid,
+                    result,
+                )
             raise Refused(result)
         link.state = result
         # The client re-sends every NAME after HELLO; forget what an earlier connection bound.

@@ -374,6 +374,26 @@ RUN_RESTARTS = Family(
     ),
 )
 
+TRAIN_STEP_ROLLBACKS = Family(
+    "trainmon_train_step_rollbacks",
+    COUNTER,
+    (
+        "Times the rank's step number went backward within one client process (a checkpoint "
+        "reload); each is also a restart. Repeated ones keep the spike detectors starting over."
+    ),
+    RANK,
+    unit="1",
+    collector="training",
+    doc=(
+        "Times the step number went backward within one client process (a checkpoint reload, "
+        "or a loop that logs lower steps): the rollbacks among `trainmon_run_restarts_total`. "
+        "Each one starts the rank's statistics over, so a rank that steps back every few steps "
+        "keeps its loss and gradient spike detectors from ever judging; repeated rollbacks are "
+        "a finding of their own (`TrainmonRepeatedRollbacks`). Exists at 0 from the rank's "
+        "first message."
+    ),
+)
+
 TRAIN_ALLOCATOR_RETRIES = Family(
     "trainmon_train_allocator_retries",
     COUNTER,
@@ -1897,18 +1917,22 @@ EXPORTER_RANKS_EVICTED = Family(
     COUNTER,
     (
         "Disconnected (run, rank) pairs dropped before series_ttl_seconds to make room for a new "
-        "rank (max_ranks or max_series reached), by the status they ended with; finished and "
-        "failed go first, then crashed, then running (closed by the exporter)."
+        "rank (a cap or a uid's quota reached), by the status they ended with; finished and "
+        "failed go first, then crashed, then running (closed by the exporter). None is evicted "
+        "within rank_retention_seconds of disconnecting."
     ),
     ("status",),
     unit="pairs",
     collector="exporter",
     doc=(
-        "Disconnected pairs dropped before their TTL to make room for a new rank when `max_ranks` "
-        "or `max_series` is reached, by the status they ended with: `finished` and `failed` go "
-        "first, then `crashed`, then `running` (closed by the exporter: idle or shutdown); oldest "
-        "first within each. A connected rank is never evicted. The run id stays its owner's until "
-        "the TTL."
+        "Disconnected pairs dropped before their TTL to make room for a new rank when `max_ranks`, "
+        "`max_series` or the new rank's uid quota (`max_ranks_per_uid`, `max_series_per_uid`) is "
+        "reached, by the status they ended with: `finished` and `failed` go first, then "
+        "`crashed`, then `running` (closed by the exporter: idle or shutdown); oldest first "
+        "within each, the new rank's own uid's first. A connected rank is never evicted, nor a "
+        "disconnected one within `rank_retention_seconds` of disconnecting, whoever connects; "
+        "a uid at its quota evicts only its own ranks. The run id stays its owner's until the "
+        "TTL."
     ),
 )
 
@@ -1923,11 +1947,35 @@ EXPORTER_SERIES = Family(
     unit="series",
     collector="exporter",
     doc=(
-        "Estimated series of every rank in the exposition (107 per rank, 1 per custom metric or "
+        "Estimated series of every rank in the exposition (108 per rank, 1 per custom metric or "
         "evaluation value, 3 per operation, 15 per exported layer), held under `max_series`."
     ),
 )
 
+
+INGEST_HELLOS_REFUSED = Family(
+    "trainmon_ingest_hellos_refused",
+    COUNTER,
+    (
+        "HELLOs refused, so trainers turned away, by reason and by the uid that sent them "
+        "(SO_PEERCRED; the first 64 uids refused get their own label value, later ones share "
+        'uid="other"). A series appears with the uid\'s first refusal.'
+    ),
+    ("reason", "uid"),
+    unit="HELLOs",
+    collector="exporter",
+    doc=(
+        "HELLOs refused, each a trainer turned away (its connection closed), by the refusal "
+        "reason of `trainmon_ingest_messages_invalid_total` (`not_owner`, `duplicate_rank`, "
+        "`uid_rank_quota`, `uid_series_quota`, `too_many_ranks`, `series_budget`, "
+        "`peer_not_allowed`, `bad_hello`, or a protocol reason such as `malformed`) and the uid "
+        "of the process that sent it (`SO_PEERCRED`; `unknown` where the kernel gave none). The "
+        "`uid` label is bounded: the first 64 uids refused since the exporter started get their "
+        "own value, later ones share `other`. A series appears with its first refusal, so "
+        "rules read it with `unless ... offset` as well as `increase()` "
+        "(`TrainmonTrainerRefused`)."
+    ),
+)
 
 # ---------- ingest: the socket server's instruments (trainmon_exporter.ingest.IngestMetrics)
 
@@ -1978,12 +2026,16 @@ INGEST_MESSAGES_INVALID = Family(
         "reserved id, bad status), `no_hello` (data before HELLO), `duplicate_hello`, `bad_hello` "
         "(wrong types, or a run id or hostname that is too long or has control characters), "
         "`invalid_name` (quotes, spaces, newlines, over 128 characters), `duplicate_rank` (that "
-        "(run, rank) is already connected), `too_many_ranks` (`max_ranks`), `name_cap` (a NAME "
+        "(run, rank) is already connected), `too_many_ranks` (`max_ranks`, and no disconnected "
+        "rank past `rank_retention_seconds`), `name_cap` (a NAME "
         "past the 4,096 names one connection may bind), `not_owner` (a HELLO from a uid other "
         "than the one that opened the run: a new rank or a reconnect, see "
         "[exporter.md](exporter.md#who-may-write)), `peer_not_allowed` (a HELLO from a process "
         "outside `allowed_uids`/`allowed_gids`), `series_budget` (a new rank while `max_series` "
-        "is spent by connected ranks), `empty` (a zero-length packet; the connection stays open), "
+        "is spent and no disconnected rank is past `rank_retention_seconds`), `uid_rank_quota` "
+        "(a new rank of a uid that holds `max_ranks_per_uid` ranks, none of its own past "
+        "retention), `uid_series_quota` (a new rank of a uid whose share `max_series_per_uid` "
+        "is spent), `empty` (a zero-length packet; the connection stays open), "
         "`internal_error` (a record whose application raised: dropped and logged, the rest of the "
         "packet applies, the rank stays connected). A connection whose HELLO is refused is "
         "closed; every record after that HELLO in its packet counts as `no_hello`."
@@ -1998,7 +2050,9 @@ INGEST_VALUES_DROPPED = Family(
         "id), custom_cap (over max_custom_metrics), layer_cap (over max_layers), layer_rank "
         "(layers of a rank outside layer_ranks: analysed, not exported), unknown_hello_key, "
         "operation_cap (over max_operations), series_budget (max_series spent), bad_counter (a "
-        "cumulative total that was not finite, negative or went back)."
+        "cumulative total that was not finite, negative or went back), unknown_stat (a layer "
+        "value under a stat code the protocol does not define), label_rewritten (a HELLO label "
+        "value kept with characters outside letters, digits and ._-:/+ replaced)."
     ),
     ("reason",),
     unit="values",
@@ -2012,7 +2066,12 @@ INGEST_VALUES_DROPPED = Family(
         "evaluation value, operation or layer while `max_series` is spent), `bad_counter` (a "
         "cumulative total of a STEP, tokens, samples or client overhead, that is NaN, infinite, "
         "negative, or lower than the previous one without a client restart: the total keeps its "
-        "previous value)."
+        "previous value), `unknown_stat` (a value of a LAYERS record under a stat code the "
+        "protocol does not define: never stored), `label_rewritten` (a HELLO value that becomes "
+        "a label of `trainmon_rank_info`, hostname, GPU UUID, client version or dtype, with "
+        "characters outside ASCII letters, digits and `. _ - : / +`: kept with accents and "
+        "combining marks removed and any other character replaced by `_`, see "
+        "[reliability.md](reliability.md#who-may-write))."
     ),
 )
 
@@ -2258,6 +2317,7 @@ TRAINING_TABLE: tuple[Family, ...] = (
     RUN_START_TIMESTAMP_SECONDS,
     RUN_CRASHES,
     RUN_RESTARTS,
+    TRAIN_STEP_ROLLBACKS,
     TRAIN_STEP,
     TRAIN_STEPS,
     TRAIN_LAST_STEP_TIMESTAMP_SECONDS,
@@ -2399,6 +2459,7 @@ EXPORTER_TABLE: tuple[Family, ...] = (
     EXPORTER_RANKS_EXPIRED,
     EXPORTER_RANKS_EVICTED,
     EXPORTER_SERIES,
+    INGEST_HELLOS_REFUSED,
     INGEST_CONNECTIONS,
     INGEST_OPEN_CONNECTIONS,
     INGEST_MAX_CONNECTIONS,

@@ -96,8 +96,13 @@ DROP_REASONS = (
     "operation_cap",
     "series_budget",
     "bad_counter",
+    "unknown_stat",
+    "label_rewritten",
 )
-"""``reason`` values of ``trainmon_ingest_values_dropped_total``; ``layer_rank`` counts layers
+"""``reason`` values of ``trainmon_ingest_values_dropped_total``; ``unknown_stat`` a LAYERS
+value under a stat code the protocol does not define; ``label_rewritten`` a HELLO value that
+becomes a label (hostname, GPU UUID, client version, dtype) with characters outside
+:data:`~trainmon_exporter.apply.LABEL_CHARS`, kept with them replaced; ``layer_rank`` counts layers
 of a rank outside ``layer_ranks``, analysed but not exported as series; ``operation_cap``
 operations (``Run.track``) past ``max_operations`` per rank; ``series_budget`` values under a
 new name (custom metric, evaluation value, operation, layer) refused because the exposition's

@@ -294,8 +294,29 @@ class Settings(BaseSettings):
     rate_window_seconds: float = Field(
         30.0, gt=0, description="Window for tokens/s, samples/s and client overhead ratio (s)."
     )
+    rank_retention_seconds: float = Field(
+        60.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="A disconnected (crashed, failed or finished) rank stays exported at least "
+        "this long (s), whoever connects: no new rank evicts it sooner, so its crash alert can "
+        "fire. Two scrape intervals of 15 s and a margin; at most series_ttl_seconds.",
+    )
     max_ranks: int = Field(
-        1024, ge=1, description="Most (run, rank) pairs tracked at once; more are refused."
+        256,
+        ge=1,
+        description="Most (run, rank) pairs tracked at once. A new one evicts a disconnected "
+        "pair past rank_retention_seconds (its own uid's first), else it is refused "
+        "(too_many_ranks). 256 x 108 series per rank fits max_series with room for custom "
+        "metrics and layers.",
+    )
+    max_ranks_per_uid: int = Field(
+        64,
+        ge=1,
+        description="Most (run, rank) pairs one uid (SO_PEERCRED) holds, connected or not: at "
+        "its quota a uid's new rank evicts only its own pairs past rank_retention_seconds, "
+        "else it is refused (uid_rank_quota); other uids are not. A quarter of max_ranks, so "
+        "at least four users fit a full node; capped at max_ranks.",
     )
     max_layers: int = Field(
         128, ge=0, description="Most layers per rank exported from Run.watch; more are refused."
@@ -317,6 +338,14 @@ class Settings(BaseSettings):
         'refused (trainmon_ingest_values_dropped_total{reason="series_budget"}) and a new '
         "rank evicts disconnected ones first. 50,000 series is about 5 MB and well under a "
         "second per scrape (docs/exporter.md).",
+    )
+    max_series_per_uid: int = Field(
+        12_500,
+        ge=1000,
+        description="One uid's share of max_series (its ranks' series together): a new rank "
+        "past it is refused (uid_series_quota), a new name dropped (series_budget). A quarter "
+        "of max_series, above max_ranks_per_uid x 108 so a uid can reach its rank quota; "
+        "capped at max_series.",
     )
     layer_ranks: str = Field(
         "0",

@@ -34,9 +34,9 @@ NONFINITE_FIELDS = ("loss", "grad_norm", "lr", "custom")
 """``field`` label values of ``trainmon_train_nonfinite_values_total``; ``custom`` sums every
 custom metric, so each series exists at 0 from a rank's first message."""
 STATUSES = ("running", "finished", "failed", "crashed")
-SERIES_PER_RANK = 107
+SERIES_PER_RANK = 108
 """Series one rank costs in the exposition before any custom metric, operation, evaluation
-value or layer: the rank budget of docs/scaling.md#cardinality-budget (110, measured with every
+value or layer: the rank budget of docs/scaling.md#cardinality-budget (111, measured with every
 feature and one tracked operation) less that operation's 3."""
 SERIES_PER_LAYER = len(P.LAYER_STATS) + len(P.LAYER_QUANTILES)
 """Series one exported layer costs at most (each statistic and gradient quantile)."""
@@ -51,6 +51,14 @@ _RESUMED_FIELDS = tuple(k for k in P.HELLO_FIELDS if k not in ("run", "rank"))
 """HELLO fields a resumed rank takes from its new HELLO: all but its identity."""
 HISTORY_STEPS = 240
 """Logged steps each rank keeps for the views' sparklines (:attr:`RankState.history`)."""
+MAX_REFUSED_UIDS = 64
+"""Distinct ``uid`` label values of ``trainmon_ingest_hellos_refused_total``; the uids
+refused after them share ``uid="other"``."""
+LAYER_STAT_CODES = frozenset(
+    (*P.LAYER_STATS.values(), *(P.QUANTILE_CODE0 + i for i in range(len(P.LAYER_QUANTILES))))
+)
+"""Stat codes a LAYERS record may carry; values under any other code are dropped
+(``unknown_stat``), never stored."""
 WATCH_OPERATION = "watch"
 """Operation name of a rank's ``Run.watch`` checks (from its LAYERS records)."""
 
@@ -126,8 +134,14 @@ class RankState:
     status: str = "running"
     connected_mono: float = field(default_factory=time.monotonic)
     disconnected_mono: float | None = None
+    left_mono: float | None = None
+    """When the connection ended, whoever closed it (``disconnected_mono`` is None after a
+    shutdown close): the rank's place in its store's eviction queues."""
+    on_gone: Callable[[RankState], None] | None = field(default=None, repr=False, compare=False)
+    """Told when the connection ends (its :class:`Store` indexes the rank for eviction)."""
     connections: int = 1
     crashes: int = 0
+    rollbacks: int = 0  # steps that went backward in the same client process
     step: int | None = None
     last_step_time: float | None = None
     steps_total: int = 0
@@ -189,6 +203,8 @@ class RankState:
         tokens, samples, overhead, bad = self._checked_totals(restarted, tokens, samples, overhead)
         if bad:
             drop("bad_counter", bad)
+        if rolled_back:
+            self.rollbacks += 1
         if restarted or rolled_back:
             self.analytics.reseed()
         if restarted or (self.window and when < self.window[-1].time):
@@ -320,10 +336,16 @@ class RankState:
 
         With ``export`` false (a rank outside ``layer_ranks``) the layers feed the rank's
         analytics but are not kept for the per-layer series. Drops: ``unknown_field`` (no
-        name), ``layer_cap`` (a new layer over ``cap``), ``layer_rank`` (analysed, not kept).
+        name), ``layer_cap`` (a new layer over ``cap``), ``layer_rank`` (analysed, not kept),
+        ``unknown_stat`` (each value under a stat code outside :data:`LAYER_STAT_CODES`, in a
+        row that is otherwise applied).
         """
         k = len(codes)
-        unknown = capped = 0
+        unknown = capped = stats = 0
+        keep: list[int] | None = None  # positions of the known stat codes, when some are not
+        if not LAYER_STAT_CODES.issuperset(codes):
+            keep = [i for i, c in enumerate(codes) if c in LAYER_STAT_CODES]
+            codes = tuple(codes[i] for i in keep)
         rows: list[tuple[str, dict[int, float]]] = []
         for r, name in enumerate(names):
             if name is None:
@@ -332,12 +354,17 @@ class RankState:
             if export and name not in self.layers and len(self.layers) >= cap:
                 capped += 1
                 continue
-            row = dict(zip(codes, values[r * k : (r + 1) * k], strict=True))
+            vals = values[r * k : (r + 1) * k]
+            if keep is not None:
+                vals = tuple(vals[i] for i in keep)
+            row = dict(zip(codes, vals, strict=True))
             if export:
                 self.layers[name] = row
             elif len(rows) >= cap:
                 capped += 1
                 continue
+            if keep is not None:
+                stats += k - len(keep)  # of a row applied (a refused row counts once, above)
             rows.append((name, row))
         self.analytics.observe_layers(rows)
         if unknown:
@@ -346,6 +373,8 @@ class RankState:
             drop("layer_cap", capped)
         if not export and rows:
             drop("layer_rank", len(rows))
+        if stats:
+            drop("unknown_stat", stats)
 
     def observe_checkpoint(self, record: P.Checkpoint) -> None:
         """Apply a CHECKPOINT record."""
@@ -370,11 +399,13 @@ class RankState:
     def disconnect(self, finished: bool) -> None:
         """The trainer closed the connection; without a FINISH first, the rank crashed."""
         self.connected = False
-        self.disconnected_mono = time.monotonic()
+        self.disconnected_mono = self.left_mono = time.monotonic()
         if not finished:
             self.status = "crashed"
             self.crashes += 1
             self.analytics.event("crash")
+        if self.on_gone is not None:
+            self.on_gone(self)
 
     def closed_by_exporter(self, *, idle: bool) -> None:
         """The exporter closed the connection, which is never a crash.
@@ -383,12 +414,28 @@ class RankState:
         now, and expires after the TTL); otherwise the exporter is shutting down.
         """
         self.connected = False
+        self.left_mono = time.monotonic()
         if idle:
-            self.disconnected_mono = time.monotonic()
+            self.disconnected_mono = self.left_mono
+        if self.on_gone is not None:
+            self.on_gone(self)
 
 
 class Store:
-    """All rank states, with the lock that serialises ingest against scrapes."""
+    """All rank states, with the lock that serialises ingest against scrapes.
+
+    Admission (:meth:`attach`) is O(1) in the number of ranks: the ranks of each run, the
+    ranks and series each uid holds, and the disconnected ranks in eviction order (one queue
+    per status, globally and per uid, oldest first) are kept indexed as ranks come and go.
+
+    Tenancy: a uid holds at most ``max_ranks_per_uid`` ranks and ``max_series_per_uid``
+    series of the ``max_ranks`` and ``max_series`` of the node, so one uid cannot take the
+    slots or the series budget of the others. A disconnected rank stays for at least
+    ``retention_s`` whoever connects (its crash alert can fire); after that it may be evicted
+    to make room, first by its own uid. A run's owner is remembered past the eviction of its
+    last rank in a table bounded per uid (``4 × max_ranks_per_uid`` runs), so another uid's
+    churn cannot push it out.
+    """
 
     def __init__(
         self,
@@ -403,18 +450,35 @@ class Store:
         ttl_s: float,
         max_series: int = 1 << 62,
         max_operations: int = 64,
+        max_ranks_per_uid: int | None = None,
+        max_series_per_uid: int | None = None,
+        retention_s: float = 0.0,
     ) -> None:
         self.lock = threading.Lock()
         self.ranks: dict[tuple[str, int], RankState] = {}
         self.max_ranks = max_ranks
         self.max_series = max_series
+        self.max_ranks_per_uid = min(max_ranks, max_ranks_per_uid or max_ranks)
+        self.max_series_per_uid = min(max_series, max_series_per_uid or max_series)
+        self.retention_s = min(retention_s, ttl_s)
         self.max_operations = max_operations
         self.series_used = 0  # estimate of the rank series exported (see series_of)
         self.evicted: dict[str, int] = dict.fromkeys(EVICTION_ORDER, 0)
+        # Indexes kept in step with self.ranks (see _add and _remove).
+        self._runs: dict[str, dict[int, RankState]] = {}
+        self.uid_ranks: dict[int | None, int] = {}
+        self.uid_series: dict[int | None, int] = {}
+        self._gone: dict[str, OrderedDict[tuple[str, int], RankState]] = {
+            b: OrderedDict() for b in EVICTION_ORDER
+        }
+        self._gone_uid: dict[int | None, dict[str, OrderedDict[tuple[str, int], RankState]]] = {}
         # run -> (owner uid, monotonic time the record lapses): runs whose every rank was
         # evicted keep their owner until the series TTL, so their id cannot be taken over.
+        # Bounded per uid (_owner_runs), oldest first, never by another uid's records.
         self.owners: OrderedDict[str, tuple[int | None, float]] = OrderedDict()
-        self.max_owner_records = 4 * max_ranks
+        self._owner_runs: dict[int | None, OrderedDict[str, None]] = {}
+        self.max_owner_records = 4 * self.max_ranks_per_uid
+        self.hellos_refused: dict[tuple[str, str], int] = {}
         self.max_custom_metrics = max_custom_metrics
         self.max_layers = max_layers
         self.layer_ranks = layer_ranks  # ranks whose layers are exported as series
@@ -453,51 +517,169 @@ class Store:
             + SERIES_PER_LAYER * len(state.layers)
         )
 
-    def take_series(self, n: int) -> bool:
-        """Reserve ``n`` series of the global budget (``max_series``); False if they don't fit."""
-        if self.series_used + n > self.max_series:
+    def take_series(self, n: int, uid: int | None = None) -> bool:
+        """Reserve ``n`` series for a rank of ``uid``; False if they don't fit.
+
+        They must fit both the node's budget (``max_series``) and the uid's share of it
+        (``max_series_per_uid``).
+        """
+        mine = self.uid_series.get(uid, 0)
+        if self.series_used + n > self.max_series or mine + n > self.max_series_per_uid:
             return False
         self.series_used += n
+        self.uid_series[uid] = mine + n
         return True
 
+    def _free_series(self, n: int, uid: int | None) -> None:
+        self.series_used = max(0, self.series_used - n)
+        left = self.uid_series.get(uid, 0) - n
+        if left > 0:
+            self.uid_series[uid] = left
+        else:
+            self.uid_series.pop(uid, None)
+
     def recount_series(self) -> int:
-        """Recompute :attr:`series_used` from every state (corrects drift); call under lock."""
-        self.series_used = sum(self.series_of(s) for s in self.ranks.values())
+        """Recompute :attr:`series_used` and each uid's share from every state; under lock.
+
+        Corrects drift. O(ranks): for the periodic expiry, never per HELLO.
+        """
+        per_uid: dict[int | None, int] = {}
+        for s in self.ranks.values():
+            per_uid[s.owner_uid] = per_uid.get(s.owner_uid, 0) + self.series_of(s)
+        self.uid_series = per_uid
+        self.series_used = sum(per_uid.values())
         return self.series_used
 
-    def _evict_one(self) -> bool:
-        """Drop the disconnected rank first in :data:`EVICTION_ORDER`; False if none is."""
-        victim: RankState | None = None
-        best: tuple[int, float] | None = None
-        for s in self.ranks.values():
-            if s.connected:
-                continue
-            order = EVICTION_ORDER.index(s.status) if s.status in EVICTION_ORDER else 3
-            key = (order, s.disconnected_mono or 0.0)
-            if best is None or key < best:
-                victim, best = s, key
+    def count_refused_hello(self, reason: str, uid: int | None) -> None:
+        """Count a HELLO turned away for ``reason``, by the uid that sent it.
+
+        The ``uid`` label is bounded: the first :data:`MAX_REFUSED_UIDS` uids refused get
+        their own value, later ones share ``other``; ``unknown`` is a peer the kernel gave no
+        credentials for. Call under :attr:`lock`.
+        """
+        label = "unknown" if uid is None else str(uid)
+        key = (reason, label)
+        if uid is not None and key not in self.hellos_refused:
+            known = self._refused_uids()
+            if label not in known and len(known) >= MAX_REFUSED_UIDS:
+                key = (reason, "other")
+        self.hellos_refused[key] = self.hellos_refused.get(key, 0) + 1
+
+    def _refused_uids(self) -> set[str]:
+        return {u for _, u in self.hellos_refused if u not in ("other", "unknown")}
+
+    # ------------------------------------------------------------------ the indexes
+
+    def _add(self, state: RankState) -> None:
+        """Index a new rank (its series are already taken)."""
+        self.ranks[state.key] = state
+        self._runs.setdefault(state.run, {})[state.rank] = state
+        self.uid_ranks[state.owner_uid] = self.uid_ranks.get(state.owner_uid, 0) + 1
+        state.on_gone = self._gone_now
+
+    def _gone_now(self, state: RankState) -> None:
+        """``state``'s connection ended: queue it for eviction (oldest first per status)."""
+        bucket = state.status if state.status in self._gone else "running"
+        self._gone[bucket][state.key] = state
+        queues = self._gone_uid.get(state.owner_uid)
+        if queues is None:
+            queues = self._gone_uid[state.owner_uid] = {b: OrderedDict() for b in EVICTION_ORDER}
+        queues[bucket][state.key] = state
+
+    def _unqueue(self, state: RankState) -> None:
+        """Take ``state`` out of the eviction queues (it resumed or is removed)."""
+        key = state.key
+        for q in self._gone.values():
+            if q.pop(key, None) is not None:
+                break
+        queues = self._gone_uid.get(state.owner_uid)
+        if queues is not None:
+            for q in queues.values():
+                if q.pop(key, None) is not None:
+                    break
+            if not any(queues.values()):
+                del self._gone_uid[state.owner_uid]
+
+    def _victim(self, uid: int | None, anyone: bool, now: float) -> RankState | None:
+        """The disconnected rank to evict first: of ``uid`` (or of anyone), past retention.
+
+        First in :data:`EVICTION_ORDER`, oldest first within a status; a rank that left less
+        than ``retention_s`` ago is never chosen. O(1): the head of at most four queues.
+        """
+        queues = self._gone if anyone else self._gone_uid.get(uid)
+        if queues is None:
+            return None
+        horizon = now - self.retention_s
+        for bucket in EVICTION_ORDER:
+            q = queues[bucket]
+            if q:
+                s = next(iter(q.values()))
+                if s.left_mono is None or s.left_mono <= horizon:
+                    return s
+        return None
+
+    def _evict(self, uid: int | None, anyone: bool, now: float) -> bool:
+        """Evict :meth:`_victim`; False if there is none."""
+        victim = self._victim(uid, anyone, now)
         if victim is None:
             return False
-        self._remove(victim.key, victim)
+        self._remove(victim)
         bucket = victim.status if victim.status in self.evicted else "running"
         self.evicted[bucket] += 1
         return True
 
-    def _remove(self, key: tuple[str, int], state: RankState) -> None:
+    def _remove(self, state: RankState, *, remember: bool = True) -> None:
         """Forget a rank; if it was its run's last, remember the run's owner until the TTL."""
+        key = state.key
         del self.ranks[key]
-        self.series_used = max(0, self.series_used - self.series_of(state))
-        if self.run_state(state.run) is None:
-            lapse = (state.disconnected_mono or time.monotonic()) + self.ttl_s
-            if lapse > time.monotonic():
-                self.owners[state.run] = (state.owner_uid, lapse)
-                self.owners.move_to_end(state.run)
-                while len(self.owners) > self.max_owner_records:
-                    self.owners.popitem(last=False)
+        self._unqueue(state)
+        state.on_gone = None
+        run_ranks = self._runs[state.run]
+        del run_ranks[state.rank]
+        left = self.uid_ranks.get(state.owner_uid, 0) - 1
+        if left > 0:
+            self.uid_ranks[state.owner_uid] = left
+        else:
+            self.uid_ranks.pop(state.owner_uid, None)
+        self._free_series(self.series_of(state), state.owner_uid)
+        if run_ranks:
+            return
+        del self._runs[state.run]
+        now = time.monotonic()
+        lapse = (state.disconnected_mono or now) + self.ttl_s
+        if remember and lapse > now:
+            self._remember_owner(state.run, state.owner_uid, lapse)
+
+    def _remember_owner(self, run: str, uid: int | None, lapse: float) -> None:
+        self._forget_owner(run)
+        self.owners[run] = (uid, lapse)
+        mine = self._owner_runs.setdefault(uid, OrderedDict())
+        mine[run] = None
+        while len(mine) > self.max_owner_records:  # the uid's own oldest record goes
+            old, _ = mine.popitem(last=False)
+            self.owners.pop(old, None)
+
+    def _forget_owner(self, run: str) -> None:
+        entry = self.owners.pop(run, None)
+        if entry is not None:
+            mine = self._owner_runs.get(entry[0])
+            if mine is not None:
+                mine.pop(run, None)
+                if not mine:
+                    del self._owner_runs[entry[0]]
 
     def run_state(self, run: str) -> RankState | None:
         """Any one rank of ``run`` (they share its owner), or None when it has no state."""
-        return next((s for s in self.ranks.values() if s.run == run), None)
+        ranks = self._runs.get(run)
+        return next(iter(ranks.values())) if ranks else None
+
+    def owner_of(self, run: str) -> int | None:
+        """The uid that owns ``run`` now (from its ranks, or its owner record), or None."""
+        holder = self.run_state(run)
+        if holder is not None:
+            return holder.owner_uid
+        entry = self.owners.get(run)
+        return None if entry is None else entry[0]
 
     def attach(
         self, hello: dict[str, Any], uid: int | None = None, pid: int | None = None
@@ -507,38 +689,44 @@ class Store:
         ``uid`` and ``pid`` are the connecting process's (``SO_PEERCRED``; ``pid`` in the
         exporter's PID namespace, kept as :attr:`RankState.peer_pid`). A run belongs to the uid
         that opened it for as long as any of its ranks has state here (until the last one
-        expires): another uid, root included, can neither add a rank nor resume one.
+        expires): another uid, root included, can neither add a rank nor resume one, nor
+        pre-empt a live one.
 
         Returns the state, or a refusal reason: ``not_owner`` (the run belongs to another
-        uid), ``duplicate_rank`` (that rank is already connected) or ``too_many_ranks``
-        (``max_ranks`` reached). A rank that reconnects after a crash or a lost connection keeps
+        uid), ``duplicate_rank`` (that rank is already connected), ``uid_rank_quota`` (the
+        uid holds ``max_ranks_per_uid`` ranks and none of its own is past retention),
+        ``too_many_ranks`` (``max_ranks`` reached, none past retention), ``uid_series_quota``
+        (the uid's share of the series budget is spent) or ``series_budget`` (``max_series``
+        spent). A rank that reconnects after a crash or a lost connection keeps
         its exporter-side counters (the run resumed under the same id); one that had finished
         cleanly starts from fresh state (the id was reused for a new run).
         """
-        key = (hello["run"], hello["rank"])
+        run = hello["run"]
+        key = (run, hello["rank"])
         state = self.ranks.get(key)
-        holder = state if state is not None else self.run_state(hello["run"])
+        holder = state if state is not None else self.run_state(run)
         if holder is not None and holder.owner_uid != uid:
             return "not_owner"
-        if holder is None and hello["run"] in self.owners:
-            owner, lapse = self.owners[hello["run"]]
-            if lapse > time.monotonic() and owner != uid:
+        now = time.monotonic()
+        if holder is None and run in self.owners:
+            owner, lapse = self.owners[run]
+            if lapse > now and owner != uid:
                 return "not_owner"  # its ranks were evicted; the id is still its owner's
-            del self.owners[hello["run"]]
+            self._forget_owner(run)
         if state is not None and not state.connected and state.status == "finished":
             # A rank that finished cleanly, opened again: a new run under a used id. Nothing
             # of the old one carries over (its loss level would read as spikes); the counters
             # start again at 0, a reset rate() and increase() handle.
-            self.series_used = max(0, self.series_used - self.series_of(state))
-            del self.ranks[key]
+            self._remove(state, remember=False)
             state = None
         if state is not None:
             if state.connected:
                 return "duplicate_rank"
+            self._unqueue(state)
             state.connected = True
             state.status = "running"
-            state.connected_mono = time.monotonic()
-            state.disconnected_mono = None
+            state.connected_mono = now
+            state.disconnected_mono = state.left_mono = None
             state.connections += 1
             for op in state.ops.values():
                 op.active = False  # a new process runs no operation yet
@@ -546,12 +734,9 @@ class Store:
                 setattr(state, k, hello[k])
             state.peer_pid = pid
             return state
-        while len(self.ranks) >= self.max_ranks:
-            if not self._evict_one():  # finished and crashed ranks make room first
-                return "too_many_ranks"
-        while not self.take_series(SERIES_PER_RANK):
-            if not self._evict_one():
-                return "series_budget"
+        refusal = self._make_room(uid, now)
+        if refusal is not None:
+            return refusal
         state = RankState(
             **{k: hello[k] for k in P.HELLO_FIELDS},
             buckets=self.buckets,
@@ -559,8 +744,31 @@ class Store:
         )
         state.owner_uid = uid
         state.peer_pid = pid
-        self.ranks[key] = state
+        self._add(state)
         return state
+
+    def _make_room(self, uid: int | None, now: float) -> str | None:
+        """Make room for a new rank of ``uid`` and take its series; or say why not.
+
+        The uid's own quotas first, with its own disconnected ranks past retention as the only
+        room (a quota equal to the node's cap is that cap); then the node's caps, with the
+        uid's own ranks first, then anyone's, past retention. Each step is O(1).
+        """
+        quota = self.max_ranks_per_uid
+        while quota < self.max_ranks and self.uid_ranks.get(uid, 0) >= quota:
+            if not self._evict(uid, False, now):
+                return "uid_rank_quota"
+        while len(self.ranks) >= self.max_ranks:
+            if not (self._evict(uid, False, now) or self._evict(uid, True, now)):
+                return "too_many_ranks"
+        share = self.max_series_per_uid
+        while share < self.max_series and self.uid_series.get(uid, 0) + SERIES_PER_RANK > share:
+            if not self._evict(uid, False, now):
+                return "uid_series_quota"
+        while not self.take_series(SERIES_PER_RANK, uid):
+            if not (self._evict(uid, False, now) or self._evict(uid, True, now)):
+                return "series_budget"
+        return None
 
     # ------------------------------------------------------------------ applying records
 
@@ -575,7 +783,7 @@ class Store:
         n = len(state.custom)
         state.observe_step(record, names, self.window_s, self.max_custom_metrics, drop)
         if len(state.custom) > n:
-            self._charge(state.custom, len(state.custom) - n, 1, drop)
+            self._charge(state, state.custom, len(state.custom) - n, 1, drop)
 
     def observe_layers(
         self, state: RankState, record: P.Layers, names: Mapping[int, str], drop: Drop
@@ -595,7 +803,7 @@ class Store:
             drop,
         )
         if len(state.layers) > n:
-            self._charge(state.layers, len(state.layers) - n, SERIES_PER_LAYER, drop)
+            self._charge(state, state.layers, len(state.layers) - n, SERIES_PER_LAYER, drop)
         head = record.header
         self._operation(state, WATCH_OPERATION, head.seconds_total, head.checks_total, False, drop)
 
@@ -620,7 +828,7 @@ class Store:
                 values[name] = v
             elif len(values) >= self.max_custom_metrics:
                 drop("custom_cap", 1)
-            elif self.take_series(1):
+            elif self.take_series(1, state.owner_uid):
                 values[name] = v
             else:
                 drop("series_budget", 1)
@@ -660,19 +868,21 @@ class Store:
             return
         if len(state.ops) >= self.max_operations:
             drop("operation_cap", 1)
-        elif not self.take_series(SERIES_PER_OPERATION):
+        elif not self.take_series(SERIES_PER_OPERATION, state.owner_uid):
             drop("series_budget", 1)
         else:
             state.ops[name] = Operation(seconds_total, runs_total, active)
 
-    def _charge(self, table: dict[str, Any], added: int, cost: int, drop: Drop) -> None:
+    def _charge(
+        self, state: RankState, table: dict[str, Any], added: int, cost: int, drop: Drop
+    ) -> None:
         """Charge ``added`` entries just inserted into ``table`` to the series budget.
 
         Each costs ``cost`` series; the newest that do not fit are removed again and counted
         (``series_budget``).
         """
         refused = 0
-        while added and not self.take_series(added * cost):
+        while added and not self.take_series(added * cost, state.owner_uid):
             table.popitem()  # dicts keep insertion order: the newest name goes
             added -= 1
             refused += 1
@@ -680,26 +890,30 @@ class Store:
             drop("series_budget", refused)
 
     def expire(self, now_mono: float | None = None) -> int:
-        """Drop ranks disconnected for longer than the TTL. Returns how many were dropped."""
+        """Drop ranks disconnected for longer than the TTL. Returns how many were dropped.
+
+        A rank the exporter closed (idle, or at shutdown) counts from when it closed it.
+        O(ranks dropped): the eviction queues hold disconnected ranks oldest first.
+        """
         now_mono = time.monotonic() if now_mono is None else now_mono
+        n = 0
         with self.lock:
-            dead = [
-                k
-                for k, s in self.ranks.items()
-                if not s.connected
-                and s.disconnected_mono is not None
-                and now_mono - s.disconnected_mono >= self.ttl_s
-            ]
-            for k in dead:
-                del self.ranks[k]
-            self.expired_total += len(dead)
+            for q in self._gone.values():
+                while q:
+                    s = next(iter(q.values()))
+                    left = s.left_mono if s.left_mono is not None else now_mono
+                    if now_mono - left < self.ttl_s:
+                        break  # the oldest of this status is not due yet
+                    self._remove(s, remember=False)
+                    n += 1
+            self.expired_total += n
             while self.owners:
                 run, (_uid, lapse) = next(iter(self.owners.items()))
                 if lapse > now_mono:
                     break
-                del self.owners[run]
+                self._forget_owner(run)
             self.recount_series()
-        return len(dead)
+        return n
 
     def check_conditions(self, now: float, rates: bool = True) -> list[tuple[RankState, str]]:
         """Judge the time-based detectors of every rank, under the lock.

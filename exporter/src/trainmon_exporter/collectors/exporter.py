@@ -14,7 +14,7 @@ from trainmon_exporter.collectors import CollectorContext, register
 
 @register("exporter")
 class ExporterCollector:
-    """``trainmon_build_info``, tracked, expired and evicted ranks, and the series estimate."""
+    """``trainmon_build_info``, ranks (tracked, expired, evicted), series, refused HELLOs."""
 
     name = "exporter"
 
@@ -30,6 +30,7 @@ class ExporterCollector:
             expired = self.store.expired_total
             evicted = dict(self.store.evicted)
             series = self.store.series_used
+            refused = dict(self.store.hellos_refused)
         ranks = catalog.EXPORTER_RANKS.gauge()
         ranks.add_metric([], float(n))
         exp = catalog.EXPORTER_RANKS_EXPIRED.counter()
@@ -39,4 +40,7 @@ class ExporterCollector:
             ev.add_metric([status], float(count))
         used = catalog.EXPORTER_SERIES.gauge()
         used.add_metric([], float(series))
-        return [info, ranks, exp, ev, used]
+        hellos = catalog.INGEST_HELLOS_REFUSED.counter()
+        for (reason, uid), count in sorted(refused.items()):
+            hellos.add_metric([reason, uid], float(count))
+        return [info, ranks, exp, ev, used, hellos]

@@ -51,6 +51,7 @@ _COUNTERS: tuple[tuple[Family, Callable[[RankState], float]], ...] = (
     (catalog.CLIENT_REFUSED_VALUES, lambda s: float(s.refused_values)),
     (catalog.RUN_CRASHES, lambda s: float(s.crashes)),
     (catalog.RUN_RESTARTS, lambda s: float(s.analytics.restarts)),
+    (catalog.TRAIN_STEP_ROLLBACKS, lambda s: float(s.rollbacks)),
 )
 
 

@@ -1,0 +1,125 @@
+"""Exporter admission: the cost of one HELLO at 10 ranks and at the 1,024-rank cap.
+
+A HELLO churn at the rank cap is what a hostile local uid can do for free: connect, send a
+HELLO under a fresh run id, close, again. Each HELLO is admitted (making room by evicting a
+disconnected rank) and then disconnects. This script applies such HELLOs in process through
+``Applier.packet`` (decode, validation, ``Store.attach``) on a store filled to its cap with
+crashed ranks of another uid, and prints microseconds per HELLO (admission plus disconnect) at
+10 and 1,024 ranks, their ratio (1.0 means the cost does not grow with the ranks held), and, as
+the same run's reference, what one full pass over the ranks costs at each size: a HELLO used
+to pay two (the eviction scan and the run look-up).
+
+    python benchmarks/admission.py [--hellos 20000] [--smoke]
+
+``--smoke`` runs briefly (the figures mean nothing) so CI keeps it working.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from prometheus_client import CollectorRegistry
+
+from trainmon_client import _protocol as P
+from trainmon_exporter.apply import Applier, Link
+from trainmon_exporter.ingest import IngestMetrics
+from trainmon_exporter.state import EVICTION_ORDER, Store
+
+HELLO = {
+    "run": "x",
+    "rank": 0,
+    "local_rank": 0,
+    "world_size": 1,
+    "hostname": "h",
+    "pid": 1,
+    "client_version": "bench",
+    "gpu_uuid": None,
+    "started_at": 1.0,
+    "flops_per_token": None,
+    "dtype": "bf16",
+}
+VICTIM_UID, CHURN_UID = 1000, 2000
+
+
+def _packet(run: str) -> bytes:
+    return P.packet_header() + P.encode_hello(HELLO | {"run": run})
+
+
+def _store(ranks: int) -> tuple[Store, Applier]:
+    """A store at its cap of ``ranks``, every one a crashed rank of :data:`VICTIM_UID`."""
+    store = Store(
+        max_ranks=ranks,
+        max_custom_metrics=8,
+        buckets=(1.0,),
+        window_s=30,
+        ttl_s=3600,
+        retention_s=0,  # every disconnected rank may be evicted: the worst case for the scan
+    )
+    m = IngestMetrics(CollectorRegistry())
+    applier = Applier(store, m.invalid, m.messages, m.dropped_values)
+    for i in range(ranks):
+        link = Link(peer_pid=1, peer_uid=VICTIM_UID, peer_gid=VICTIM_UID)
+        applier.packet(link, _packet(f"victim-{i}"))
+        assert link.state is not None
+        with store.lock:
+            link.state.disconnect(finished=False)
+    return store, applier
+
+
+def hello_cost(ranks: int, hellos: int) -> float:
+    """Microseconds per churned HELLO (admitted with an eviction, then disconnected)."""
+    store, applier = _store(ranks)
+    packets = [_packet(f"churn-{i}") for i in range(hellos)]
+    t0 = time.perf_counter()
+    for data in packets:
+        link = Link(peer_pid=2, peer_uid=CHURN_UID, peer_gid=CHURN_UID)
+        applier.packet(link, data)
+        state = link.state
+        if state is None:
+            raise RuntimeError("a churned HELLO was refused")
+        with store.lock:
+            state.disconnect(finished=False)
+    took = time.perf_counter() - t0
+    assert len(store.ranks) == ranks and sum(store.evicted.values()) == hellos
+    return took / hellos * 1e6
+
+
+def scan_cost(ranks: int, passes: int) -> float:
+    """Microseconds of one pass over every rank choosing the oldest disconnected one."""
+    store, _ = _store(ranks)
+    states = store.ranks
+    t0 = time.perf_counter()
+    for _ in range(passes):
+        best = None
+        for s in states.values():
+            if s.connected:
+                continue
+            order = EVICTION_ORDER.index(s.status) if s.status in EVICTION_ORDER else 3
+            key = (order, s.disconnected_mono or 0.0)
+            if best is None or key < best:
+                best = key
+    return (time.perf_counter() - t0) / passes * 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--hellos", type=int, default=20_000, help="HELLOs per size")
+    ap.add_argument("--smoke", action="store_true", help="seconds long; figures meaningless")
+    args = ap.parse_args()
+    hellos = 500 if args.smoke else args.hellos
+    sizes = (10, 1024)
+    cost = {n: min(hello_cost(n, hellos) for _ in range(3)) for n in sizes}
+    scan = {n: min(scan_cost(n, max(50, hellos // 20)) for _ in range(3)) for n in sizes}
+    print(f"{'ranks held':>10} {'us per HELLO':>13} {'one scan of the ranks (us)':>27}")
+    for n in sizes:
+        print(f"{n:>10,} {cost[n]:>13.1f} {scan[n]:>27.1f}")
+    print(f"HELLO at 1,024 ranks / at 10 ranks: {cost[1024] / cost[10]:.2f}")
+    print(
+        f"two scans at 1,024 ranks would add {2 * scan[1024]:.0f} us per HELLO, "
+        f"{2 * scan[1024] / cost[1024]:.1f} x the HELLO's whole cost now"
+    )
+
+
+if __name__ == "__main__":
+    main()

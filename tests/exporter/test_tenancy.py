@@ -1,0 +1,349 @@
+"""Tenancy on a shared node: one uid can neither erase, take over, squat nor starve another's run.
+
+Store-level tests build the store by hand (ages are set on the states, no sleeping); the
+behaviour that depends on who connects runs real processes of other uids against a real
+exporter socket (the pattern of test_trust.py).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any
+
+from trainmon_exporter.settings import Settings
+from trainmon_exporter.state import EVICTION_ORDER, MAX_REFUSED_UIDS, SERIES_PER_RANK, Store
+
+from ..conftest import InProcessExporter, sample, wait_for
+from ..helpers.exporter import HELLO, store_of
+from ..helpers.uids import (
+    ATTACKER,
+    ATTACKER_GID,
+    OWNER,
+    OWNER_GID,
+    User,
+    crash,
+    needs_root,
+    run_as,
+    shared_exporter,
+    start_victim,
+)
+
+REFUSED = "trainmon_ingest_hellos_refused_total"
+
+
+def invalid(ex: InProcessExporter, reason: str) -> float:
+    return sample(ex.metrics(), "trainmon_ingest_messages_invalid_total", reason=reason) or 0.0
+
+
+def _h(run: str, rank: int = 0) -> dict[str, Any]:
+    return HELLO | {"run": run, "rank": rank, "local_rank": rank, "world_size": 8}
+
+
+def _age(store: Store, run: str, seconds: float, rank: int = 0) -> None:
+    """Make ``(run, rank)`` look as if it left ``seconds`` ago."""
+    s = store.ranks[(run, rank)]
+    assert s.left_mono is not None and s.disconnected_mono is not None
+    s.left_mono -= seconds
+    s.disconnected_mono -= seconds
+
+
+def _check_indexes(store: Store) -> None:
+    """Every index the O(1) admission reads agrees with a full scan of the ranks."""
+    runs: dict[str, set[int]] = {}
+    per_uid: dict[int | None, int] = {}
+    for (run, rank), s in store.ranks.items():
+        runs.setdefault(run, set()).add(rank)
+        per_uid[s.owner_uid] = per_uid.get(s.owner_uid, 0) + 1
+    assert {r: set(m) for r, m in store._runs.items()} == runs
+    assert store.uid_ranks == per_uid
+    gone = {k for k, s in store.ranks.items() if not s.connected}
+    queued = [k for q in store._gone.values() for k in q]
+    assert sorted(queued) == sorted(gone)
+    for uid, queues in store._gone_uid.items():
+        for bucket, q in queues.items():
+            for k, s in q.items():
+                assert s.owner_uid == uid and k in store._gone[bucket]
+                times = [x.left_mono for x in q.values()]
+                assert times == sorted(times)  # type: ignore[type-var]
+    series = store.series_used
+    assert store.recount_series() == series
+
+
+# --------------------------------------------------------------------------- the store
+
+
+def test_a_crashed_rank_stays_for_its_retention_whoever_connects() -> None:
+    store = store_of(max_ranks=2, retention_s=60, ttl_s=600)
+    victim = store.attach(_h("victim"), uid=1000)
+    assert not isinstance(victim, str)
+    victim.disconnect(finished=False)
+    assert not isinstance(store.attach(_h("a0"), uid=2000), str)
+    # At the cap, the only disconnected rank is within its retention: refused, not evicted.
+    for i in range(1, 50):
+        assert store.attach(_h(f"a{i}"), uid=2000) == "too_many_ranks"
+    assert ("victim", 0) in store.ranks and store.evicted["crashed"] == 0
+    # Its own uid cannot evict it sooner either.
+    assert store.attach(_h("mine2"), uid=1000) == "too_many_ranks"
+    _age(store, "victim", 61)
+    b = store.attach(_h("late"), uid=2000)
+    assert not isinstance(b, str) and ("victim", 0) not in store.ranks
+    assert store.evicted["crashed"] == 1
+    assert store.attach(_h("victim"), uid=2000) == "not_owner"  # its owner record holds
+    _check_indexes(store)
+
+
+def test_a_uid_at_its_quota_evicts_only_its_own_ranks() -> None:
+    store = store_of(max_ranks=8, max_ranks_per_uid=2, retention_s=60)
+    others = store.attach(_h("other"), uid=1000)
+    assert not isinstance(others, str)
+    others.disconnect(finished=True)
+    _age(store, "other", 600)  # long past retention, and first in eviction order
+    mine = [store.attach(_h(f"m{i}"), uid=2000) for i in range(2)]
+    for s in mine:
+        assert not isinstance(s, str)
+    assert store.attach(_h("m2"), uid=2000) == "uid_rank_quota"  # all its own are connected
+    mine[0].disconnect(finished=False)  # type: ignore[union-attr]
+    assert store.attach(_h("m2"), uid=2000) == "uid_rank_quota"  # within retention
+    _age(store, "m0", 61)
+    assert not isinstance(store.attach(_h("m2"), uid=2000), str)
+    assert ("m0", 0) not in store.ranks and ("other", 0) in store.ranks
+    assert store.uid_ranks == {1000: 1, 2000: 2}
+    # Another uid is not held back by the first one's quota.
+    assert not isinstance(store.attach(_h("x"), uid=3000), str)
+    _check_indexes(store)
+
+
+def test_a_uid_cannot_take_the_series_budget_of_the_others() -> None:
+    share = 4 * SERIES_PER_RANK
+    store = store_of(max_ranks=64, max_series=20 * SERIES_PER_RANK, max_series_per_uid=share)
+    idle = [store.attach(_h(f"idle{i}"), uid=2000) for i in range(10)]
+    assert [isinstance(s, str) for s in idle] == [False] * 4 + [True] * 6
+    assert set(idle[4:]) == {"uid_series_quota"}
+    assert store.uid_series[2000] == share
+    for uid in (1000, 1001, 1002):
+        assert not isinstance(store.attach(_h(f"t{uid}"), uid=uid), str)
+    # Values past the uid's share are dropped; other uids still have room.
+    s = store.ranks[("idle0", 0)]
+    drops: list[tuple[str, int]] = []
+    s.custom["extra"] = 1.0
+    store._charge(s, s.custom, 1, 1, lambda r, n: drops.append((r, n)))
+    assert drops == [("series_budget", 1)] and "extra" not in s.custom
+    _check_indexes(store)
+
+
+def test_ownership_cannot_be_flushed_by_another_uids_churn() -> None:
+    store = store_of(max_ranks=2, max_ranks_per_uid=2, retention_s=0, ttl_s=600)
+    v = store.attach(_h("victim"), uid=1000)
+    assert not isinstance(v, str)
+    v.disconnect(finished=False)
+    assert not isinstance(store.attach(_h("held"), uid=2000), str)  # stays connected
+    first = store.attach(_h("churn0"), uid=2000)  # evicts the victim's rank (retention 0)
+    assert not isinstance(first, str) and ("victim", 0) not in store.ranks
+    first.disconnect(finished=False)
+    for i in range(1, 5000):  # each evicts the attacker's previous one
+        s = store.attach(_h(f"churn{i}"), uid=2000)
+        assert not isinstance(s, str), (i, s)
+        s.disconnect(finished=False)
+    assert store.evicted["crashed"] == 5000
+    assert store.owners["victim"][0] == 1000
+    assert store.attach(_h("victim"), uid=2000) == "not_owner"
+    assert len(store._owner_runs[2000]) == store.max_owner_records == 8
+    assert len(store.owners) == store.max_owner_records + 1
+    back = store.attach(_h("victim"), uid=1000)
+    assert not isinstance(back, str) and back.owner_uid == 1000
+    _check_indexes(store)
+
+
+def test_refused_hellos_are_counted_by_uid_with_a_bounded_label() -> None:
+    store = store_of()
+    for uid in range(MAX_REFUSED_UIDS + 10):
+        store.count_refused_hello("not_owner", 5000 + uid)
+    store.count_refused_hello("not_owner", 5000)
+    store.count_refused_hello("too_many_ranks", 5000)
+    store.count_refused_hello("bad_hello", None)
+    uids = {u for _, u in store.hellos_refused}
+    assert len(uids) == MAX_REFUSED_UIDS + 2  # the first 64, other, unknown
+    assert store.hellos_refused[("not_owner", "5000")] == 2
+    assert store.hellos_refused[("too_many_ranks", "5000")] == 1
+    assert store.hellos_refused[("not_owner", "other")] == 10
+    assert store.hellos_refused[("bad_hello", "unknown")] == 1
+
+
+def test_admission_indexes_stay_consistent() -> None:
+    """Random attaches, disconnects, evictions and expiries; the indexes match a full scan."""
+    rnd = random.Random(7)
+    store = store_of(max_ranks=16, max_ranks_per_uid=6, retention_s=5, ttl_s=50)
+    live: list[Any] = []
+    outcomes: set[str] = set()
+    for _ in range(3000):
+        op = rnd.random()
+        if op < 0.6:
+            uid = rnd.choice((1, 2, 3, None))
+            got = store.attach(_h(f"r{rnd.randrange(40)}", rnd.randrange(3)), uid=uid)
+            outcomes.add(got if isinstance(got, str) else "ok")
+            if not isinstance(got, str):
+                live.append(got)
+        elif op < 0.75 and live:
+            s = live.pop(rnd.randrange(len(live)))
+            if rnd.random() < 0.2:
+                s.closed_by_exporter(idle=True)
+            else:
+                s.disconnect(finished=rnd.random() < 0.5)
+        elif op < 0.95:
+            for s in list(store.ranks.values()):
+                if not s.connected:  # time passes: every rank that left, left 3 s earlier
+                    assert s.left_mono is not None and s.disconnected_mono is not None
+                    s.left_mono -= 3
+                    s.disconnected_mono -= 3
+        else:
+            store.expire()
+        _check_indexes(store)
+    assert {"ok", "not_owner", "uid_rank_quota", "too_many_ranks"} <= outcomes
+    assert sum(store.evicted[b] for b in EVICTION_ORDER) > 0
+
+
+def test_the_default_limits_agree() -> None:
+    """max_ranks can be reached under max_series, a uid's quota under its share, four users
+    fit at their quotas, and a crashed rank outlives two 15 s scrapes."""
+    s = Settings()
+    assert s.max_ranks * SERIES_PER_RANK <= s.max_series
+    assert s.max_ranks_per_uid * SERIES_PER_RANK <= s.max_series_per_uid
+    assert 4 * s.max_ranks_per_uid <= s.max_ranks
+    assert 4 * s.max_series_per_uid <= s.max_series
+    assert s.max_ranks <= s.ingest_max_connections
+    assert 2 * 15 <= s.rank_retention_seconds <= s.series_ttl_seconds
+
+
+# --------------------------------------------------------------------------- real uids
+
+# Another uid opening short connections under fresh run ids as fast as it can, then trying
+# the victim's run.
+CHURN = """
+import socket
+def hello(run):
+    return P.packet_header() + P.encode_hello({
+        "run": run, "rank": 0, "local_rank": 0, "world_size": 1, "hostname": "evil",
+        "pid": os.getpid(), "client_version": "x", "gpu_uuid": "GPU-evil", "started_at": 1.0,
+        "flops_per_token": None, "dtype": "bf16"})
+for i in range(COUNT):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.connect(SOCK)
+    s.send(hello(f"churn{i}"))
+    s.close()
+print("done", flush=True)
+"""
+
+# Another uid holding connections that only sent HELLO.
+HOG = """
+import socket
+socks = []
+for i in range(COUNT):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.connect(SOCK)
+    s.send(P.packet_header() + P.encode_hello({"run": f"hog{i}", "rank": 0, "local_rank": 0,
+        "world_size": 1}))
+    socks.append(s)
+print("holding", flush=True)
+input()
+"""
+
+# The victim, live: three steps, then three more on its stdin.
+LIVE = """
+r = init("victim")
+for i in range(1, 4):
+    r.log(i, loss=2.0, tokens=100)
+print("logged", flush=True)
+input()
+for i in range(4, 7):
+    r.log(i, loss=1.5, tokens=100)
+r.finish()
+"""
+
+PREEMPT = """
+r = init("victim")
+for i in range(1, 20):
+    r.log(i, loss=float("nan"), grad_norm=float("inf"))
+r.finish()
+"""
+
+
+def _refused(ex: InProcessExporter, reason: str, uid: int) -> float:
+    return sample(ex.metrics(), REFUSED, reason=reason, uid=str(uid)) or 0.0
+
+
+@needs_root
+def test_another_uids_churn_neither_erases_nor_takes_over_a_crash(
+    make_exporter: Callable[..., InProcessExporter],
+) -> None:
+    """At the rank cap, 300 short connections of another uid: the victim's crashed rank stays
+    exported (retention), the attacker is refused at its own quota, counted by its uid, and
+    the victim's restarted trainer resumes its run."""
+    ex = shared_exporter(make_exporter, socket_mode="0666", max_ranks=8, max_ranks_per_uid=4)
+    crash(ex, start_victim(ex))
+    out = run_as(ex.socket, ATTACKER, ATTACKER_GID, CHURN.replace("COUNT", "300"))
+    assert out.strip() == "done"
+    wait_for(lambda: _refused(ex, "uid_rank_quota", ATTACKER) == 300 - 4, timeout=30)
+    run_as(ex.socket, ATTACKER, ATTACKER_GID, 'r = init("victim"); r.log(9, loss=0.0)')
+    wait_for(lambda: _refused(ex, "not_owner", ATTACKER) == 1)
+    r = ex.rank("victim", 0)
+    assert r is not None and (r["status"], r["step"], r["values"]["loss"]) == ("crashed", 3, 2.0)
+    m = ex.metrics()
+    assert sample(m, "trainmon_run_up", run="victim", rank="0") == 0
+    evicted = "trainmon_exporter_ranks_evicted_total"
+    assert sum(sample(m, evicted, status=b) or 0 for b in EVICTION_ORDER) == 0
+    assert _refused(ex, "uid_rank_quota", OWNER) == 0
+    run_as(ex.socket, OWNER, OWNER_GID, 'r = init("victim"); r.log(4, loss=1.9); r.finish()')
+    r = wait_for(lambda: (k := ex.rank("victim", 0)) and k["status"] == "finished" and k)
+    assert (r["step"], r["values"]["loss"]) == (4, 1.9)
+
+
+@needs_root
+def test_idle_hellos_of_one_uid_do_not_starve_another(
+    make_exporter: Callable[..., InProcessExporter],
+) -> None:
+    """One uid holds idle HELLO-only connections: past its quota it is refused and counted
+    by uid; a trainer of another uid is admitted and every step applied."""
+    ex = shared_exporter(make_exporter, socket_mode="0666", max_ranks=8, max_ranks_per_uid=4)
+    hog = User(ex.socket, ATTACKER, ATTACKER_GID, HOG.replace("COUNT", "12"))
+    try:
+        assert hog.proc.stdout is not None and hog.proc.stdout.readline().strip() == "holding"
+        wait_for(lambda: _refused(ex, "uid_rank_quota", ATTACKER) == 8)
+        run_as(
+            ex.socket,
+            OWNER,
+            OWNER_GID,
+            'r = init("fair")\nfor i in range(1, 11): r.log(i, loss=1.0)\nr.finish()',
+        )
+        r = wait_for(lambda: (k := ex.rank("fair", 0)) and k["status"] == "finished" and k)
+        assert r["step"] == 10
+        assert invalid(ex, "uid_rank_quota") == 8 and invalid(ex, "too_many_ranks") == 0
+        assert sample(ex.metrics(), REFUSED, reason="uid_rank_quota", uid=str(OWNER)) is None
+    finally:
+        hog.say()
+        hog.wait()
+
+
+@needs_root
+def test_another_uid_cannot_preempt_a_live_rank(
+    make_exporter: Callable[..., InProcessExporter],
+) -> None:
+    """A HELLO of another uid for a connected (run, rank) is refused and counted by uid;
+    the live trainer keeps its connection and every step."""
+    ex = shared_exporter(make_exporter, socket_mode="0666")
+    victim = User(ex.socket, OWNER, OWNER_GID, LIVE)
+    assert victim.proc.stdout is not None and victim.proc.stdout.readline().strip() == "logged"
+    wait_for(lambda: (k := ex.rank("victim", 0)) and k["step"] == 3)
+    run_as(ex.socket, ATTACKER, ATTACKER_GID, PREEMPT)
+    wait_for(lambda: _refused(ex, "not_owner", ATTACKER) == 1)
+    victim.say()
+    rc, _, err = victim.wait()
+    assert rc == 0, err
+    r = wait_for(lambda: (k := ex.rank("victim", 0)) and k["status"] == "finished" and k)
+    assert (r["step"], r["values"]["loss"]) == (6, 1.5)
+    m = ex.metrics()
+    for field in ("loss", "grad_norm"):
+        nonfinite = "trainmon_train_nonfinite_values_total"
+        assert sample(m, nonfinite, run="victim", rank="0", field=field) == 0
+    assert sample(m, "trainmon_ingest_messages_unapplied_total", run="victim", rank="0") == 0
+    assert ex.runs()["runs"][0]["owner_uid"] == OWNER
