@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from trainmon_exporter.cli import COMMON_FLAGS
 from trainmon_exporter.settings import Settings
 
 from ..conftest import ExporterProcess, free_port, short_tmpdir, wait_for
@@ -100,3 +102,71 @@ def test_sigint_shuts_down_cleanly(exporter_process: Callable[..., ExporterProce
     out = ex.stop(signal.SIGINT)
     assert not Path(ex.socket).exists() and "Traceback" not in out
     wait_for(lambda: ex.proc is not None and ex.proc.poll() is not None)
+
+
+def run_cli_to(stdout: str, stderr: str, *args: str) -> tuple[int, str]:
+    """Run the CLI with stdout and stderr opened on the given paths; (exit code, stderr)."""
+    d = short_tmpdir()
+    err_path = d / "stderr" if stderr == "file" else Path(stderr)
+    with open(stdout, "wb") as out, open(err_path, "wb") as err:
+        code = subprocess.run(
+            [sys.executable, "-m", "trainmon_exporter", *args],
+            stdout=out,
+            stderr=err,
+            timeout=30,
+            check=False,
+        ).returncode
+    text = err_path.read_text() if stderr == "file" else ""
+    return code, text
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+@pytest.mark.parametrize("what", ["serve", "--version", "--help"])
+def test_full_stdout_is_one_line_and_exit_2(what: str) -> None:
+    d = short_tmpdir()
+    args = (
+        ["--socket", str(d / "t.sock"), "--listen", f"127.0.0.1:{free_port()}"]
+        if what == "serve"
+        else [what]
+    )
+    code, err = run_cli_to("/dev/full", "file", *args)
+    assert code == 2
+    assert (
+        err
+        == "trainmon-exporter: error: cannot write to standard output: No space left on device\n"
+    )
+    if what == "serve":
+        assert not (d / "t.sock").exists()  # the ingest socket it had created is removed
+    # stderr on the full disk too: the line is lost, the exit code still says it
+    code, _ = run_cli_to("/dev/full", "/dev/full", *args)
+    assert code == 2
+
+
+@pytest.mark.parametrize(
+    ("argv", "suggestion"),
+    [
+        (["--listne", "127.0.0.1:1"], "did you mean --listen?"),
+        (["--series-ttl", "60"], "did you mean --series-ttl-seconds?"),  # no abbreviations
+        (["--analytics.hang-factr=3"], "did you mean --analytics.hang-factor?"),
+        (["--colectors.gpu"], "did you mean --collectors.gpu?"),
+    ],
+)
+def test_unknown_flag_is_one_line_with_a_suggestion(argv: list[str], suggestion: str) -> None:
+    out = run_cli(*argv)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.count("\n") == 1, out.stderr
+    assert out.stderr.startswith("trainmon-exporter: error: unrecognized arguments: " + argv[0])
+    assert suggestion in out.stderr and "--help" in out.stderr
+
+
+def test_help_puts_the_common_flags_first() -> None:
+    out = run_cli("--help").stdout
+    sections = re.findall(r"^(\w[\w ]*):$", out, re.MULTILINE)
+    assert sections[:2] == ["common options", "more options"]
+    common = out.split("common options:")[1].split("more options:")[0]
+    assert common.startswith("\n  -h, --help")
+    flags = re.findall(r"^  (--[\w.-]+)", common, re.MULTILINE)
+    assert sorted(flags) == sorted("--" + f.replace("_", "-") for f in ("version", *COMMON_FLAGS))
+    assert out.startswith("usage: trainmon-exporter [--listen HOST:PORT] [--socket PATH]")
+    assert out.count("\nusage") == 0 and "--series-ttl-seconds SECONDS" in out
+    assert "default factory" not in out and "tuple[" not in out

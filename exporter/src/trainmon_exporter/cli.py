@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
+import difflib
 import errno
+import inspect
 import logging
 import os
+import re
 import socket
 import sys
 from collections.abc import Sequence
+from typing import IO, Any, NoReturn
 
 import uvicorn
 from pydantic import ValidationError
-from pydantic_settings import SettingsError
+from pydantic_settings import CliSettingsSource, SettingsError
 
 from trainmon_exporter import __version__, logsetup
 from trainmon_exporter.settings import Settings, unknown_environment
@@ -22,9 +27,172 @@ GIL_SWITCH_INTERVAL_S = 0.001
 """sys.setswitchinterval for the exporter process (CPython default 0.005 s): see main()."""
 
 
+class OutputError(Exception):
+    """Standard output cannot be written (a full disk, a closed pipe): reported as one line."""
+
+
+def _silence(fd: int) -> None:
+    """Point ``fd`` at /dev/null, so that Python's flush of it at exit cannot fail again."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, fd)
+    finally:
+        os.close(null)
+
+
 def _fail(message: str) -> int:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
+    """Print ``trainmon-exporter: error: message`` on stderr; return exit code 2.
+
+    If stderr cannot be written either (a full disk), the line is lost and the exit code
+    still says it: never a traceback.
+    """
+    try:
+        print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
+    except OSError:
+        _silence(2)
     return 2
+
+
+def _say(text: str) -> None:
+    """Print ``text`` on stdout and flush it.
+
+    Raises:
+        OutputError: stdout cannot be written; it is then pointed at /dev/null.
+    """
+    try:
+        print(text, flush=True)
+    except OSError as exc:
+        _silence(1)
+        raise OutputError(_output_error(exc)) from None
+
+
+def _output_error(exc: OSError) -> str:
+    """The one line for an unwritable stdout; empty for a reader that went away (``| head``)."""
+    if exc.errno == errno.EPIPE:
+        return ""
+    return f"cannot write to standard output: {exc.strerror or exc}"
+
+
+COMMON_FLAGS = (
+    "listen",
+    "socket",
+    "socket_mode",
+    "socket_group",
+    "allowed_uids",
+    "allowed_gids",
+    "require_gpus",
+    "peak_flops",
+    "layer_ranks",
+    "log_level",
+)
+"""Settings shown first in ``--help`` (the ones a deployment usually sets)."""
+USAGE = (
+    "%(prog)s [--listen HOST:PORT] [--socket PATH] [OPTION ...]\n"
+    "       %(prog)s status [--url HOST:PORT]"
+)
+
+
+METAVARS = {
+    "listen": "HOST:PORT",
+    "socket": "PATH",
+    "socket_mode": "MODE",
+    "socket_group": "GROUP",
+    "allowed_uids": "USER,...",
+    "allowed_gids": "GROUP,...",
+    "layer_ranks": "RANKS",
+    "log_level": "LEVEL",
+    "step_duration_buckets": "[SECONDS,...]",
+    "collectors": "JSON",
+    "analytics": "JSON",
+    "analytics.spike_z": "JSON",
+}
+
+
+def metavar(dest: str, typename: str) -> str:
+    """What ``--help`` shows after a flag: its unit or form, not pydantic's type name."""
+    if dest in METAVARS:
+        return METAVARS[dest]
+    if dest.endswith("_seconds"):
+        return "SECONDS"
+    if typename.startswith("int"):
+        return "N"
+    if typename.startswith("float") or typename.startswith("{float"):
+        return "NUMBER"
+    return typename.upper()
+
+
+class UsageError(Exception):
+    """A flag argparse refused: unknown, misspelt, or missing its value (one line)."""
+
+
+class ExporterParser(argparse.ArgumentParser):
+    """The exporter's argparse parser, filled in by pydantic-settings' CLI source.
+
+    Differences from a plain parser: a short usage; the common flags (:data:`COMMON_FLAGS`)
+    in the first group of ``--help``; an error is :class:`UsageError` with one line that
+    suggests the closest flag (``did you mean --listen?``), not the full usage; no
+    abbreviated flags (``--series-ttl`` is not ``--series-ttl-seconds``), so that adding a
+    flag never changes what an existing command line means.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(
+            prog=PROG,
+            usage=USAGE,
+            description=inspect.cleandoc(Settings.__doc__ or ""),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            add_help=False,
+            allow_abbrev=False,
+        )
+        self.common = self.add_argument_group("common options")
+        self.common.add_argument(
+            "-h", "--help", action="help", default=argparse.SUPPRESS, help="show this help and exit"
+        )
+        self.common.add_argument(
+            "--version", action="store_true", help="print the version and exit"
+        )
+        self.more = self.add_argument_group("more options")
+
+    def place(self, context: Any, *names: str, **kwargs: Any) -> argparse.Action:
+        """pydantic-settings' ``add_argument_method``: common flags first, the rest after.
+
+        Also names each value by what it is (``SECONDS``, ``HOST:PORT``) rather than by its
+        Python type, and drops pydantic-settings' "(default factory: ...)".
+        """
+        dest = str(kwargs.get("dest", "")).lower()
+        if context is self:
+            context = self.common if dest in COMMON_FLAGS else self.more
+        if "metavar" in kwargs:
+            kwargs["metavar"] = metavar(dest, str(kwargs["metavar"]))
+        if "help" in kwargs:
+            kwargs["help"] = re.sub(r" ?\(default factory: [^)]*\)", "", str(kwargs["help"]))
+        return context.add_argument(*names, **kwargs)  # type: ignore[no-any-return]
+
+    def flags(self) -> list[str]:
+        """Every long flag the parser knows."""
+        return [f for a in self._actions for f in a.option_strings if f.startswith("--")]
+
+    def error(self, message: str) -> NoReturn:
+        """Raise :class:`UsageError`: ``message``, a suggestion, and where the flags are listed."""
+        typed = re.findall(r"(?<![\w-])(--?[\w.-]+)", message.split(":", 1)[-1])
+        hint = ""
+        for flag in typed:
+            close = difflib.get_close_matches(flag.split("=", 1)[0], self.flags(), 1, 0.6)
+            if close:
+                hint = f"; did you mean {close[0]}?"
+                break
+        raise UsageError(f"{message}{hint} (see {PROG} --help)")
+
+    def print_help(self, file: IO[str] | None = None) -> None:  # type: ignore[override]
+        """Print the help; an unwritable stdout raises :class:`OutputError`.
+
+        (argparse's own ``print_help`` ignores the error, and ``--help > /dev/full`` would
+        print nothing and exit 0.)
+        """
+        if file is None or file is sys.stdout:
+            _say(self.format_help().rstrip("\n"))
+        else:
+            super().print_help(file)
 
 
 def load_settings(argv: Sequence[str]) -> Settings:
@@ -32,9 +200,18 @@ def load_settings(argv: Sequence[str]) -> Settings:
 
     Raises:
         pydantic.ValidationError: a value is invalid.
-        SystemExit: ``--help`` was given, or argparse rejected a flag.
+        UsageError: a flag is unknown or misspelt, or lacks its value.
+        SystemExit: ``--help`` was given (code 0).
     """
-    return Settings(_cli_parse_args=list(argv))  # type: ignore[call-arg]
+    parser = ExporterParser()
+    source: CliSettingsSource[Settings] = CliSettingsSource(
+        Settings,
+        root_parser=parser,
+        cli_parse_args=list(argv),
+        add_argument_method=parser.place,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    return Settings(_cli_settings_source=source)
 
 
 def _bind_http(settings: Settings) -> socket.socket:
@@ -53,17 +230,37 @@ def create_ingest_socket(settings: Settings) -> IngestSocket:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the exporter until SIGINT/SIGTERM. Returns the process exit code."""
+    """Run the exporter until SIGINT/SIGTERM. Returns the process exit code.
+
+    0: stopped by SIGTERM (or ``--help``, ``--version``); 2: a start-up error, printed as one
+    line on stderr (an unwritable stdout included); 130: SIGINT; 1: the server failed to start.
+    """
     argv = sys.argv[1:] if argv is None else argv
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # --help and --version: a full disk shows here
+    except OutputError as exc:
+        return _fail(str(exc)) if str(exc) else 2
+    except OSError as exc:
+        _silence(1)
+        return _fail(_output_error(exc)) if _output_error(exc) else 2
+    return code
+
+
+def _main(argv: Sequence[str]) -> int:
     if argv and argv[0] == "status":  # trainmon-exporter status: the terminal view
         from trainmon_exporter.views.terminal import main as status_main
 
         return status_main(argv[1:])
     if "--version" in argv:
-        print(f"{PROG} {__version__}")
+        _say(f"{PROG} {__version__}")
         return 0
     try:
         settings = load_settings(argv)
+    except SystemExit as exc:  # --help printed
+        return exc.code if isinstance(exc.code, int) else 2
+    except UsageError as exc:
+        return _fail(str(exc))
     except ValidationError as exc:
         for err in exc.errors():
             where = ".".join(str(p) for p in err["loc"]) or "settings"
@@ -146,10 +343,9 @@ def _serve(settings: Settings, listener: IngestSocket) -> int:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     server = uvicorn.Server(config)
     host, port = http_sock.getsockname()[:2]
-    print(
+    _say(
         f"{PROG} {__version__}: metrics on http://{host}:{port}/metrics, status page "
-        f"http://{host}:{port}/, trainers connect to {settings.socket}",
-        flush=True,
+        f"http://{host}:{port}/, trainers connect to {settings.socket}"
     )
     try:
         server.run(sockets=[http_sock])
