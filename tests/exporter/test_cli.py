@@ -19,13 +19,16 @@ from trainmon_exporter.settings import Settings
 from ..conftest import ExporterProcess, free_port, short_tmpdir, wait_for
 
 
-def run_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, timeout: float = 30, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "trainmon_exporter", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         check=False,
+        env=None if env is None else {**os.environ, **env},
     )
 
 
@@ -170,3 +173,49 @@ def test_help_puts_the_common_flags_first() -> None:
     assert out.startswith("usage: trainmon-exporter [--listen HOST:PORT] [--socket PATH]")
     assert out.count("\nusage") == 0 and "--series-ttl-seconds SECONDS" in out
     assert "default factory" not in out and "tuple[" not in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "line"),
+    [
+        (
+            ["--series-ttl-seconds", "10m"],
+            {},
+            "--series-ttl-seconds '10m': input should be a valid number, unable to parse string "
+            "as a number; expected a number of seconds > 0",
+        ),
+        (
+            [],
+            {"TRAINMON_SERIES_TTL_SECONDS": "10m"},
+            "TRAINMON_SERIES_TTL_SECONDS (environment) '10m': input should be a valid number",
+        ),
+        (
+            ["--analytics.hang-factor", "-1"],
+            {},
+            "--analytics.hang-factor '-1': input should be greater than 0; expected a number > 0",
+        ),
+        (
+            ["--analytics", '{"ema_decay": 3}'],
+            {},
+            "--analytics 3: input should be less than 1; expected a number > 0 and < 1",
+        ),
+        (
+            [],
+            {"trainmon_max_ranks": "0"},  # read case-insensitively, named as it was set
+            "trainmon_max_ranks (environment) '0': input should be greater than or equal to 1; "
+            "expected a whole number >= 1",
+        ),
+        (
+            ["--step-duration-buckets", "[1, 0.5]"],
+            {},
+            "--step-duration-buckets: buckets must be positive and strictly increasing",
+        ),
+    ],
+)
+def test_invalid_value_names_the_flag_or_variable_given(
+    argv: list[str], env: dict[str, str], line: str
+) -> None:
+    out = run_cli(*argv, env=env)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.count("\n") == 1, out.stderr
+    assert out.stderr.startswith("trainmon-exporter: error: " + line), out.stderr

@@ -11,11 +11,12 @@ import os
 import re
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import IO, Any, NoReturn
 
 import uvicorn
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 from pydantic_settings import CliSettingsSource, SettingsError
 
 from trainmon_exporter import __version__, logsetup
@@ -214,6 +215,77 @@ def load_settings(argv: Sequence[str]) -> Settings:
     return Settings(_cli_settings_source=source)
 
 
+def _field_path(loc: Sequence[int | str]) -> tuple[list[str], FieldInfo | None]:
+    """The setting names that start ``loc`` (``["analytics", "hang_factor"]``), and the field.
+
+    The rest of ``loc``, if any, is a list index or a dict key within that setting.
+    """
+    names: list[str] = []
+    model: Any = Settings
+    field = None
+    for part in loc:
+        fields = getattr(model, "model_fields", None)
+        if not isinstance(part, str) or not fields or part not in fields:
+            break
+        names.append(part)
+        field = fields[part]
+        model = field.annotation
+    return names, field
+
+
+def _given(names: list[str], argv: Sequence[str], environ: Mapping[str, str]) -> str:
+    """Where the value of setting ``names`` came from: the flag typed, or the variable set."""
+    upper = {k.upper(): k for k in environ}
+    for depth in range(len(names), 0, -1):  # --analytics.hang-factor, then --analytics JSON
+        flag = "--" + ".".join(n.replace("_", "-") for n in names[:depth])
+        if any(a == flag or a.startswith(flag + "=") for a in argv):
+            return flag
+        var = "TRAINMON_" + "__".join(n.upper() for n in names[:depth])
+        if var in upper:
+            return f"{upper[var]} (environment)"
+    flag = "--" + ".".join(n.replace("_", "-") for n in names)
+    return f"{flag} / TRAINMON_{'__'.join(n.upper() for n in names)}"
+
+
+def expected(name: str, field: FieldInfo) -> str:
+    """What a setting takes, in words: ``a number of seconds > 0 and <= 604800``."""
+    kind = field.annotation
+    words = {int: "a whole number", float: "a number", bool: "true or false"}
+    what = next((w for t, w in words.items() if kind == t or kind == t | None), "")
+    if name.endswith("_seconds") and what:
+        what = f"{what} of seconds"
+    bounds = []
+    for m in field.metadata:
+        for attr, op in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
+            if getattr(m, attr, None) is not None:
+                bounds.append(f"{op} {getattr(m, attr):g}")
+    text = " ".join([what, " and ".join(bounds)]).strip()
+    return f"expected {text}" if text else ""
+
+
+def describe_error(err: Any, argv: Sequence[str], environ: Mapping[str, str]) -> str:
+    """One line for one pydantic error, naming the flag typed or the variable set.
+
+    Then the value given, what is wrong, and what the setting takes:
+    ``--series-ttl-seconds '10m': input should be a valid number, unable to parse string as
+    a number; expected a number of seconds > 0 and <= 604800``
+    """
+    names, field = _field_path(err["loc"])
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    msg = msg[:1].lower() + msg[1:]
+    kind = field.annotation if field is not None else None
+    if not names or (isinstance(kind, type) and issubclass(kind, BaseModel)):
+        return f"{' '.join([*names, 'settings'])}: {msg}"  # a check across several settings
+    where = _given(names, argv, environ)
+    rest = "".join(f"[{p!r}]" for p in err["loc"][len(names) :])
+    value = err.get("input")
+    shown = f" {value!r}" if isinstance(value, str | int | float) and not rest else ""
+    if shown and shown.strip() in msg:
+        shown = ""
+    hint = expected(names[-1], field) if field is not None and not rest else ""
+    return f"{where}{rest}{shown}: {msg}" + (f"; {hint}" if hint else "")
+
+
 def _bind_http(settings: Settings) -> socket.socket:
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
     return socket.create_server((settings.host, settings.port), family=family, backlog=128)
@@ -263,8 +335,7 @@ def _main(argv: Sequence[str]) -> int:
         return _fail(str(exc))
     except ValidationError as exc:
         for err in exc.errors():
-            where = ".".join(str(p) for p in err["loc"]) or "settings"
-            print(f"{PROG}: error: {where}: {err['msg']}", file=sys.stderr)
+            _fail(describe_error(err, argv, os.environ))
         return 2
     except SettingsError as exc:  # e.g. a list-valued variable that is not JSON
         cause = f" ({exc.__cause__})" if exc.__cause__ else ""

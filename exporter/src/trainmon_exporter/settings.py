@@ -408,16 +408,14 @@ class Settings(BaseSettings):
             raise ValueError(f"unknown log level {value!r}")
         return value
 
-    @model_validator(mode="after")
-    def _check_buckets(self) -> Settings:
-        b = self.step_duration_buckets
+    @field_validator("step_duration_buckets")
+    @classmethod
+    def _check_buckets(cls, b: tuple[float, ...]) -> tuple[float, ...]:
         if not all(math.isfinite(x) for x in b):
-            raise ValueError(
-                "step_duration_buckets must be finite numbers (the +Inf bucket is always added)"
-            )
+            raise ValueError("buckets must be finite numbers (the +Inf bucket is always added)")
         if not b or any(x <= 0 for x in b) or list(b) != sorted(set(b)):
-            raise ValueError("step_duration_buckets must be positive and strictly increasing")
-        return self
+            raise ValueError("buckets must be positive and strictly increasing")
+        return b
 
     @property
     def host(self) -> str:
