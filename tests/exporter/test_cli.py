@@ -182,7 +182,7 @@ def test_help_puts_the_common_flags_first() -> None:
             ["--series-ttl-seconds", "10m"],
             {},
             "--series-ttl-seconds '10m': input should be a valid number, unable to parse string "
-            "as a number; expected a number of seconds > 0",
+            "as a number; expected a number of seconds > 0 and <= 604800\n",
         ),
         (
             [],
@@ -190,9 +190,10 @@ def test_help_puts_the_common_flags_first() -> None:
             "TRAINMON_SERIES_TTL_SECONDS (environment) '10m': input should be a valid number",
         ),
         (
-            ["--analytics.hang-factor", "-1"],
+            ["--analytics.hang-factor=-1"],
             {},
-            "--analytics.hang-factor '-1': input should be greater than 0; expected a number > 0",
+            "--analytics.hang-factor '-1': input should be greater than 0; expected a number > 0 "
+            "and <= 1000\n",
         ),
         (
             ["--analytics", '{"ema_decay": 3}'],
@@ -203,7 +204,7 @@ def test_help_puts_the_common_flags_first() -> None:
             [],
             {"trainmon_max_ranks": "0"},  # read case-insensitively, named as it was set
             "trainmon_max_ranks (environment) '0': input should be greater than or equal to 1; "
-            "expected a whole number >= 1",
+            "expected a whole number >= 1 and <= 65536\n",
         ),
         (
             ["--step-duration-buckets", "[1, 0.5]"],

@@ -286,6 +286,21 @@ def describe_error(err: Any, argv: Sequence[str], environ: Mapping[str, str]) ->
     return f"{where}{rest}{shown}: {msg}" + (f"; {hint}" if hint else "")
 
 
+def describe_settings_error(
+    exc: SettingsError, argv: Sequence[str], environ: Mapping[str, str]
+) -> str:
+    """One line for a value pydantic-settings could not even parse (a list that is not JSON).
+
+    ``--step-duration-buckets: not valid JSON (Expecting value: line 1 column 2 (char 1))``
+    """
+    cause = f" ({exc.__cause__})" if exc.__cause__ else ""
+    m = re.search(r'field "(\w+)" from source|encountered for ([\w.]+):', str(exc))
+    if m is None:
+        return f"{exc}{cause}"
+    names = (m.group(1) or m.group(2)).split(".")
+    return f"{_given(names, argv, environ)}: not valid JSON{cause}"
+
+
 def _bind_http(settings: Settings) -> socket.socket:
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
     return socket.create_server((settings.host, settings.port), family=family, backlog=128)
@@ -338,8 +353,7 @@ def _main(argv: Sequence[str]) -> int:
             _fail(describe_error(err, argv, os.environ))
         return 2
     except SettingsError as exc:  # e.g. a list-valued variable that is not JSON
-        cause = f" ({exc.__cause__})" if exc.__cause__ else ""
-        return _fail(f"{exc}{cause}")
+        return _fail(describe_settings_error(exc, argv, os.environ))
     for line in unknown_environment(os.environ):
         print(f"{PROG}: warning: {line}", file=sys.stderr)
     logsetup.setup(
