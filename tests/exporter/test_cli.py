@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from trainmon_exporter.cli import COMMON_FLAGS
+from trainmon_exporter.cli import COMMON_FLAGS, exposure_warning
 from trainmon_exporter.settings import Settings
 
 from ..conftest import ExporterProcess, free_port, short_tmpdir, wait_for
@@ -220,3 +220,33 @@ def test_invalid_value_names_the_flag_or_variable_given(
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.count("\n") == 1, out.stderr
     assert out.stderr.startswith("trainmon-exporter: error: " + line), out.stderr
+
+
+def test_listening_beyond_loopback_says_what_it_exposes(
+    exporter_process: Callable[..., ExporterProcess],
+) -> None:
+    port = free_port()
+    out = exporter_process("--listen", f"0.0.0.0:{port}", port=port).start().stop(signal.SIGTERM)
+    lines = [line for line in out.splitlines() if "readable by anyone" in line]
+    assert len(lines) == 1, out
+    assert f" WARNING trainmon_exporter: HTTP listens on 0.0.0.0:{port} (every network " in lines[0]
+    assert "every run's metrics, the status page and the JSON API" in lines[0]
+    quiet = exporter_process().start().stop(signal.SIGTERM)  # 127.0.0.1: not a word
+    assert "readable by anyone" not in quiet
+
+
+@pytest.mark.parametrize(
+    ("address", "exposed"),
+    [
+        ("127.0.0.1", False),
+        ("127.0.0.2", False),
+        ("::1", False),
+        ("::ffff:127.0.0.1", False),
+        ("0.0.0.0", True),
+        ("::", True),
+        ("10.1.2.3", True),
+        ("fe80::1%eth0", True),
+    ],
+)
+def test_which_addresses_are_beyond_this_host(address: str, exposed: bool) -> None:
+    assert (exposure_warning(address, f"{address}:9478") is not None) is exposed

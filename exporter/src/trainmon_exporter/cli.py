@@ -6,6 +6,7 @@ import argparse
 import difflib
 import errno
 import inspect
+import ipaddress
 import logging
 import os
 import re
@@ -301,6 +302,28 @@ def describe_settings_error(
     return f"{_given(names, argv, environ)}: not valid JSON{cause}"
 
 
+def exposure_warning(address: str, listen: str) -> str | None:
+    """The line logged at start when HTTP listens beyond this host; None on loopback.
+
+    ``address``: the bound address (``0.0.0.0``, ``::`` or one interface's); ``listen``: the
+    setting as given. The exporter has no authentication of its own, so whoever can reach
+    the port reads everything it serves.
+    """
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return None
+    if ip.is_loopback or (ip.version == 6 and ip.ipv4_mapped and ip.ipv4_mapped.is_loopback):
+        return None
+    where = "every network interface" if ip.is_unspecified else f"{address}"
+    return (
+        f"HTTP listens on {listen} ({where}): every run's metrics, the status page and the JSON "
+        "API are readable by anyone who can reach this port (the exporter has no "
+        "authentication); limit it with a firewall or network policy, or use --listen "
+        "127.0.0.1:PORT behind an authenticating proxy"
+    )
+
+
 def _bind_http(settings: Settings) -> socket.socket:
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
     return socket.create_server((settings.host, settings.port), family=family, backlog=128)
@@ -389,6 +412,9 @@ def _serve(settings: Settings, listener: IngestSocket) -> int:
                 "--listen HOST:PORT or TRAINMON_LISTEN"
             )
         return _fail(f"cannot listen on {settings.listen}: {exc.strerror}")
+    exposure = exposure_warning(http_sock.getsockname()[0], settings.listen)
+    if exposure:
+        logging.getLogger("trainmon_exporter").warning("%s", exposure)
     if settings.require_gpus and (settings.collectors.gpu or settings.collectors.rank_gpu):
         from trainmon_exporter.nvml import PynvmlBackend
         from trainmon_exporter.sampler import GpuSampler
