@@ -298,7 +298,8 @@ class Settings(BaseSettings):
         le=4096,
         description="Most HTTP connections at once (uvicorn limit_concurrency). A new "
         "connection at the limit closes the oldest one with no request in progress (idle or "
-        "half-sent); when every one has a request in progress, new requests get 503.",
+        "half-sent; reason evicted); when every one has a request in progress, new requests "
+        "get 503.",
     )
     http_timeout_keep_alive_seconds: int = Field(
         5,
@@ -313,8 +314,8 @@ class Settings(BaseSettings):
         allow_inf_nan=False,
         le=3600,
         description="An HTTP connection must complete its request head within this long of "
-        "connecting or of its previous response (s), else it is closed (uvicorn has no such "
-        "timeout of its own).",
+        "connecting or of its previous response (s), else it is closed (reason header_timeout; "
+        "uvicorn has no such timeout of its own).",
     )
     http_write_timeout_seconds: float = Field(
         15.0,
@@ -322,7 +323,8 @@ class Settings(BaseSettings):
         allow_inf_nan=False,
         le=3600,
         description="A response the client leaves unread this long (s) aborts its connection "
-        "and frees the buffered body. Above Prometheus' default 10 s scrape timeout.",
+        "and frees the buffered body (reason write_timeout). Above Prometheus' default 10 s "
+        "scrape timeout.",
     )
     http_max_concurrent_scrapes: int = Field(
         4,
@@ -349,19 +351,23 @@ class Settings(BaseSettings):
         1024,
         ge=1,
         le=65536,
-        description="Most (run, rank) pairs tracked at once; more are refused.",
+        description="Most (run, rank) pairs tracked at once. When full, a new rank evicts the "
+        "oldest disconnected one (finished first, then failed, then crashed); only when every "
+        "pair is connected is it refused (reason too_many_ranks).",
     )
     max_layers: int = Field(
         128,
         ge=0,
         le=10_000,
-        description="Most layers per rank exported from Run.watch; more are refused.",
+        description="Most layers per rank exported from Run.watch; more are dropped (reason "
+        "layer_cap).",
     )
     max_custom_metrics: int = Field(
         256,
         ge=0,
         le=10_000,
-        description="Most distinct custom metric names per rank; more are refused.",
+        description="Most distinct custom metric names per rank; more are refused (reason "
+        "custom_cap).",
     )
     max_operations: int = Field(
         64,
