@@ -10,6 +10,7 @@ import ipaddress
 import logging
 import os
 import re
+import shutil
 import socket
 import sys
 from collections.abc import Mapping, Sequence
@@ -127,6 +128,14 @@ class UsageError(Exception):
     """A flag argparse refused: unknown, misspelt, or missing its value (one line)."""
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's layout, up to 100 columns wide (a terminal's width when it is narrower)."""
+
+    def __init__(self, prog: str) -> None:
+        width = min(100, shutil.get_terminal_size((100, 24)).columns) - 2
+        super().__init__(prog, max_help_position=36, width=width)
+
+
 class ExporterParser(argparse.ArgumentParser):
     """The exporter's argparse parser, filled in by pydantic-settings' CLI source.
 
@@ -142,7 +151,7 @@ class ExporterParser(argparse.ArgumentParser):
             prog=PROG,
             usage=USAGE,
             description=inspect.cleandoc(Settings.__doc__ or ""),
-            formatter_class=argparse.RawDescriptionHelpFormatter,
+            formatter_class=_HelpFormatter,
             add_help=False,
             allow_abbrev=False,
         )

@@ -218,7 +218,8 @@ class Settings(BaseSettings):
     listen: str = Field(
         f"127.0.0.1:{DEFAULT_PORT}",
         description="HTTP address HOST:PORT for /metrics, the API and the status page "
-        "(env TRAINMON_LISTEN). Use 0.0.0.0 to let a remote Prometheus scrape it.",
+        "(env TRAINMON_LISTEN). Use 0.0.0.0 to let a remote Prometheus scrape it; whoever "
+        "can reach the port then reads every run's metrics (no authentication).",
     )
     socket: Path = Field(
         default_factory=lambda: Path(default_socket()),
