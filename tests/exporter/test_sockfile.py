@@ -418,3 +418,25 @@ def test_a_listener_of_another_user_is_named_as_not_ours(tmpdir_short: Path) -> 
     ) in out.stderr
     assert "TRAINMON_EXPORTER_UID=0 refuse it" in out.stderr
     assert "another exporter" not in out.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the file to another user")
+def test_a_lock_file_of_another_user_is_named_as_not_ours(tmpdir_short: Path) -> None:
+    d = tmpdir_short / "shared"
+    d.mkdir()
+    os.chmod(d, 0o1777)
+    lock = d / "t.sock.lock"
+    lock.write_text("")
+    os.chown(lock, 65534, 65534)  # planted first by another user
+    out = subprocess.run(
+        [sys.executable, "-m", "trainmon_exporter", "--socket", str(d / "t.sock")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert (
+        f"{lock} belongs to uid 65534, not to this user (uid 0): not a trainmon exporter's lock"
+    ) in out.stderr
+    assert lock.exists() and not (d / "t.sock").exists()

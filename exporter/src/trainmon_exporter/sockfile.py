@@ -267,10 +267,15 @@ def _lock(dirfd: int, name: str, shown: Path) -> int:
         try:
             st = _own(fd, stat.S_ISREG)
             if st is None:
-                raise UnsafeSocketDirError(
-                    f"{shown}{LOCK_SUFFIX} is not a file of this user; remove it if no "
-                    "exporter runs"
+                owner = os.fstat(fd).st_uid
+                euid = os.geteuid()
+                whose = (
+                    f"belongs to uid {owner}, not to this user (uid {euid}): not a trainmon "
+                    f"exporter's lock; remove it, and let only uid {euid} write {shown.parent}"
+                    if owner != euid
+                    else "is not a regular file; remove it if no exporter runs"
                 )
+                raise UnsafeSocketDirError(f"{shown}{LOCK_SUFFIX} {whose}")
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
