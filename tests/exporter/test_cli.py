@@ -207,6 +207,18 @@ def test_help_puts_the_common_flags_first() -> None:
             "expected a whole number >= 1 and <= 65536\n",
         ),
         (
+            ["--ingest-max-bytes-per-second", "4M"],
+            {},
+            "--ingest-max-bytes-per-second '4M': input should be a valid number, unable to parse "
+            "string as a number; expected a number of bytes per second > 0 and <= 1073741824\n",
+        ),
+        (
+            ["--analytics.window-steps", "1e9"],
+            {},
+            "--analytics.window-steps '1e9': input should be a valid integer, unable to parse "
+            "string as an integer; expected a whole number of steps >= 5 and <= 10000\n",
+        ),
+        (
             ["--step-duration-buckets", "[1, 0.5]"],
             {},
             "--step-duration-buckets: buckets must be positive and strictly increasing",

@@ -257,18 +257,37 @@ def _given(names: list[str], argv: Sequence[str], environ: Mapping[str, str]) ->
     return f"{flag} / TRAINMON_{'__'.join(n.upper() for n in names)}"
 
 
+UNITS = (
+    ("_bytes_per_second", "bytes per second"),
+    ("_seconds", "seconds"),
+    ("_steps", "steps"),
+    ("_checks", "checks"),
+    ("_evals", "evaluations"),
+    ("peak_flops", "FLOP/s"),
+)
+"""The unit a setting's value is in, from the end of its name."""
+
+
+def _number(value: float) -> str:
+    """``value`` as a bound is written: ``1073741824``, ``0.5``, ``1e+18``."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return repr(value)
+
+
 def expected(name: str, field: FieldInfo) -> str:
     """What a setting takes, in words: ``a number of seconds > 0 and <= 604800``."""
     kind = field.annotation
     words = {int: "a whole number", float: "a number", bool: "true or false"}
     what = next((w for t, w in words.items() if kind == t or kind == t | None), "")
-    if name.endswith("_seconds") and what:
-        what = f"{what} of seconds"
+    unit = next((u for suffix, u in UNITS if name.endswith(suffix)), None)
+    if unit and what:
+        what = f"{what} of {unit}"
     bounds = []
     for m in field.metadata:
         for attr, op in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
             if getattr(m, attr, None) is not None:
-                bounds.append(f"{op} {getattr(m, attr):g}")
+                bounds.append(f"{op} {_number(getattr(m, attr))}")
     text = " ".join([what, " and ".join(bounds)]).strip()
     return f"expected {text}" if text else ""
 
