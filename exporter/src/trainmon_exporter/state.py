@@ -112,7 +112,8 @@ class RankState:
     """Everything known about one (run, rank).
 
     Times named ``*_mono`` are ``time.monotonic()`` of the exporter; ``last_step_time`` and
-    ``started_at`` are the client's wall clock (Unix seconds, same host).
+    ``started_at`` are the client's wall clock (Unix seconds, same host). Hangs are judged on
+    ``last_step_mono`` (when the last step arrived), never on a wall clock that can step.
     """
 
     run: str
@@ -144,6 +145,7 @@ class RankState:
     rollbacks: int = 0  # steps that went backward in the same client process
     step: int | None = None
     last_step_time: float | None = None
+    last_step_mono: float | None = None
     steps_total: int = 0
     tokens_total: float = 0.0
     samples_total: float = 0.0
@@ -215,6 +217,7 @@ class RankState:
         new_tokens = tokens if restarted else tokens - self.tokens_total
         self.step = step
         self.last_step_time = when
+        self.last_step_mono = time.monotonic()
         self.steps_total = steps
         self.tokens_total = tokens
         self.samples_total = samples
@@ -915,8 +918,12 @@ class Store:
             self.recount_series()
         return n
 
-    def check_conditions(self, now: float, rates: bool = True) -> list[tuple[RankState, str]]:
+    def check_conditions(
+        self, now_mono: float | None = None, rates: bool = True
+    ) -> list[tuple[RankState, str]]:
         """Judge the time-based detectors of every rank, under the lock.
+
+        ``now_mono``: ``time.monotonic()`` s (now by default), the clock hangs are judged on.
 
         :meth:`RunAnalytics.check <trainmon_exporter.analytics.RunAnalytics.check>`: hangs
         always; with ``rates`` also throughput drops, memory leaks and stragglers.
@@ -924,4 +931,5 @@ class Store:
         Returns the ``(rank, kind)`` episodes that just started.
         """
         with self.lock:
-            return self.judge.check(list(self.ranks.values()), now, rates=rates)
+            now_mono = time.monotonic() if now_mono is None else now_mono
+            return self.judge.check(list(self.ranks.values()), now_mono, rates=rates)
