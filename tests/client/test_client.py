@@ -58,7 +58,9 @@ def test_hello_then_batched_steps_with_cumulative_totals(listener: Listener) -> 
     _, ids, values = steps[-1]
     assert dict(zip(ids, values, strict=True)) == {1: pytest.approx(2.6), 2: 1e-3, 3: 0.5}
     assert recs[-1] == (P.FINISH, (P.FINISH_OK, pytest.approx(time.time(), abs=5)))
-    assert run.dropped == {"disconnected": 0, "backpressure": 0, "encode_error": 0, "in_flight": 0}
+    assert run.dropped == dict.fromkeys(
+        ("disconnected", "backpressure", "encode_error", "in_flight", "reentrant"), 0
+    )
     assert run.sent == 5
 
 

@@ -194,16 +194,31 @@ class Run:
         self._dropped_in_flight = 0
         self._refused = 0
         self._internal_errors = 0
+        self._dropped_reentrant = 0
         # Guards everything but the hot path's queue: the encoder, the transport and the
-        # device copies, between log()'s rare slow paths, the flusher and finish().
+        # device copies, between log()'s rare slow paths, the flusher and finish(). Taken only
+        # through _enter(), never by a thread already inside it (a signal handler that
+        # interrupted the holder would otherwise deadlock, or re-enter the encoder midway).
         self._lock = threading.RLock()
-        self._wake = threading.Event()
+        self._inside: set[int] = set()  # thread ids taking or holding _lock
+        self._finish_deferred: bool | None = None  # a finish(failed=...) a handler asked for
+        # Held while no flush is asked for; log() releases it to wake the flusher. A bare lock
+        # is released in one C call, with no lock of its own: unlike Event.set(), which takes
+        # its Condition's lock and deadlocks a signal handler that interrupted it.
+        self._wake = threading.Lock()
+        self._wake.acquire()
         self._flusher: threading.Thread | None = None
-        # Queue length at which log() wakes the flusher: 0 (every call) until the flusher runs
+        # Queue length at which log() wakes the flusher: 0 (every call) until the first wake
         # (the first step is sent at once), then MAX_PENDING, or 0 with a flush_interval of 0.
         self._wake_at = 0
         if not self._closed:
             _lifecycle.attach(self)
+            # Started here, not by the first log(): starting a thread takes locks of the
+            # threading module, which a signal handler's log() must never wait for.
+            self._flusher = threading.Thread(
+                target=self._flush_loop, name=f"trainmon-flush-{self.rank}", daemon=True
+            )
+            self._flusher.start()
 
     # ------------------------------------------------------------------------- public API
 
@@ -225,6 +240,10 @@ class Run:
                 :mod:`trainmon_client._device`), so ``log()`` adds no device synchronisation.
 
         Invalid names or values are dropped and counted in :attr:`refused`.
+
+        Safe in a signal handler, as is every method of the run: none waits for a lock the
+        interrupted code may hold. A call that would is dropped and counted
+        (``dropped["reentrant"]``); plain numbers never are.
 
         Example:
             >>> run = init(run="doc", socket_path="/nonexistent/x.sock")
@@ -253,17 +272,22 @@ class Run:
                 pending.append((step, t0, metrics))
                 total = sum(values)
             else:
-                with self._lock:
+                if not self._enter():
+                    self._dropped_reentrant += 1
+                    self._overhead += _perf() - t0
+                    return
+                try:
                     metrics = self._copies.snapshot(metrics)
-                values = metrics.values()
-                pending.append((step, t0, metrics))
-                total = sum(values)
-            if self._waiting and self._lock.acquire(False):  # the flusher resolves otherwise
+                    pending.append((step, t0, metrics))
+                finally:
+                    self._leave()  # may run a finish() deferred by a signal handler
+                total = sum(metrics.values())
+            if self._waiting and self._enter(block=False):  # the flusher resolves otherwise
                 try:
                     if self._copies.resolve(block=False):
                         total = _NAN  # a device value that just arrived is not finite
                 finally:
-                    self._lock.release()
+                    self._leave()
             # A NaN or an infinity is sent now; so is a full queue, and the first step (the
             # exporter learns the rank then), or every step with a flush_interval of 0.
             if total - total != 0.0 or len(pending) >= self._wake_at:
@@ -287,8 +311,16 @@ class Run:
         at that one deadline. Records it could not send in time count as ``backpressure``;
         records sent but not seen read by then (or on a connection that ended) as
         ``in_flight`` (see :attr:`dropped`).
+
+        Safe in a signal handler: when the handler interrupted this thread inside the run (its
+        lock held or being taken), the finish is done as soon as the interrupted call leaves
+        the run, before control returns to the training code.
         """
-        with self._lock:
+        if not self._enter():
+            if not self._closed:
+                self._finish_deferred = bool(self._finish_deferred) or failed
+            return
+        try:
             if self._closed:
                 return
             self._closed = True
@@ -311,7 +343,9 @@ class Run:
             finally:
                 self._transport.close()
                 _lifecycle.detach(self)
-        self._wake.set()  # the flusher sees _closed and ends
+        finally:
+            self._leave()
+        self._wake_flusher()  # the flusher sees _closed and ends
 
     def eval(self, step: int, /, **metrics: Any) -> None:
         """Record the results of one evaluation. Never raises; sent at once.
@@ -329,17 +363,23 @@ class Run:
         if self._closed:
             return
         now = _perf()
+        if not self._enter():
+            self._dropped_reentrant += 1
+            self._overhead += _perf() - now
+            return
         try:
-            with self._lock:
-                values = self._copies.snapshot(metrics, defer=False)
-                record, refused = self._encoder.eval_record(step, _wall(), values)
-                self._refused += refused
-                if record is not None:
-                    self._send_now(record, now)
+            if self._closed:  # finished meanwhile (a signal handler's finish())
+                return
+            values = self._copies.snapshot(metrics, defer=False)
+            record, refused = self._encoder.eval_record(step, _wall(), values)
+            self._refused += refused
+            if record is not None:
+                self._send_now(record, now)
         except Exception:
             self._internal_errors += 1
             log.debug("trainmon_client: eval() failed internally", exc_info=True)
         finally:
+            self._leave()
             self._overhead += _perf() - now
 
     def track(self, name: str) -> Operation:
@@ -375,18 +415,24 @@ class Run:
         if self._closed:
             return
         now = _perf()
+        if not self._enter():
+            self._dropped_reentrant += 1
+            self._overhead += _perf() - now
+            return
         try:
-            with self._lock:
-                s = as_step(step)
-                sec = _NAN if seconds is None else self._copies.coerce(seconds)
-                if s is None or sec is REFUSED or sec < 0:
-                    self._refused += 1
-                    return
-                self._send_now(P.encode_checkpoint(s, _wall(), sec), now)
+            if self._closed:
+                return
+            s = as_step(step)
+            sec = _NAN if seconds is None else self._copies.coerce(seconds)
+            if s is None or sec is REFUSED or sec < 0:
+                self._refused += 1
+                return
+            self._send_now(P.encode_checkpoint(s, _wall(), sec), now)
         except Exception:
             self._internal_errors += 1
             log.debug("trainmon_client: checkpoint() failed internally", exc_info=True)
         finally:
+            self._leave()
             self._overhead += _perf() - now
 
     def watch(
@@ -483,12 +529,22 @@ class Run:
 
         copies = self._copies
         if copies.has_room(table):
-            with self._lock:
+            if not self._enter():
+                self._dropped_reentrant += 1
+                return
+            try:
                 copies.defer([table], send, flatten=True)
+            finally:
+                self._leave()
         else:
             values = table.flatten().tolist()
-            with self._lock:
+            if not self._enter():
+                self._dropped_reentrant += 1
+                return
+            try:
                 send(values)
+            finally:
+                self._leave()
 
     def _send_layers(
         self,
@@ -511,32 +567,44 @@ class Run:
         if self._closed:
             return 0
         now = _perf()
+        if not self._enter():
+            self._dropped_reentrant += 1
+            self._overhead += _perf() - now
+            return 0
         try:
-            with self._lock:
-                field_id = self._encoder.intern(name)
-                if not field_id:
-                    self._refused += 1
-                    return 0
-                self._send_now(self._encoder.track_started(field_id), now)
-                return field_id
+            if self._closed:
+                return 0
+            field_id = self._encoder.intern(name)
+            if not field_id:
+                self._refused += 1
+                return 0
+            self._send_now(self._encoder.track_started(field_id), now)
+            return field_id
         except Exception:
             self._internal_errors += 1
             log.debug("trainmon_client: track() failed internally", exc_info=True)
             return 0
         finally:
+            self._leave()
             self._overhead += _perf() - now
 
     def _track_end(self, field_id: int, seconds: float) -> None:
         if self._closed or not field_id:
             return
         now = _perf()
+        if not self._enter():
+            self._dropped_reentrant += 1
+            self._overhead += _perf() - now
+            return
         try:
-            with self._lock:
-                self._send_now(self._encoder.track_stopped(field_id, seconds), now)
+            if self._closed:
+                return
+            self._send_now(self._encoder.track_stopped(field_id, seconds), now)
         except Exception:
             self._internal_errors += 1
             log.debug("trainmon_client: track() failed internally", exc_info=True)
         finally:
+            self._leave()
             self._overhead += _perf() - now
 
     def __enter__(self) -> Run:
@@ -559,14 +627,21 @@ class Run:
         that cannot be encoded (e.g. an int beyond a float's range); ``in_flight``: records
         sent on a connection that ended before the exporter was seen to read them (the socket's
         send queue had not drained): an upper bound of what a frozen, killed or restarted
-        exporter never read. Every record logged is either in :attr:`sent`, here, or still
-        queued; bad values and steps are in :attr:`refused` instead.
+        exporter never read; ``reentrant``: calls made while this thread was already inside
+        the run, i.e. from a signal handler that interrupted it midway, which would otherwise
+        deadlock (a :meth:`log` of plain numbers is never dropped: it takes no lock), and
+        steps a :meth:`log` queued after a handler's :meth:`finish` interrupted it. Every
+        record logged is either in :attr:`sent`, here, or still queued; bad values and steps
+        are in :attr:`refused` instead. ``reentrant`` is the client's own: TOTALS records do
+        not carry it.
         """
         return {
             "disconnected": self._dropped_disconnected,
             "backpressure": self._dropped_backpressure,
             "encode_error": self._dropped_encode,
             "in_flight": self._dropped_in_flight,
+            # Steps a log() queued after a finish() (a signal handler's) interrupted it.
+            "reentrant": self._dropped_reentrant + (len(self._pending) if self._closed else 0),
         }
 
     @property
@@ -619,28 +694,53 @@ class Run:
 
     # ------------------------------------------------------------------------- flusher
 
+    def _enter(self, block: bool = True) -> bool:
+        """Take the run's lock, unless this thread is already taking or holding it: False then.
+
+        A thread already inside is one a signal handler interrupted (Python runs handlers in
+        the main thread, between two bytecodes of whatever it was doing): waiting would
+        deadlock, re-entering would corrupt the encoder, so the caller drops its call and
+        counts it (``dropped["reentrant"]``). ``block=False``: also False when another thread
+        (the flusher) holds it. The thread's id is noted *before* it waits for the lock, so
+        a handler that runs during the wait is refused too. Set operations on ints are atomic.
+        """
+        me = threading.get_ident()
+        inside = self._inside
+        if me in inside:
+            return False
+        inside.add(me)
+        if self._lock.acquire(block):
+            return True
+        inside.discard(me)
+        return False
+
+    def _leave(self) -> None:
+        """Release what :meth:`_enter` took; then do a finish a signal handler deferred."""
+        self._lock.release()
+        self._inside.discard(threading.get_ident())
+        failed = self._finish_deferred
+        if failed is not None:
+            self._finish_deferred = None
+            self.finish(failed=failed)
+
     def _wake_flusher(self) -> None:
-        """Wake the flusher thread now (starting it on the first call)."""
-        if self._flusher is None:
-            thread = threading.Thread(
-                target=self._flush_loop, name=f"trainmon-flush-{self.rank}", daemon=True
-            )
-            self._flusher = thread
-            self._wake_at = 0 if self.flush_interval <= 0.0 else MAX_PENDING
-            thread.start()
-        self._wake.set()
+        """Wake the flusher thread now: one C call, safe in a signal handler."""
+        self._wake_at = 0 if self.flush_interval <= 0.0 else MAX_PENDING
+        try:
+            self._wake.release()
+        except RuntimeError:  # not held: a wake-up is already pending
+            pass
 
     def _flush_loop(self) -> None:
         """The flusher thread: sleep until woken or ``flush_interval`` passes, then flush.
 
-        It sleeps in ``Event.wait`` (no GIL held) and ends once the run is closed. With a
+        It sleeps on the wake lock (no GIL held) and ends once the run is closed. With a
         ``flush_interval`` of 0 it only wakes when ``log()`` wakes it, once per step.
         """
         wake = self._wake
-        timeout = self.flush_interval if self.flush_interval > 0.0 else None
+        timeout = self.flush_interval if self.flush_interval > 0.0 else -1
         while not self._closed:
-            wake.wait(timeout)
-            wake.clear()
+            wake.acquire(True, timeout)
             with self._lock:
                 if self._closed:
                     return
@@ -785,6 +885,8 @@ class Run:
         self._closed = True
         self._transport.abandon()  # the parent owns the descriptor; the child must not close it
         self._lock = threading.RLock()  # the parent's flusher may have held it at the fork
+        self._inside = set()
+        self._pending.clear()  # the parent's steps: the parent sends them
         self._flusher = None
 
 
