@@ -181,7 +181,9 @@ class Run:
         self._pending: deque[tuple[Any, float, dict[str, Any]]] = deque()
         self._copies = DeviceCopies(self)
         self._waiting = self._copies.waiting  # device copies in flight: log() polls them
-        self._transport = Transport(socket_path, expected_exporter_uid(os.environ))
+        self._transport = Transport(
+            socket_path, expected_exporter_uid(os.environ), run_id=run_id, rank=rank
+        )
         self._encoder = Encoder(lambda: self._transport.connected)
         self._resend_names = False
         # The run's cumulative counts (see dropped, sent, refused, overhead_seconds).
@@ -677,6 +679,18 @@ class Run:
     def connected(self) -> bool:
         """Whether the last send reached an exporter."""
         return self._transport.connected
+
+    @property
+    def refused_reason(self) -> str | None:
+        """Why the exporter last refused this run, or None.
+
+        The reason it sent before closing the connection (``not_owner``, ``duplicate_rank``,
+        ``too_many_ranks``, ``series_budget``, ``peer_not_allowed``...). The first refusal is
+        also logged once as a warning with the fix. Records sent meanwhile count as
+        ``disconnected`` or ``in_flight``.
+        """
+        refusal = self._transport.refusal
+        return None if refusal is None else refusal.reason
 
     @property
     def closed(self) -> bool:
