@@ -367,8 +367,11 @@ def test_detect_ranks_from_launchers() -> None:
         1,
     )
     assert detect_ranks({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4"}) == (2, 2, 4)
-    with pytest.raises(ValueError, match="RANK"):
-        detect_ranks({"RANK": "zero"})
+    # A bad value from the environment is ignored (as if unset), noted and warned about.
+    issues: list[str] = []
+    assert detect_ranks({"RANK": "zero", "SLURM_PROCID": "x"}, issues) == (0, 0, 1)
+    assert detect_ranks({"RANK": "2", "LOCAL_RANK": "-1", "WORLD_SIZE": "0"}, issues) == (2, 2, 3)
+    assert issues == ["RANK", "LOCAL_RANK", "WORLD_SIZE"]
 
 
 def test_detect_run_id_order() -> None:

@@ -1,14 +1,52 @@
-"""Where a training process learns its rank, world size and run id from the launcher."""
+"""Where a training process learns its rank, world size and run id from the launcher.
+
+Values from the environment never make ``init()`` raise (a job name with quotes, spaces or a
+newline in ``TRAINMON_RUN``, a ``RANK`` that is not a number): each bad one is replaced or
+ignored, with one warning per variable and value on the ``trainmon_client`` logger, and noted
+in the caller's ``issues`` list (the run counts them in ``Run.refused`` and keeps them in
+``Run.sanitised_env``). Only a bad explicit argument to ``init()`` raises.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import re
 import socket
 import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
+
+from trainmon_client import _protocol as P
+
+log = logging.getLogger("trainmon_client")
+
+_warned: set[str] = set()
+
+
+def note(issues: list[str] | None, key: str, message: str) -> None:
+    """Record a sanitised environment value ``key`` in ``issues``; warn once per message."""
+    if issues is not None:
+        issues.append(key)
+    if message not in _warned:
+        _warned.add(message)
+        log.warning("trainmon: %s", message)
+
+
+_RUN_BAD = re.compile(r"[^A-Za-z0-9_.:@+\-]")
+
+
+def sanitise_run_id(value: str) -> str:
+    """``value`` made a valid run id; ``""`` if nothing is left.
+
+    Each character a run id may not hold becomes ``_``, leading ``. : @ + -`` go, and it is cut
+    to 128 characters.
+    """
+    fixed = _RUN_BAD.sub("_", value.strip()).lstrip(".:@+-")
+    return fixed[: P.MAX_NAME_CHARS]
+
 
 DEFAULT_SOCKET = "/run/trainmon/trainmon.sock"
 """The node-wide socket path: a root exporter's, or a service's whose directory an admin made."""
@@ -60,35 +98,40 @@ def _slurm_task(env: Mapping[str, str]) -> bool:
     return bool(env.get("SLURM_STEP_ID", "").strip() or env.get("SLURM_STEPID", "").strip())
 
 
-def _int(env: Mapping[str, str], key: str) -> int | None:
+def _int(env: Mapping[str, str], key: str, issues: list[str] | None, least: int = 0) -> int | None:
+    """``env[key]`` as an int of at least ``least``; None when unset, or bad (then noted)."""
     value = env.get(key)
     if value is None or value.strip() == "":
         return None
     try:
-        return int(value)
+        number = int(value)
     except ValueError:
-        raise ValueError(f"environment variable {key}={value!r} is not an integer") from None
+        number = least - 1
+    if number < least:
+        note(issues, key, f"{key}={value[:60]!r} is not an integer >= {least}; ignored")
+        return None
+    return number
 
 
-def detect_ranks(env: Mapping[str, str] | None = None) -> tuple[int, int, int]:
+def detect_ranks(
+    env: Mapping[str, str] | None = None, issues: list[str] | None = None
+) -> tuple[int, int, int]:
     """Return ``(rank, local_rank, world_size)`` from the launcher's environment.
 
     Looks at torchrun's ``RANK``/``LOCAL_RANK``/``WORLD_SIZE``, then Slurm (tasks started by
     ``srun`` only, not the batch script itself), Open MPI and PMI; without any, a single
-    process: ``(0, 0, 1)``.
-
-    Raises:
-        ValueError: a variable is set but is not an integer.
+    process: ``(0, 0, 1)``. A variable that is set but is not a non-negative integer (a
+    positive one for the size) is ignored as if unset, with a warning, and noted in ``issues``.
     """
     env = os.environ if env is None else env
     for rank_key, local_key, size_key in _LAUNCHERS:
         if rank_key == "SLURM_PROCID" and not _slurm_task(env):
             continue
-        rank = _int(env, rank_key)
+        rank = _int(env, rank_key, issues)
         if rank is None:
             continue
-        local = _int(env, local_key)
-        size = _int(env, size_key)
+        local = _int(env, local_key, issues)
+        size = _int(env, size_key, issues, least=1)
         return rank, rank if local is None else local, max(size or 1, rank + 1)
     return 0, 0, 1
 
@@ -105,7 +148,9 @@ def _process_start(pid: int) -> float | None:
         return None
 
 
-def detect_run_id(world_size: int, env: Mapping[str, str] | None = None) -> str:
+def detect_run_id(
+    world_size: int, env: Mapping[str, str] | None = None, issues: list[str] | None = None
+) -> str:
     """A run id shared by every rank of one launch.
 
     Order: ``TRAINMON_RUN``; ``SLURM_JOB_ID`` (as ``slurm-<id>``); torchrun's
@@ -120,17 +165,30 @@ def detect_run_id(world_size: int, env: Mapping[str, str] | None = None) -> str:
     the job sees the same one, it survives a requeue (a rendezvous id such as ``$RANDOM`` in
     the batch script does not), and it is the id ``squeue``, ``sacct`` and dcgm-exporter's
     ``hpc_job`` label use. An array element has its own job id.
+
+    A value that is not a valid run id (quotes, spaces, newlines, over 128 characters) is
+    sanitised (:func:`sanitise_run_id`), with a warning, and noted in ``issues``; one with
+    nothing valid left is skipped. The result is always a valid run id.
     """
     env = os.environ if env is None else env
-    explicit = env.get("TRAINMON_RUN", "").strip()
-    if explicit:
-        return explicit
-    slurm = env.get("SLURM_JOB_ID", "").strip()
-    if slurm:
-        return f"slurm-{slurm}"
     elastic = env.get("TORCHELASTIC_RUN_ID", "").strip()
-    if elastic and elastic.lower() != "none":
-        return elastic
+    slurm = env.get("SLURM_JOB_ID", "").strip()
+    candidates = (
+        ("TRAINMON_RUN", env.get("TRAINMON_RUN", "").strip()),
+        ("SLURM_JOB_ID", f"slurm-{slurm}" if slurm else ""),
+        ("TORCHELASTIC_RUN_ID", elastic if elastic.lower() != "none" else ""),
+    )
+    for key, value in candidates:
+        if not value:
+            continue
+        if P.valid_run_id(value):
+            return value
+        fixed = sanitise_run_id(value)
+        shown = value[:60]
+        if fixed:
+            note(issues, key, f"{key}={shown!r} is not a valid run id; using {fixed!r}")
+            return fixed
+        note(issues, key, f"{key}={shown!r} is not a valid run id; ignored")
     prog = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] else "python"
     prog = "".join(c if c.isalnum() or c in "_-." else "_" for c in prog)[:48].lstrip("-.")
     prog = prog or "python"

@@ -50,6 +50,7 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
@@ -57,7 +58,7 @@ from trainmon_client import _lifecycle
 from trainmon_client import _protocol as P
 from trainmon_client._device import REFUSED, DeviceCopies, add_allocator_stats, torch_gpu_uuid
 from trainmon_client._encoder import Encoder, as_step
-from trainmon_client._env import default_socket, detect_ranks, detect_run_id
+from trainmon_client._env import default_socket, detect_ranks, detect_run_id, note
 from trainmon_client._transport import Outcome, Transport, expected_exporter_uid
 from trainmon_client._version import __version__
 
@@ -159,6 +160,7 @@ class Run:
         enabled: bool,
         dtype: str = "bf16",
         cuda_memory: bool = False,
+        sanitised_env: tuple[str, ...] = (),
     ) -> None:
         self.run_id = run_id
         self.rank = rank
@@ -181,9 +183,13 @@ class Run:
         self._pending: deque[tuple[Any, float, dict[str, Any]]] = deque()
         self._copies = DeviceCopies(self)
         self._waiting = self._copies.waiting  # device copies in flight: log() polls them
+        issues = list(sanitised_env)
         self._transport = Transport(
-            socket_path, expected_exporter_uid(os.environ), run_id=run_id, rank=rank
+            socket_path, expected_exporter_uid(os.environ, issues), run_id=run_id, rank=rank
         )
+        self.sanitised_env = tuple(issues)
+        """Environment variables whose values were bad and were replaced or ignored at start
+        (e.g. ``("TRAINMON_RUN",)``), each warned about once and counted in :attr:`refused`."""
         self._encoder = Encoder(lambda: self._transport.connected)
         self._resend_names = False
         # The run's cumulative counts (see dropped, sent, refused, overhead_seconds).
@@ -194,7 +200,7 @@ class Run:
         self._dropped_backpressure = 0
         self._dropped_encode = 0
         self._dropped_in_flight = 0
-        self._refused = 0
+        self._refused = len(issues)
         self._internal_errors = 0
         self._dropped_reentrant = 0
         # Guards everything but the hot path's queue: the encoder, the transport and the
@@ -653,7 +659,11 @@ class Run:
 
     @property
     def refused(self) -> int:
-        """Values (or whole records) refused for a bad name, type or step number."""
+        """Values (or whole records) refused for a bad name, type or step number.
+
+        Bad environment values replaced or ignored at start count here too, one each
+        (:attr:`sanitised_env`), so that the exporter sees them.
+        """
         return self._refused
 
     @property
@@ -958,8 +968,12 @@ def init(
         The :class:`Run` handle.
 
     Raises:
-        ValueError: an invalid run id, rank numbers, interval or FLOP count (programmer
-            errors; the only exceptions trainmon ever raises).
+        ValueError: an invalid run id, rank numbers, interval or FLOP count passed as an
+            argument (programmer errors; the only exceptions trainmon ever raises). A bad value
+            from the environment (``TRAINMON_RUN`` with spaces or quotes, a ``RANK`` that is
+            not a number, ``TRAINMON_FLUSH_INTERVAL``, ``TRAINMON_EXPORTER_UID``) never raises:
+            it is sanitised or ignored with one warning and counted
+            (:attr:`Run.sanitised_env`, :attr:`Run.refused`).
 
     Example:
         >>> import trainmon_client
@@ -968,7 +982,8 @@ def init(
         >>> run.finish()
     """
     env = os.environ
-    d_rank, d_local, d_world = detect_ranks(env)
+    issues: list[str] = []  # environment values sanitised (never raised for)
+    d_rank, d_local, d_world = detect_ranks(env, issues)
     rank = d_rank if rank is None else rank
     local_rank = d_local if local_rank is None else local_rank
     world_size = d_world if world_size is None else world_size
@@ -977,14 +992,14 @@ def init(
             raise ValueError(f"{name} must be a non-negative int, got {value!r}")
     if world_size < 1 or rank >= world_size:
         raise ValueError(f"rank {rank} is outside world_size {world_size}")
-    run_id = run if run is not None else detect_run_id(world_size, env)
+    run_id = run if run is not None else detect_run_id(world_size, env, issues)
     if not P.valid_run_id(run_id):
         raise ValueError(
             f"run id {str(run_id)[:60]!r} is invalid: use 1-{P.MAX_NAME_CHARS} letters, digits "
             "and _ . : @ + -"
         )
     if flush_interval is None:
-        flush_interval = float(env.get("TRAINMON_FLUSH_INTERVAL", "0.5"))
+        flush_interval = _env_interval(env, issues)
     if not (0.0 <= flush_interval <= 60.0):
         raise ValueError(f"flush_interval must be within [0, 60] seconds, got {flush_interval}")
     if flops_per_token is None and num_params is not None:
@@ -1009,4 +1024,25 @@ def init(
         enabled=enabled,
         dtype=dtype,
         cuda_memory=cuda_memory,
+        sanitised_env=tuple(issues),
     )
+
+
+def _env_interval(env: Mapping[str, str], issues: list[str]) -> float:
+    """``TRAINMON_FLUSH_INTERVAL`` (seconds, within [0, 60]), else 0.5 with a warning."""
+    raw = env.get("TRAINMON_FLUSH_INTERVAL", "").strip()
+    if not raw:
+        return 0.5
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if 0.0 <= value <= 60.0:
+        return value
+    note(
+        issues,
+        "TRAINMON_FLUSH_INTERVAL",
+        f"TRAINMON_FLUSH_INTERVAL={raw[:60]!r} is not a number of seconds within [0, 60]; "
+        "using 0.5",
+    )
+    return 0.5

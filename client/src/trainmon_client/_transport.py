@@ -55,6 +55,7 @@ from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 from trainmon_client import _protocol as P
+from trainmon_client._env import note
 
 __all__ = [
     "BACKOFF_MAX_S",
@@ -167,17 +168,23 @@ _FULL = SendResult(Outcome.BACKPRESSURE)
 _NO_CONNECTION = SendResult(Outcome.DISCONNECTED)
 
 
-def expected_exporter_uid(env: Mapping[str, str]) -> int | None:
+def expected_exporter_uid(env: Mapping[str, str], issues: list[str] | None = None) -> int | None:
     """``TRAINMON_EXPORTER_UID``: the uid the exporter must run as, or None (no check).
 
-    Raises:
-        ValueError: it is set but not a non-negative integer.
+    A value that is not a uid (a non-negative integer) fails closed: -1, which no listener
+    has, so nothing is sent (counted as ``disconnected``); one warning, noted in ``issues``.
     """
     value = env.get("TRAINMON_EXPORTER_UID", "").strip()
     if not value:
         return None
     if not value.isdigit():
-        raise ValueError(f"TRAINMON_EXPORTER_UID={value!r} is not a uid (a non-negative integer)")
+        note(
+            issues,
+            "TRAINMON_EXPORTER_UID",
+            f"TRAINMON_EXPORTER_UID={value[:60]!r} is not a uid (a non-negative integer); no "
+            "listener is trusted, so metrics are dropped and counted until it is fixed",
+        )
+        return -1
     return int(value)
 
 
