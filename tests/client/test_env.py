@@ -102,3 +102,45 @@ def test_only_an_explicit_argument_raises(monkeypatch: pytest.MonkeyPatch) -> No
         trainmon_client.init(run="bad run", socket_path="/nonexistent/t.sock")
     with pytest.raises(ValueError, match="flush_interval"):
         trainmon_client.init(run="ok", flush_interval=99.0, socket_path="/nonexistent/t.sock")
+
+
+def test_a_misspelt_variable_gets_one_suggestion(exporter: InProcessExporter) -> None:
+    env = child_env(
+        TRAINMON_RUNN="my-run",  # the misspelling that gave a generated run id
+        trainmon_socket=exporter.socket,  # the right name in the wrong case
+        TRAINMON_SOCKET_MODE="0660",  # the exporter's own: no warning on a trainer
+        TRAINMON_ANALYTICS__HANG_FACTOR="5",
+        TRAINMON_MY_SCRIPT_FLAG="1",  # close to nothing the client reads
+    )
+    code = (
+        "import trainmon_client as t\n"
+        "a = t.init(socket_path='/nonexistent/t.sock'); b = t.init(socket_path='/n/t.sock')\n"
+        "print(a.run_id)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if "did you mean" in line]
+    assert lines == [
+        "trainmon: TRAINMON_RUNN is not a variable trainmon reads; did you mean TRAINMON_RUN?",
+        "trainmon: trainmon_socket is not a variable trainmon reads; did you mean TRAINMON_SOCKET?",
+    ], proc.stderr
+
+
+def test_the_exporters_variables_close_to_the_clients_are_known_to_it() -> None:
+    """The client's copy of the exporter's near names matches the exporter's settings."""
+    import difflib
+
+    from trainmon_exporter.settings import CLIENT_VARIABLES, environment_names
+
+    assert set(CLIENT_VARIABLES) == set(_env.CLIENT_VARIABLES)
+    client = {k.removeprefix("TRAINMON_") for k in _env.CLIENT_VARIABLES}
+    near = {
+        name
+        for name in environment_names() - CLIENT_VARIABLES
+        if "__" not in name
+        and difflib.get_close_matches(name.removeprefix("TRAINMON_"), client, 1, 0.6)
+    }
+    assert near == _env.EXPORTER_NEAR_CLIENT
+    assert _env.misspelt_variables({k: "1" for k in environment_names()}) == []

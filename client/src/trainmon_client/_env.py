@@ -9,6 +9,7 @@ in the caller's ``issues`` list (the run counts them in ``Run.refused`` and keep
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import logging
 import os
@@ -33,6 +34,52 @@ def note(issues: list[str] | None, key: str, message: str) -> None:
     if message not in _warned:
         _warned.add(message)
         log.warning("trainmon: %s", message)
+
+
+CLIENT_VARIABLES = (
+    "TRAINMON_RUN",
+    "TRAINMON_SOCKET",
+    "TRAINMON_FLUSH_INTERVAL",
+    "TRAINMON_EXPORTER_UID",
+)
+"""The ``TRAINMON_*`` variables the client reads."""
+EXPORTER_NEAR_CLIENT = frozenset({"TRAINMON_SOCKET_GROUP", "TRAINMON_SOCKET_MODE"})
+"""The exporter's variables close enough to a client's to be taken for a misspelling of it: set
+on a trainer (a shared environment file), they must not warn. The client cannot import the
+exporter's settings; ``tests/client/test_env.py`` recomputes this set from them."""
+
+
+def misspelt_variables(env: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
+    """``(variable, suggestion)`` for each misspelt client variable; one warning about each.
+
+    A variable is misspelt when the client does not read it, it is not one of the exporter's
+    (:data:`EXPORTER_NEAR_CLIENT`; nested settings, with ``__``, are all the exporter's), and
+    :func:`difflib.get_close_matches` finds a client variable close to it (ratio 0.6, the
+    exporter's own rule for its variables), case-insensitively: ``TRAINMON_RUN`` with a letter
+    doubled, or in lower case, gets ``TRAINMON_RUN`` suggested. Others (the exporter's, a
+    script's own) are left alone.
+    """
+    env = os.environ if env is None else env
+    suffixes = {k.removeprefix("TRAINMON_"): k for k in CLIENT_VARIABLES}
+    found = []
+    for key in sorted(env):
+        upper = key.upper()
+        if (
+            not upper.startswith("TRAINMON_")
+            or key in CLIENT_VARIABLES
+            or upper in EXPORTER_NEAR_CLIENT
+            or "__" in upper
+        ):
+            continue
+        close = difflib.get_close_matches(upper.removeprefix("TRAINMON_"), suffixes, 1, 0.6)
+        if close:
+            found.append((key, suffixes[close[0]]))
+            note(
+                None,
+                key,
+                f"{key} is not a variable trainmon reads; did you mean {suffixes[close[0]]}?",
+            )
+    return found
 
 
 _RUN_BAD = re.compile(r"[^A-Za-z0-9_.:@+\-]")

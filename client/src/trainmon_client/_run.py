@@ -58,7 +58,13 @@ from trainmon_client import _lifecycle
 from trainmon_client import _protocol as P
 from trainmon_client._device import REFUSED, DeviceCopies, add_allocator_stats, torch_gpu_uuid
 from trainmon_client._encoder import Encoder, as_step
-from trainmon_client._env import default_socket, detect_ranks, detect_run_id, note
+from trainmon_client._env import (
+    default_socket,
+    detect_ranks,
+    detect_run_id,
+    misspelt_variables,
+    note,
+)
 from trainmon_client._transport import Outcome, Transport, expected_exporter_uid
 from trainmon_client._version import __version__
 
@@ -983,6 +989,7 @@ def init(
     """
     env = os.environ
     issues: list[str] = []  # environment values sanitised (never raised for)
+    misspelt_variables(env)
     d_rank, d_local, d_world = detect_ranks(env, issues)
     rank = d_rank if rank is None else rank
     local_rank = d_local if local_rank is None else local_rank
