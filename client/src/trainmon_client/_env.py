@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import socket
+import stat
 import sys
 import time
 from collections.abc import Mapping
@@ -99,30 +100,78 @@ DEFAULT_SOCKET = "/run/trainmon/trainmon.sock"
 """The node-wide socket path: a root exporter's, or a service's whose directory an admin made."""
 
 
-def default_socket(env: Mapping[str, str] | None = None, euid: int | None = None) -> str:
-    """The socket path used when none is given; the client and the exporter share this rule.
-
-    1. :data:`DEFAULT_SOCKET` (``/run/trainmon/trainmon.sock``) for root, and for anyone on a
-       node where ``/run/trainmon`` exists (made by an admin, systemd's ``RuntimeDirectory``, a
-       container's mount: the shared setup);
-    2. else ``$XDG_RUNTIME_DIR/trainmon/trainmon.sock`` for a user with a runtime directory (a
-       login session): an exporter and a trainer of the same user meet there with no set-up;
-    3. else :data:`DEFAULT_SOCKET` (the exporter's error then says what to pass).
-
-    ``TRAINMON_SOCKET`` (both sides) or ``--socket`` (exporter) override it.
-
-    Args:
-        env: the environment to read (default ``os.environ``).
-        euid: the effective uid (default ``os.geteuid()``).
-    """
-    env = os.environ if env is None else env
-    euid = os.geteuid() if euid is None else euid
-    if euid == 0 or Path(DEFAULT_SOCKET).parent.is_dir():
-        return DEFAULT_SOCKET
+def runtime_socket(env: Mapping[str, str]) -> str | None:
+    """``$XDG_RUNTIME_DIR/trainmon/trainmon.sock``, or None without an absolute runtime dir."""
     runtime = env.get("XDG_RUNTIME_DIR", "").strip()
     if runtime and os.path.isabs(runtime):
         return os.path.join(runtime, "trainmon", "trainmon.sock")
-    return DEFAULT_SOCKET
+    return None
+
+
+def _access(path: str, mode: int) -> bool:
+    effective = os.access in os.supports_effective_ids
+    return os.access(path, mode, effective_ids=effective)
+
+
+def can_create_in(directory: str) -> bool:
+    """Whether this process may create a socket in ``directory`` (it exists; write and search)."""
+    return os.path.isdir(directory) and _access(directory, os.W_OK | os.X_OK)
+
+
+def can_connect_to(path: str) -> bool:
+    """Whether ``path`` is a socket this process may connect to (write permission on it)."""
+    try:
+        return stat.S_ISSOCK(os.stat(path).st_mode) and _access(path, os.W_OK)
+    except OSError:  # missing, or a directory on the way this user may not search
+        return False
+
+
+def fallback_notice(side: str, runtime: str) -> str:
+    """The one line either side prints when it leaves an unusable ``/run/trainmon``."""
+    directory = os.path.dirname(DEFAULT_SOCKET)
+    why = (
+        "it may not create a socket there"
+        if side == "exporter"
+        else "it holds no socket it may connect to"
+    )
+    return (
+        f"{directory} exists but {why} (uid {os.geteuid()}); using {runtime} instead "
+        "(TRAINMON_SOCKET sets another path)"
+    )
+
+
+def default_socket(env: Mapping[str, str] | None = None, euid: int | None = None) -> str:
+    """The client's socket path when none is given (``socket_path``, ``TRAINMON_SOCKET``).
+
+    1. :data:`DEFAULT_SOCKET` (``/run/trainmon/trainmon.sock``) for root; for anyone where a
+       socket there accepts this user (write permission: the shared set-up, a root or service
+       exporter); and where this user may create a socket in ``/run/trainmon`` (its own
+       exporter would be there, by the exporter's rule);
+    2. else ``$XDG_RUNTIME_DIR/trainmon/trainmon.sock`` (a login session), where an exporter of
+       the same user meets it with no set-up. Leaving an ``/run/trainmon`` that exists but is
+       of no use to this user (an admin's set-up for other users, a container recipe run once)
+       warns once;
+    3. else :data:`DEFAULT_SOCKET` (nothing is sent; the drop counts say so).
+
+    The exporter's rule (``trainmon_exporter._defaults.default_socket``) differs only in that
+    it needs to create the socket: both meet wherever a trainer may connect.
+
+    Args:
+        env: the environment to read (default ``os.environ``).
+        euid: the effective uid (default ``os.geteuid()``); permissions are the process's own.
+    """
+    env = os.environ if env is None else env
+    euid = os.geteuid() if euid is None else euid
+    system = DEFAULT_SOCKET
+    directory = os.path.dirname(system)
+    if euid == 0 or can_connect_to(system) or can_create_in(directory):
+        return system
+    runtime = runtime_socket(env)
+    if runtime is None:
+        return system
+    if os.path.isdir(directory):
+        note(None, "socket", fallback_notice("client", runtime))
+    return runtime
 
 
 # (rank, local rank, world size) variables, first match wins: torchrun / torch.distributed,

@@ -946,8 +946,10 @@ def init(
             from the launcher's start time (see :func:`trainmon_client._env.detect_run_id`).
         socket_path: the exporter's Unix socket. Default: ``TRAINMON_SOCKET``, else
             :func:`trainmon_client._env.default_socket`: ``/run/trainmon/trainmon.sock`` for
-            root or where ``/run/trainmon`` exists, else
-            ``$XDG_RUNTIME_DIR/trainmon/trainmon.sock`` (the exporter's default, same rule).
+            root, where a socket there accepts this user or this user may create one there,
+            else ``$XDG_RUNTIME_DIR/trainmon/trainmon.sock`` (where the exporter of a user who
+            may not use ``/run/trainmon`` listens), with one notice when it leaves an existing
+            ``/run/trainmon``.
         rank: global rank; default from the launcher's environment (torchrun ``RANK``,
             Slurm ``SLURM_PROCID`` in tasks ``srun`` started, Open MPI, PMI), else 0.
         local_rank: rank within the node (``LOCAL_RANK``, ``SLURM_LOCALID``, ...).

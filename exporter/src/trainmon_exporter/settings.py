@@ -25,8 +25,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from trainmon_client._env import default_socket
-from trainmon_exporter._defaults import DEFAULT_PORT
+from trainmon_exporter._defaults import DEFAULT_PORT, default_socket
 
 DEFAULT_STEP_BUCKETS = (
     0.01,
@@ -169,8 +168,8 @@ class Settings(BaseSettings):
         default_factory=lambda: Path(default_socket()),
         description="Unix socket the training clients connect to (env TRAINMON_SOCKET); its "
         "directory must be shared with the trainers. Default: /run/trainmon/trainmon.sock for "
-        "root or where /run/trainmon exists, else $XDG_RUNTIME_DIR/trainmon/trainmon.sock (the "
-        "client's default follows the same rule).",
+        "root or where this user may create it, else $XDG_RUNTIME_DIR/trainmon/trainmon.sock "
+        "(a trainer's default finds either).",
     )
     socket_mode: str = Field(
         "0660",
