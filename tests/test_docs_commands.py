@@ -218,7 +218,9 @@ def exporter_flag_examples() -> list[str]:
         for s in spans
         if shlex.split(s)[0] in flags
         and len(shlex.split(s)) > 1
-        and not re.fullmatch(r"(https?://)?[A-Z:_]+", shlex.split(s)[-1])  # a placeholder (HOST:PORT)
+        and not re.fullmatch(
+            r"(https?://)?[A-Z:_]+", shlex.split(s)[-1]
+        )  # a placeholder (HOST:PORT)
     )
 
 

@@ -1,4 +1,10 @@
-"""``trainmon-exporter`` / ``python -m trainmon_exporter``: parse settings, check, serve."""
+"""``trainmon-exporter`` / ``python -m trainmon_exporter``: parse settings, check, serve.
+
+Why this module is one module of about 500 lines: it is everything a person sees before the
+exporter serves (the flags and their one-line errors, the grouped help, each start-up check and
+its exit code), and those parts share one parser and one way to fail; the settings themselves
+are in :mod:`trainmon_exporter.settings`, the socket file in :mod:`trainmon_exporter.sockfile`.
+"""
 
 from __future__ import annotations
 
@@ -335,8 +341,8 @@ def exposure_warning(address: str, listen: str) -> str | None:
     """The line logged at start when HTTP listens beyond this host; None on loopback.
 
     ``address``: the bound address (``0.0.0.0``, ``::`` or one interface's); ``listen``: the
-    setting as given. The exporter has no authentication of its own, so whoever can reach
-    the port reads everything it serves.
+    setting as given. Not logged when a web configuration file sets basic auth; without it,
+    whoever can reach the port reads everything the exporter serves.
     """
     try:
         ip = ipaddress.ip_address(address.split("%", 1)[0])
@@ -347,9 +353,8 @@ def exposure_warning(address: str, listen: str) -> str | None:
     where = "every network interface" if ip.is_unspecified else f"{address}"
     return (
         f"HTTP listens on {listen} ({where}): every run's metrics, the status page and the JSON "
-        "API are readable by anyone who can reach this port (the exporter has no "
-        "authentication); limit it with a firewall or network policy, or use --listen "
-        "127.0.0.1:PORT behind an authenticating proxy"
+        "API are readable by anyone who can reach this port; limit it with a firewall or "
+        "network policy, or set basic auth and TLS with --web-config-file"
     )
 
 
@@ -441,9 +446,6 @@ def _serve(settings: Settings, listener: IngestSocket) -> int:
                 "--listen HOST:PORT or TRAINMON_LISTEN"
             )
         return _fail(f"cannot listen on {settings.listen}: {exc.strerror}")
-    exposure = exposure_warning(http_sock.getsockname()[0], settings.listen)
-    if exposure:
-        logging.getLogger("trainmon_exporter").warning("%s", exposure)
     if settings.require_gpus and (settings.collectors.gpu or settings.collectors.rank_gpu):
         from trainmon_exporter.nvml import PynvmlBackend
         from trainmon_exporter.sampler import GpuSampler
@@ -463,6 +465,10 @@ def _serve(settings: Settings, listener: IngestSocket) -> int:
         tls = web.ssl_context() if web is not None else None
     except WebConfigError as exc:
         return _fail(str(exc))
+    if web is None or not web.basic_auth_users:
+        exposure = exposure_warning(http_sock.getsockname()[0], settings.listen)
+        if exposure:
+            logging.getLogger("trainmon_exporter").warning("%s", exposure)
     if tls is not None:
         # asyncio gives a TLS handshake 60 s, during which the connection is not yet uvicorn's
         # (no limit_concurrency, no eviction): the header timeout bounds the handshake too.

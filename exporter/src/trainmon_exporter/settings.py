@@ -25,8 +25,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from trainmon_client._env import default_socket
-from trainmon_exporter._defaults import DEFAULT_PORT
+from trainmon_exporter._defaults import DEFAULT_PORT, default_socket
 
 DEFAULT_STEP_BUCKETS = (
     0.01,
@@ -227,8 +226,8 @@ class Settings(BaseSettings):
         default_factory=lambda: Path(default_socket()),
         description="Unix socket the training clients connect to (env TRAINMON_SOCKET); its "
         "directory must be shared with the trainers. Default: /run/trainmon/trainmon.sock for "
-        "root or where /run/trainmon exists, else $XDG_RUNTIME_DIR/trainmon/trainmon.sock (the "
-        "client's default follows the same rule).",
+        "root or where this user may create it, else $XDG_RUNTIME_DIR/trainmon/trainmon.sock "
+        "(a trainer's default finds either).",
     )
     socket_mode: str = Field(
         "0660",
@@ -691,16 +690,17 @@ CLIENT_VARIABLES = frozenset(
         "TRAINMON_SOCKET",
         "TRAINMON_FLUSH_INTERVAL",
         "TRAINMON_EXPORTER_UID",
-        "TRAINMON_STATUS_PASSWORD",
     }
 )
-"""``TRAINMON_*`` variables the training client and ``trainmon status`` read (often set in the
-same environment)."""
+"""``TRAINMON_*`` variables the training client reads (often set in the exporter's
+environment too)."""
+STATUS_VARIABLES = frozenset({"TRAINMON_STATUS_PASSWORD"})
+"""``TRAINMON_*`` variables ``trainmon status`` reads."""
 
 
 def environment_names() -> frozenset[str]:
-    """Every ``TRAINMON_*`` variable the exporter or the client reads (upper case)."""
-    names = set(CLIENT_VARIABLES)
+    """Every ``TRAINMON_*`` variable the exporter, the client or ``trainmon status`` reads (upper case)."""
+    names = set(CLIENT_VARIABLES | STATUS_VARIABLES)
     for name, field in Settings.model_fields.items():
         names.add(f"TRAINMON_{name.upper()}")
         nested = field.annotation
