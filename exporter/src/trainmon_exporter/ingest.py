@@ -16,12 +16,15 @@ listen queue drains and the exporter keeps file descriptors for HTTP); a HELLO w
 for lack of file descriptors (EMFILE, ENFILE) or memory, accepting pauses with an exponential
 back-off instead of spinning on a listening socket that stays readable.
 
-Fair draining: one turn reads at most ``_TURN_PACKETS`` packets or ``_TURN_BYTES`` bytes from a
-connection, then moves on to the next one and yields to the event loop (HTTP) at least every
-``_SLICE_S`` seconds; each connection may also deliver at most ``max_bytes_per_second`` (a token
-bucket). One connection sending valid packets flat out therefore costs a bounded share of the
-loop and never delays other trainers or ``/healthz``; what it cannot deliver stays in its own
-socket buffer (its client counts the drops).
+Fair draining: the drain works in rounds, and a round gives every open connection one turn,
+whether or not its socket had data at its previous turn. A turn reads at most
+``_TURN_PACKETS`` packets, and bytes up to a budget that the connections of one uid share
+(``_TURN_BYTES`` per uid, at least ``_MIN_TURN_BYTES`` each); the drain yields to the event loop
+(HTTP) at least every ``_SLICE_S`` seconds, and each connection may also deliver at most
+``max_bytes_per_second`` (a token bucket). Connections sending valid packets flat out, one or
+many, therefore cost a bounded share of the loop and never delay other trainers' packets by
+more than a round, nor ``/healthz``; what they cannot deliver stays in their own socket
+buffers (their clients count the drops).
 
 The server only moves bytes: each packet read goes to :class:`~trainmon_exporter.apply.Applier`,
 which applies its records to the :class:`~trainmon_exporter.state.Store`. Bad input never
@@ -32,6 +35,7 @@ raises out of here: every refused packet, record or value increments
 from __future__ import annotations
 
 import asyncio
+import collections
 import errno
 import logging
 import resource
@@ -61,6 +65,8 @@ _TURN_PACKETS = 16
 _TURN_BYTES = 128 * 1024
 """Bytes read from one connection per turn (about 10 ms of decoding at the ~80 ns per byte that
 benchmarks/ingest.py measures)."""
+_MIN_TURN_BYTES = 8 * 1024
+"""Smallest byte budget of a turn, however many connections its uid shares a round with."""
 _SLICE_S = 0.005
 """Longest run of turns (s) before the drain yields to the event loop."""
 _ACCEPT_BACKOFF_MIN_S = 0.05
@@ -169,6 +175,15 @@ class Connection(Link):
         self.allowance = float(_TURN_BYTES)  # bytes it may still deliver (token bucket)
         self.paused = False  # reader mode: over its rate, not registered with the loop
         self.closed = False
+
+
+def turn_bytes(uid_connections: int) -> int:
+    """Byte budget of one turn of a connection whose uid has ``uid_connections`` open.
+
+    A uid's connections share :data:`_TURN_BYTES` per round (at least :data:`_MIN_TURN_BYTES`
+    each), so a round costs about ``_TURN_BYTES`` per uid plus one small turn per connection.
+    """
+    return max(_MIN_TURN_BYTES, _TURN_BYTES // max(1, uid_connections))
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int | None, int | None, int | None]:
@@ -449,26 +464,33 @@ class IngestServer:
             await self._drain_all()
 
     async def _drain_all(self) -> None:
-        """Round-robin turns over every connection until each is empty or out of allowance.
+        """Drain in rounds until a round finds nothing more to read.
 
-        Yields to the event loop every :data:`_SLICE_S` seconds of work, so HTTP requests are
-        served in between however much data is waiting.
+        A round gives every open connection (those accepted meanwhile included) one turn, in
+        order, whatever the others still hold: a connection whose socket was empty at its turn
+        is read again next round, so one that sends without pause cannot keep the others
+        waiting for more than one round. The bytes of a turn are shared per uid
+        (:func:`turn_bytes`), so a uid with many connections gets one uid's share of a round,
+        not one share per connection. Yields to the event loop every :data:`_SLICE_S` seconds
+        of work, so HTTP requests are served in between however much data is waiting.
         """
-        pending = list(self._conns.values())
         slice_end = time.perf_counter() + _SLICE_S
-        while pending:
-            again = []
-            for conn in pending:
+        while True:
+            conns = list(self._conns.values())
+            per_uid = collections.Counter(c.peer_uid for c in conns)
+            more = False
+            for conn in conns:
                 try:
-                    if self._drain(conn):
-                        again.append(conn)
+                    if self._drain(conn, turn_bytes(per_uid[conn.peer_uid])):
+                        more = True
                 except Exception:  # one bad connection must not stop the others
                     log.exception("ingest failed on a connection")
                     self._close(conn, record=True)
                 if time.perf_counter() >= slice_end:
                     await asyncio.sleep(0)
                     slice_end = time.perf_counter() + _SLICE_S
-            pending = again
+            if not more:
+                return
 
     def _on_readable(self, conn: Connection) -> None:
         """Reader mode (``poll_interval`` 0): one turn per readable event."""
@@ -489,8 +511,11 @@ class IngestServer:
             conn.paused = False
             self._loop.add_reader(conn.fd, self._on_readable, conn)
 
-    def _drain(self, conn: Connection) -> bool:
-        """One turn: read and apply at most :data:`_TURN_PACKETS` / :data:`_TURN_BYTES`.
+    def _drain(self, conn: Connection, turn: int = _TURN_BYTES) -> bool:
+        """One turn: read and apply at most :data:`_TURN_PACKETS` packets or ``turn`` bytes.
+
+        The turn reads at least one packet when one is waiting and the connection is within
+        its rate, whatever ``turn`` is.
 
         Returns True when the turn ended on its budget with allowance left (more may wait);
         False when the socket is empty, closed, or the connection is over its rate.
@@ -498,7 +523,7 @@ class IngestServer:
         now = time.monotonic()
         conn.allowance = min(self.burst, conn.allowance + (now - conn.refilled_mono) * self.rate)
         conn.refilled_mono = now
-        budget = min(float(_TURN_BYTES), conn.allowance)
+        budget = min(float(turn), conn.allowance)
         got = False
         on_budget = True  # the turn ended on its budget, not on an empty socket
         for _ in range(_TURN_PACKETS):
