@@ -186,6 +186,7 @@ def test_idle_connections_beyond_the_fd_limit_leave_the_exporter_serving() -> No
     ex = ExporterProcess(d / "t.sock", free_port())
     cmd = [sys.executable, "-m", "trainmon_exporter", "--socket", ex.socket]
     cmd += ["--listen", f"127.0.0.1:{ex.port}", "--ingest-hello-timeout-seconds", "3"]
+    cmd += ["--ingest-max-connections-per-uid", "1024"]  # one uid here: only the cap applies
     ex.proc = subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,

@@ -98,6 +98,7 @@ def build_exporter(
         )
     scrape = ScrapeCollector(build_collectors(CollectorContext(settings, store, gpus)))
     registry.register(scrape)  # type: ignore[arg-type]
+    cap = connection_cap(settings.ingest_max_connections, settings.http_limit_concurrency)
     ingest = IngestServer(
         settings.socket,
         store,
@@ -108,9 +109,8 @@ def build_exporter(
         allowed_uids=settings.allowed_uids,
         allowed_gids=settings.allowed_gids,
         listener=listener,
-        max_connections=connection_cap(
-            settings.ingest_max_connections, settings.http_limit_concurrency
-        ),
+        max_connections=cap,
+        max_connections_per_uid=settings.connections_per_uid(cap),
         hello_timeout=settings.ingest_hello_timeout_seconds,
         idle_timeout=settings.ingest_idle_timeout_seconds,
         max_bytes_per_second=settings.ingest_max_bytes_per_second,

@@ -2038,10 +2038,11 @@ INGEST_CONNECTIONS_REFUSED = Family(
     COUNTER,
     (
         "Trainer connections refused or closed by the exporter, by reason: max_connections "
-        "(ingest_max_connections open: accepted and closed at once), fd_limit (accept() failed "
-        "for lack of file descriptors or memory, per attempt; accepting pauses), hello_timeout "
-        "(no HELLO within ingest_hello_timeout_seconds), idle_timeout (silent for "
-        "ingest_idle_timeout_seconds)."
+        "(ingest_max_connections open: accepted and closed at once), uid_quota (the "
+        "connecting uid holds ingest_max_connections_per_uid: accepted and closed at once), "
+        "fd_limit (accept() failed for lack of file descriptors or memory, per attempt; "
+        "accepting pauses), hello_timeout (no HELLO within ingest_hello_timeout_seconds), "
+        "idle_timeout (silent for ingest_idle_timeout_seconds)."
     ),
     ("reason",),
     unit="1",
@@ -2049,10 +2050,12 @@ INGEST_CONNECTIONS_REFUSED = Family(
     doc=(
         "Trainer connections refused or closed by the exporter: `max_connections` (the cap was "
         "reached: accepted and closed at once, the client sees EOF and retries with back-off), "
-        "`fd_limit` (one failed `accept()` for lack of descriptors or memory — EMFILE, ENFILE, "
-        "ENOBUFS, ENOMEM; accepting pauses 50 ms, doubling to 1 s), `hello_timeout` (no HELLO "
-        "within `ingest_hello_timeout_seconds`), `idle_timeout` (silent for "
-        "`ingest_idle_timeout_seconds`, off by default)."
+        "`uid_quota` (the connecting uid, from `SO_PEERCRED`, already holds "
+        "`ingest_max_connections_per_uid` connections: accepted and closed at once; other uids "
+        "still get in), `fd_limit` (one failed `accept()` for lack of descriptors or memory — "
+        "EMFILE, ENFILE, ENOBUFS, ENOMEM; accepting pauses 50 ms, doubling to 1 s), "
+        "`hello_timeout` (no HELLO within `ingest_hello_timeout_seconds`), `idle_timeout` "
+        "(silent for `ingest_idle_timeout_seconds`, off by default)."
     ),
 )
 

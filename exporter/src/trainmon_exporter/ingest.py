@@ -11,7 +11,9 @@ sockets directly (polled, or with ``loop.add_reader``).
 
 Limits (each a setting, each refusal counted in ``trainmon_ingest_connections_refused_total``):
 at most ``max_connections`` open connections (more are accepted and closed at once, so the
-listen queue drains and the exporter keeps file descriptors for HTTP); a HELLO within
+listen queue drains and the exporter keeps file descriptors for HTTP), and at most
+``max_connections_per_uid`` of them from one uid (``SO_PEERCRED``), so one user cannot take
+every slot from the others; a HELLO within
 ``hello_timeout`` seconds of connecting; optionally an idle timeout; and when ``accept()`` fails
 for lack of file descriptors (EMFILE, ENFILE) or memory, accepting pauses with an exponential
 back-off instead of spinning on a listening socket that stays readable.
@@ -110,11 +112,13 @@ new name (custom metric, evaluation value, operation, layer) refused because the
 series budget ``max_series`` is spent; ``bad_counter`` a cumulative total of a STEP (tokens,
 samples, client overhead) that was NaN, infinite, negative or lower than the previous one
 without a client restart: the total keeps its previous value."""
-CONNECTION_REFUSALS = ("max_connections", "fd_limit", "hello_timeout", "idle_timeout")
+CONNECTION_REFUSALS = ("max_connections", "uid_quota", "fd_limit", "hello_timeout", "idle_timeout")
 """``reason`` values of ``trainmon_ingest_connections_refused_total``: ``max_connections``
-(accepted and closed at once: the cap was reached), ``fd_limit`` (one failed ``accept()``:
-EMFILE, ENFILE, ENOBUFS or ENOMEM; accepting pauses), ``hello_timeout`` (closed: no HELLO in
-time), ``idle_timeout`` (closed: nothing received for ``ingest_idle_timeout_seconds``)."""
+(accepted and closed at once: the cap was reached), ``uid_quota`` (accepted and closed at
+once: the connecting uid already holds ``max_connections_per_uid``), ``fd_limit`` (one failed
+``accept()``: EMFILE, ENFILE, ENOBUFS or ENOMEM; accepting pauses), ``hello_timeout``
+(closed: no HELLO in time), ``idle_timeout`` (closed: nothing received for
+``ingest_idle_timeout_seconds``)."""
 RECORD_TYPES = P.RECORD_NAMES
 
 
@@ -167,8 +171,10 @@ class Connection(Link):
         "sock",
     )
 
-    def __init__(self, sock: socket.socket) -> None:
-        super().__init__(*peer_credentials(sock))
+    def __init__(
+        self, sock: socket.socket, creds: tuple[int | None, int | None, int | None] | None = None
+    ) -> None:
+        super().__init__(*(creds if creds is not None else peer_credentials(sock)))
         self.sock = sock
         self.fd = sock.fileno()
         self.opened_mono = self.last_mono = self.refilled_mono = time.monotonic()
@@ -272,6 +278,10 @@ class IngestServer:
             :meth:`start`.
         max_connections: open connections at most; more are accepted and closed at once
             (``max_connections``).
+        max_connections_per_uid: open connections of one uid (``SO_PEERCRED`` at connect)
+            at most; more of that uid are accepted and closed at once (``uid_quota``). Every
+            uid counts, root included (in containers without user namespaces, every root
+            trainer is uid 0); a peer whose uid is unknown counts as one uid. None: no quota.
         hello_timeout: seconds a connection may stay open without a HELLO
             (``hello_timeout``).
         idle_timeout: seconds a connection with a HELLO may stay silent before it is closed
@@ -293,6 +303,7 @@ class IngestServer:
         allowed_gids: Iterable[int] = (),
         listener: IngestSocket | None = None,
         max_connections: int = 1024,
+        max_connections_per_uid: int | None = None,
         hello_timeout: float = 10.0,
         idle_timeout: float = 0.0,
         max_bytes_per_second: float = 4 * 2**20,
@@ -304,6 +315,8 @@ class IngestServer:
         self._listener = listener
         self.poll_interval = poll_interval
         self.max_connections = max_connections
+        self.max_connections_per_uid = max_connections_per_uid or max_connections
+        self._per_uid: collections.Counter[int | None] = collections.Counter()
         self.hello_timeout = hello_timeout
         self.idle_timeout = idle_timeout
         self.rate = max_bytes_per_second
@@ -393,10 +406,23 @@ class IngestServer:
                     len(self._conns),
                 )
                 continue
+            creds = peer_credentials(sock)
+            uid = creds[1]
+            if self._per_uid[uid] >= self.max_connections_per_uid:
+                sock.close()  # the client sees EOF at once and retries with back-off
+                self.metrics._refused["uid_quota"].inc()
+                log.warning(
+                    "refused a trainer connection of uid %s: it holds %d connections "
+                    "(ingest_max_connections_per_uid)",
+                    uid,
+                    self._per_uid[uid],
+                )
+                continue
             sock.setblocking(False)
-            conn = Connection(sock)
+            conn = Connection(sock, creds)
             conn.admitted = self._allowed(conn)  # the peer is fixed at connect()
             self._conns[conn.fd] = conn
+            self._per_uid[conn.peer_uid] += 1
             self.metrics.connections_total.inc()
             self.metrics.connections.inc()
             if self.poll_interval <= 0:
@@ -574,6 +600,9 @@ class IngestServer:
             self._loop.remove_reader(conn.fd)
         conn.sock.close()
         self._conns.pop(conn.fd, None)
+        self._per_uid[conn.peer_uid] -= 1
+        if self._per_uid[conn.peer_uid] <= 0:
+            del self._per_uid[conn.peer_uid]
         self.metrics.connections.dec()
         if conn.state is not None:
             with self.store.lock:

@@ -209,6 +209,15 @@ class Settings(BaseSettings):
         'once (trainmon_ingest_connections_refused_total{reason="max_connections"}). '
         "Lowered at start to fit the open-file limit, keeping descriptors for HTTP.",
     )
+    ingest_max_connections_per_uid: int | None = Field(
+        None,
+        ge=1,
+        description="Most trainer connections one uid may hold open at once (SO_PEERCRED at "
+        "connect); more from that uid are accepted and closed at once "
+        '(trainmon_ingest_connections_refused_total{reason="uid_quota"}) while other uids '
+        "still get in. Default: a quarter of ingest_max_connections, at least 64 (8 GPUs x 8 "
+        "processes) or all of it when it is smaller. At most ingest_max_connections.",
+    )
     ingest_hello_timeout_seconds: float = Field(
         10.0,
         gt=0,
@@ -407,6 +416,28 @@ class Settings(BaseSettings):
         if value not in ("critical", "error", "warning", "info", "debug"):
             raise ValueError(f"unknown log level {value!r}")
         return value
+
+    @model_validator(mode="after")
+    def _check_uid_quota(self) -> Settings:
+        per_uid = self.ingest_max_connections_per_uid
+        if per_uid is not None and per_uid > self.ingest_max_connections:
+            raise ValueError(
+                f"ingest_max_connections_per_uid ({per_uid}) must be at most "
+                f"ingest_max_connections ({self.ingest_max_connections})"
+            )
+        return self
+
+    def connections_per_uid(self, cap: int) -> int:
+        """Connections one uid may hold when at most ``cap`` are open in all.
+
+        ``cap`` is ``ingest_max_connections`` as lowered to fit the open-file limit; the
+        quota is :attr:`ingest_max_connections_per_uid` if set, else ``cap // 4`` but at least
+        ``min(64, cap)``; never more than ``cap``.
+        """
+        per_uid = self.ingest_max_connections_per_uid
+        if per_uid is None:
+            per_uid = max(min(64, cap), cap // 4)
+        return max(1, min(per_uid, cap))
 
     @model_validator(mode="after")
     def _check_buckets(self) -> Settings:
