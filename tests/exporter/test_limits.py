@@ -415,6 +415,48 @@ def test_concurrent_and_unread_scrapes_are_bounded_and_ingest_keeps_applying(
             s.close()
 
 
+@pytest.mark.slow
+def test_unread_api_requests_are_bounded_and_their_slots_come_back(
+    exporter_process: Callable[..., ExporterProcess],
+) -> None:
+    ex = exporter_process(
+        "--http-max-concurrent-api", "2", "--http-write-timeout-seconds", "1"
+    ).start()
+    socks = _fill(ex.socket, 128, 250)
+    lazy: list[socket.socket] = []
+    try:
+        wait_for(lambda: len(ex.runs()["runs"]) == 128)
+        size = len(json.dumps(ex.runs()))
+        assert size > 600_000  # more than the socket buffers (2 x 256 KiB): the answers wait
+        for _ in range(20):  # request the JSON API and never read the answer
+            s = socket.socket()
+            lazy.append(s)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect(("127.0.0.1", ex.port))
+            s.sendall(b"GET /api/v1/runs HTTP/1.1\r\nHost: x\r\n\r\n")
+        time.sleep(0.3)
+        c = http.client.HTTPConnection("127.0.0.1", ex.port, timeout=10)
+        c.request("GET", "/api/v1/gpus")
+        r = c.getresponse()
+        r.read()
+        c.close()
+        assert r.status == 503 and r.getheader("Retry-After") == "1"
+        assert http_status(ex.port, "/") == 503  # the status page shares the gate
+        assert_fast(healthz_latencies(lambda: http_status(ex.port, "/healthz"), 0.5))
+        assert http_status(ex.port, "/metrics") == 200  # scrapes have their own gate
+        m = ex.metrics()
+        assert (sample(m, "trainmon_http_requests_refused_total", reason="api_limit") or 0) >= 20
+        # The unread answers are aborted after the write timeout and their slots come back.
+        wait_for(lambda: http_status(ex.port, "/api/v1/gpus") == 200, timeout=20)
+        m = ex.metrics()
+        assert (
+            sample(m, "trainmon_http_connections_closed_total", reason="write_timeout") or 0
+        ) >= 2
+    finally:
+        for s in socks + lazy:
+            s.close()
+
+
 # --------------------------------------------------------------------------- scrapes vs the lock
 
 

@@ -2103,14 +2103,17 @@ HTTP_REQUESTS_REFUSED = Family(
     COUNTER,
     (
         "HTTP requests answered 503 at once, by reason: scrape_limit (more than "
-        "http_max_concurrent_scrapes /metrics requests in progress)."
+        "http_max_concurrent_scrapes /metrics requests in progress), api_limit (more than "
+        "http_max_concurrent_api JSON API and status page requests in progress)."
     ),
     ("reason",),
     unit="1",
     collector="http",
     doc=(
-        "Requests answered 503 at once: `scrape_limit` (more than `http_max_concurrent_scrapes` "
-        "`/metrics` requests in progress)."
+        "Requests answered 503 at once, with `Retry-After: 1`: `scrape_limit` (more than "
+        "`http_max_concurrent_scrapes` `/metrics` requests in progress), `api_limit` (more than "
+        "`http_max_concurrent_api` `/api/v1/*` and status page requests in progress). A request "
+        "holds its slot until the client has read its body."
     ),
 )
 

@@ -278,6 +278,13 @@ class Settings(BaseSettings):
         '(trainmon_http_requests_refused_total{reason="scrape_limit"}). An HA pair of '
         "Prometheus servers scrapes twice per interval.",
     )
+    http_max_concurrent_api: int = Field(
+        8,
+        ge=1,
+        description="Most JSON API (/api/v1/*) and status page requests in progress at once "
+        "(each builds its body in a worker thread and holds it until written); more get 503 "
+        'at once (trainmon_http_requests_refused_total{reason="api_limit"}).',
+    )
     series_ttl_seconds: float = Field(
         600.0,
         gt=0,
