@@ -259,6 +259,7 @@ def create_app(
 
     api_gate = ex.api_gate
     assert api_gate is not None
+    builder: list[anyio.CapacityLimiter] = []  # made on first use, inside the event loop
 
     async def gated(build: Callable[[], bytes], media_type: str) -> Response:
         """Build a body in a worker thread under the API gate (503 when it is full)."""
@@ -270,7 +271,11 @@ def create_app(
                 headers={"Retry-After": "1"},
             )
         try:
-            body = await anyio.to_thread.run_sync(build)
+            if not builder:
+                # One body built at a time (the GIL runs one anyway): one worker thread's
+                # allocator arena holds the garbage of a build, not one per concurrent request.
+                builder.append(anyio.CapacityLimiter(1))
+            body = await anyio.to_thread.run_sync(build, limiter=builder[0])
         except BaseException:
             api_gate.leave()
             raise
