@@ -113,3 +113,40 @@ def test_the_connections_of_one_uid_share_a_turns_bytes() -> None:
     assert turn_bytes(4) == _TURN_BYTES // 4
     assert turn_bytes(10_000) == _MIN_TURN_BYTES
     assert turn_bytes(0) == _TURN_BYTES
+
+
+async def _accept_burst(n: int) -> tuple[int, int]:
+    """``n`` connections that each queued a HELLO and 10 packets of steps before the server
+    accepted them; one call of the accept handler. Returns (accepted, packets read)."""
+    d = short_tmpdir()
+    try:
+        server = Recording(
+            d / "t.sock",
+            store_of(max_ranks=64),
+            IngestMetrics(CollectorRegistry()),
+            poll_interval=5.0,
+        )
+        server.start()
+        socks = []
+        for i in range(n):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            s.connect(str(server.path))
+            s.send(pkt(hello(run=f"queued{i}")))
+            for k in range(10):
+                s.send(pkt(*(step(k) for _ in range(100))))
+            socks.append(s)
+        server._accept()  # what the event loop calls when the listening socket is readable
+        accepted = len(server._conns)
+        read = len(server.order)
+        server.close()
+        for s in socks:
+            s.close()
+        return accepted, read
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_accepting_reads_one_packet_per_connection_and_leaves_the_rest_to_the_rounds() -> None:
+    accepted, read = asyncio.run(_accept_burst(20))
+    assert accepted == 20
+    assert read == accepted  # each HELLO; their 200 packets of steps wait for the drain

@@ -26,7 +26,9 @@ whether or not its socket had data at its previous turn. A turn reads at most
 ``max_bytes_per_second`` (a token bucket). Connections sending valid packets flat out, one or
 many, therefore cost a bounded share of the loop and never delay other trainers' packets by
 more than a round, nor ``/healthz``; what they cannot deliver stays in their own socket
-buffers (their clients count the drops).
+buffers (their clients count the drops). Accepting works in slices too: a new connection's
+first packet (its HELLO) is read at once and the rest in the rounds, and a burst of accepts
+yields to the event loop after ``_SLICE_S`` seconds.
 
 The server only moves bytes: each packet read goes to :class:`~trainmon_exporter.apply.Applier`,
 which applies its records to the :class:`~trainmon_exporter.state.Store`. Bad input never
@@ -385,8 +387,16 @@ class IngestServer:
     # --------------------------------------------------------------------------- I/O
 
     def _accept(self) -> None:
+        """Accept up to :data:`_ACCEPT_BURST` connections, for at most :data:`_SLICE_S` s.
+
+        The listening socket stays readable while connections wait, so the event loop calls
+        this again after serving whatever else is ready (HTTP among it).
+        """
         assert self._sock is not None and self._loop is not None
+        end = time.perf_counter() + _SLICE_S
         for _ in range(_ACCEPT_BURST):
+            if time.perf_counter() >= end:
+                return
             try:
                 sock, _addr = self._sock.accept()
             except (BlockingIOError, InterruptedError):
@@ -427,7 +437,9 @@ class IngestServer:
             self.metrics.connections.inc()
             if self.poll_interval <= 0:
                 self._loop.add_reader(conn.fd, self._on_readable, conn)
-            self._drain(conn)  # the HELLO is usually there already
+            # The HELLO is usually there already: read that one packet now, the rest in the
+            # drain's rounds, so a burst of accepts costs the event loop one packet each.
+            self._drain(conn, _MIN_TURN_BYTES, packets=1)
 
     def _pause_accepting(self, exc: OSError) -> None:
         """Out of descriptors: stop watching the listening socket for a while (no busy loop)."""
@@ -537,8 +549,10 @@ class IngestServer:
             conn.paused = False
             self._loop.add_reader(conn.fd, self._on_readable, conn)
 
-    def _drain(self, conn: Connection, turn: int = _TURN_BYTES) -> bool:
-        """One turn: read and apply at most :data:`_TURN_PACKETS` packets or ``turn`` bytes.
+    def _drain(
+        self, conn: Connection, turn: int = _TURN_BYTES, packets: int = _TURN_PACKETS
+    ) -> bool:
+        """One turn: read and apply at most ``packets`` packets or ``turn`` bytes.
 
         The turn reads at least one packet when one is waiting and the connection is within
         its rate, whatever ``turn`` is.
@@ -552,7 +566,7 @@ class IngestServer:
         budget = min(float(turn), conn.allowance)
         got = False
         on_budget = True  # the turn ended on its budget, not on an empty socket
-        for _ in range(_TURN_PACKETS):
+        for _ in range(packets):
             if conn.closed:
                 return False
             if budget <= 0:
