@@ -248,18 +248,29 @@ while time.monotonic() < end:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("poll", ["0.1", "0"])
-def test_a_flooding_connection_starves_neither_trainers_nor_http(
-    exporter_process: Callable[..., ExporterProcess], poll: str
+@pytest.mark.parametrize(("poll", "n"), [("0.1", 1), ("0", 1), ("0.1", 4)])
+def test_flooding_connections_starve_neither_trainers_nor_http(
+    exporter_process: Callable[..., ExporterProcess], poll: str, n: int
 ) -> None:
     ex = exporter_process("--ingest-poll-interval-seconds", poll).start()
-    flooder = subprocess.Popen(
-        [sys.executable, "-c", FLOODER, ex.socket, "4", json.dumps(HELLO | {"run": "flood"})],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=child_env(),
-    )
-    assert flooder.stdout is not None and flooder.stdout.readline() == "flooding\n"
+    flooders = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                FLOODER,
+                ex.socket,
+                "4",
+                json.dumps(HELLO | {"run": "flood", "rank": i, "world_size": n}),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=child_env(),
+        )
+        for i in range(n)
+    ]
+    for flooder in flooders:
+        assert flooder.stdout is not None and flooder.stdout.readline() == "flooding\n"
     run = connect(ex, "normal", flush_interval=0.05)
     sent = [0]
 
@@ -274,7 +285,8 @@ def test_a_flooding_connection_starves_neither_trainers_nor_http(
     lat = healthz_latencies(lambda: http_status(ex.port, "/healthz"), 2.0)
     t.join()
     run.finish()
-    flooder.communicate(timeout=30)
+    for flooder in flooders:
+        flooder.communicate(timeout=30)
     print("LAT", sorted(round(x * 1000) for x in lat))
     assert_fast(lat)
     assert sum(run.dropped.values()) == 0
