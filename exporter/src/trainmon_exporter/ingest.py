@@ -1,8 +1,9 @@
 """The Unix-socket ingest server: accepts trainer connections and reads their packets.
 
-Why this module is one module of about 600 lines: it is the socket server, whose parts (the
-connection cap, the HELLO and idle deadlines, the EMFILE back-off, the fair drain and the token
-bucket) share the server's connection table and event loop, and are only correct together.
+Why this module is one module of about 670 lines: it is the socket server, whose parts (the
+connection cap and per-uid quota, the HELLO and idle deadlines, the EMFILE back-off, the fair
+drain and the token bucket) share the server's connection table and event loop, and are only
+correct together.
 Everything about what a packet means is in :mod:`trainmon_exporter.apply`.
 
 ``asyncio.start_unix_server`` only speaks ``SOCK_STREAM``; trainmon uses ``SOCK_SEQPACKET``
