@@ -361,9 +361,11 @@ print(*codes)
 """
 
 
-def _fill(path: str, ranks: int, names: int) -> list[socket.socket]:
+def _fill(path: str, ranks: int, names: int, first: int = 0) -> list[socket.socket]:
+    """``ranks`` raw connections (runs ``r<first>``...): a HELLO and ``names`` NAMEs, then one
+    step with a value for each name."""
     socks = []
-    for r in range(ranks):
+    for r in range(first, first + ranks):
         s = raw_connect(path)
         ids = tuple(range(P.FIRST_CUSTOM_ID, P.FIRST_CUSTOM_ID + names))
         records = [hello(run=f"r{r}")] + [P.encode_name(i, f"metric_{i}") for i in ids]
@@ -518,7 +520,16 @@ def test_the_series_budget_bounds_the_whole_exposition(
     make_exporter: Callable[..., InProcessExporter],
 ) -> None:
     ex = make_exporter(max_series=2000)
-    socks = _fill(ex.socket, 10, 250)  # 10 x (100 + 250) = 3,500 series wanted
+    socks: list[socket.socket] = []
+    for r in range(10):  # 10 x (100 + 250) = 3,500 series wanted, one trainer after another
+        socks += _fill(ex.socket, 1, 250, first=r)
+
+        def read(r: int = r) -> bool:  # its step applied, or its HELLO refused
+            m = ex.metrics()
+            steps = sample(m, "trainmon_ingest_messages_total", type="step") or 0
+            return steps + invalid(ex, "series_budget") >= r + 1
+
+        wait_for(read)
     m = wait_for(lambda: (m := ex.metrics()) and dropped(ex, "series_budget") > 0 and m)
     used = sample(m, "trainmon_exporter_series")
     assert used is not None and used <= 2000
