@@ -659,8 +659,14 @@ def ownership_churn(hold: float) -> None:
         ]
         prober.stop()
         after = _runs(ex).get("victim")
-        visible = bool(after and any(r["rank"] == 0 for r in after["ranks"]))
         owner = after.get("owner_uid") if after else None
+        r0 = next((r for r in (after or {}).get("ranks", []) if r["rank"] == 0), None)
+        if after is None or r0 is None:
+            visible = "NOT held (gone)"
+        elif owner != UID_B:
+            visible = f"NOT held (the run is now uid {owner}'s)"
+        else:
+            visible = "held" if r0["status"] == "crashed" else f"NOT held ({r0['status']})"
         tr = _trainer_process(ex.socket, "victim", 50, 0.5, UID_B)
         _sent, dropped = (int(x) for x in tr.communicate(timeout=60)[0].split())
         time.sleep(0.5)
@@ -674,9 +680,8 @@ def ownership_churn(hold: float) -> None:
             cpu0,
             t0,
             f"uid {UID_A} sent {made[0][0]:,} HELLOs of new runs and {made[1][0]:,} for the "
-            f"victim's run; victim's crashed rank visible before {before is not None}, after: "
-            f"{'held' if visible else 'NOT held'}; owner still uid {UID_B}: "
-            f"{'held' if owner == UID_B else f'NOT held ({owner})'}; victim reconnected and "
+            f"victim's run; the victim's crashed rank (seen before: {before is not None}) still "
+            f"shown as the victim's crashed rank: {visible}; the victim reconnected and "
             f"finished: {'held' if back else 'NOT held'}",
         )
 
