@@ -2100,10 +2100,11 @@ INGEST_CONNECTIONS_REFUSED = Family(
     COUNTER,
     (
         "Trainer connections refused or closed by the exporter, by reason: max_connections "
-        "(ingest_max_connections open: accepted and closed at once), fd_limit (accept() failed "
-        "for lack of file descriptors or memory, per attempt; accepting pauses), hello_timeout "
-        "(no HELLO within ingest_hello_timeout_seconds), idle_timeout (silent for "
-        "ingest_idle_timeout_seconds)."
+        "(ingest_max_connections open: accepted and closed at once), uid_quota (the "
+        "connecting uid holds ingest_max_connections_per_uid: accepted and closed at once), "
+        "fd_limit (accept() failed for lack of file descriptors or memory, per attempt; "
+        "accepting pauses), hello_timeout (no HELLO within ingest_hello_timeout_seconds), "
+        "idle_timeout (silent for ingest_idle_timeout_seconds)."
     ),
     ("reason",),
     unit="1",
@@ -2111,10 +2112,12 @@ INGEST_CONNECTIONS_REFUSED = Family(
     doc=(
         "Trainer connections refused or closed by the exporter: `max_connections` (the cap was "
         "reached: accepted and closed at once, the client sees EOF and retries with back-off), "
-        "`fd_limit` (one failed `accept()` for lack of descriptors or memory — EMFILE, ENFILE, "
-        "ENOBUFS, ENOMEM; accepting pauses 50 ms, doubling to 1 s), `hello_timeout` (no HELLO "
-        "within `ingest_hello_timeout_seconds`), `idle_timeout` (silent for "
-        "`ingest_idle_timeout_seconds`, off by default)."
+        "`uid_quota` (the connecting uid, from `SO_PEERCRED`, already holds "
+        "`ingest_max_connections_per_uid` connections: accepted and closed at once; other uids "
+        "still get in), `fd_limit` (one failed `accept()` for lack of descriptors or memory — "
+        "EMFILE, ENFILE, ENOBUFS, ENOMEM; accepting pauses 50 ms, doubling to 1 s), "
+        "`hello_timeout` (no HELLO within `ingest_hello_timeout_seconds`), `idle_timeout` "
+        "(silent for `ingest_idle_timeout_seconds`, off by default)."
     ),
 )
 
@@ -2162,14 +2165,17 @@ HTTP_REQUESTS_REFUSED = Family(
     COUNTER,
     (
         "HTTP requests answered 503 at once, by reason: scrape_limit (more than "
-        "http_max_concurrent_scrapes /metrics requests in progress)."
+        "http_max_concurrent_scrapes /metrics requests in progress), api_limit (more than "
+        "http_max_concurrent_api JSON API and status page requests in progress)."
     ),
     ("reason",),
     unit="1",
     collector="http",
     doc=(
-        "Requests answered 503 at once: `scrape_limit` (more than `http_max_concurrent_scrapes` "
-        "`/metrics` requests in progress)."
+        "Requests answered 503 at once, with `Retry-After: 1`: `scrape_limit` (more than "
+        "`http_max_concurrent_scrapes` `/metrics` requests in progress), `api_limit` (more than "
+        "`http_max_concurrent_api` `/api/v1/*` and status page requests in progress). A request "
+        "holds its slot until the client has read its body."
     ),
 )
 

@@ -267,6 +267,16 @@ class Settings(BaseSettings):
         'once (trainmon_ingest_connections_refused_total{reason="max_connections"}). '
         "Lowered at start to fit the open-file limit, keeping descriptors for HTTP.",
     )
+    ingest_max_connections_per_uid: int | None = Field(
+        None,
+        ge=1,
+        le=1_000_000,
+        description="Most trainer connections one uid may hold open at once (SO_PEERCRED at "
+        "connect); more from that uid are accepted and closed at once "
+        '(trainmon_ingest_connections_refused_total{reason="uid_quota"}) while other uids '
+        "still get in. Default: a quarter of ingest_max_connections, at least 64 (8 GPUs x 8 "
+        "processes) or all of it when it is smaller. At most ingest_max_connections.",
+    )
     ingest_hello_timeout_seconds: float = Field(
         10.0,
         gt=0,
@@ -352,6 +362,14 @@ class Settings(BaseSettings):
         "of a core at cost 10); more requests with unverified credentials get 503 at once "
         '(trainmon_http_auth_failures_total{reason="check_limit"}). Credentials already '
         "verified are not checked again.",
+    )
+    http_max_concurrent_api: int = Field(
+        8,
+        ge=1,
+        le=256,
+        description="Most JSON API (/api/v1/*) and status page requests in progress at once "
+        "(each builds its body in a worker thread and holds it until written); more get 503 "
+        'at once (trainmon_http_requests_refused_total{reason="api_limit"}).',
     )
     series_ttl_seconds: float = Field(
         600.0,
@@ -542,6 +560,28 @@ class Settings(BaseSettings):
             raise ValueError(f"unknown log level {value!r}")
         return value
 
+    @model_validator(mode="after")
+    def _check_uid_quota(self) -> Settings:
+        per_uid = self.ingest_max_connections_per_uid
+        if per_uid is not None and per_uid > self.ingest_max_connections:
+            raise ValueError(
+                f"ingest_max_connections_per_uid ({per_uid}) must be at most "
+                f"ingest_max_connections ({self.ingest_max_connections})"
+            )
+        return self
+
+    def connections_per_uid(self, cap: int) -> int:
+        """Connections one uid may hold when at most ``cap`` are open in all.
+
+        ``cap`` is ``ingest_max_connections`` as lowered to fit the open-file limit; the
+        quota is :attr:`ingest_max_connections_per_uid` if set, else ``cap // 4`` but at least
+        ``min(64, cap)``; never more than ``cap``.
+        """
+        per_uid = self.ingest_max_connections_per_uid
+        if per_uid is None:
+            per_uid = max(min(64, cap), cap // 4)
+        return max(1, min(per_uid, cap))
+
     @field_validator("step_duration_buckets")
     @classmethod
     def _check_buckets(cls, b: tuple[float, ...]) -> tuple[float, ...]:
@@ -699,7 +739,7 @@ STATUS_VARIABLES = frozenset({"TRAINMON_STATUS_PASSWORD"})
 
 
 def environment_names() -> frozenset[str]:
-    """Every ``TRAINMON_*`` variable the exporter, the client or ``trainmon status`` reads (upper case)."""
+    """Every ``TRAINMON_*`` variable the exporter, the client or ``trainmon status`` reads."""
     names = set(CLIENT_VARIABLES | STATUS_VARIABLES)
     for name, field in Settings.model_fields.items():
         names.add(f"TRAINMON_{name.upper()}")
