@@ -28,6 +28,8 @@ from tests.conftest import (
 )
 from trainmon_exporter import Settings
 
+pytestmark = pytest.mark.uid  # the rule depends on who runs it
+
 NOBODY = 65534
 # Python lives under root's home here, which another user cannot read: each side imports what
 # it needs as root, then drops to nobody before it does anything (as a service manager's

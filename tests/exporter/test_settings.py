@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from trainmon_client._env import default_socket
 from trainmon_exporter import analytics, settings
 from trainmon_exporter.cli import load_settings
 from trainmon_exporter.settings import environment_names, unknown_environment
@@ -19,10 +20,16 @@ from trainmon_exporter.settings import environment_names, unknown_environment
 from ..conftest import ROOT, ExporterProcess
 
 
-def test_defaults() -> None:
+@pytest.mark.uid
+def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TRAINMON_SOCKET", raising=False)
     s = load_settings([])
     assert (s.host, s.port) == ("127.0.0.1", 9478)
-    assert s.socket == Path("/run/trainmon/trainmon.sock")
+    # The socket follows the rule the client shares (tests/exporter/test_default_socket.py),
+    # which depends on who runs it: root always gets the node-wide path.
+    assert s.socket == Path(default_socket())
+    if os.geteuid() == 0:
+        assert s.socket == Path("/run/trainmon/trainmon.sock")
     assert s.collectors.training and s.collectors.exporter
 
 
