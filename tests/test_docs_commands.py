@@ -27,8 +27,8 @@ BLOCK = re.compile(r"^```(?:sh|bash|shell|console)\n(.*?)^```", re.S | re.M)
 
 # Commands that cannot run on a CI machine, by the start of the command, with the reason.
 SKIP: dict[str, str] = {
-    "make demo": "runs until its training finishes (minutes); scripts/demo.py is run by "
-    "tests/integration with a step limit",
+    "make demo": "builds .venv-demo from the package index (network), then trains for minutes; "
+    "tests/test_demo.py runs scripts/demo.py with a step limit",
     "make test": "the test suite itself",
     "make bench": "every benchmark, minutes even with --smoke; tests/benchmarks runs each one "
     "in its --smoke mode",
