@@ -56,16 +56,19 @@ def test_the_unit_serves_the_shared_default_socket_on_loopback() -> None:
     assert "\nPrivateDevices=yes" not in unit  # it would hide /dev/nvidia* from NVML
 
 
+@pytest.mark.uid
 def test_tmpfiles_makes_the_directory_of_the_unit(tmp_path: Path) -> None:
-    """``systemd-tmpfiles --create`` into a scratch root whose passwd has the user."""
+    """``systemd-tmpfiles --create`` into a scratch root whose passwd has the user (another uid
+    as root; a normal user can only give a directory to itself, so there it names its own)."""
     lines = [ln for ln in TMPFILES.read_text().splitlines() if ln and not ln.startswith("#")]
     assert lines == [f"d {Path(DEFAULT_SOCKET).parent} 0755 trainmon trainmon -"]
     tmpfiles = shutil.which("systemd-tmpfiles")
     if tmpfiles is None:
         pytest.skip("systemd-tmpfiles not installed (Debian package systemd)")
+    uid, gid = (43210, 43211) if os.geteuid() == 0 else (os.geteuid(), os.getegid())
     (tmp_path / "etc").mkdir()
-    (tmp_path / "etc" / "passwd").write_text("trainmon:x:43210:43211::/nonexistent:/bin/false\n")
-    (tmp_path / "etc" / "group").write_text("trainmon:x:43211:\n")
+    (tmp_path / "etc" / "passwd").write_text(f"trainmon:x:{uid}:{gid}::/nonexistent:/bin/false\n")
+    (tmp_path / "etc" / "group").write_text(f"trainmon:x:{gid}:\n")
     out = subprocess.run(
         [tmpfiles, "--create", f"--root={tmp_path}", str(TMPFILES)],
         capture_output=True,
@@ -74,8 +77,7 @@ def test_tmpfiles_makes_the_directory_of_the_unit(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     made = (tmp_path / Path(DEFAULT_SOCKET).parent.relative_to("/")).stat()
     assert oct(made.st_mode & 0o7777) == "0o755"
-    if os.geteuid() == 0:  # only root can give it to another user
-        assert (made.st_uid, made.st_gid) == (43210, 43211)
+    assert (made.st_uid, made.st_gid) == (uid, gid)
 
 
 def test_the_docs_show_the_units_commands() -> None:
