@@ -5,8 +5,8 @@ Usage: python scripts/demo.py [--steps N] [--ranks 2] [--keep | --no-keep] [--po
 Prints where /metrics and the status page are, then live values read back from the
 exporter's JSON API while the real training run goes on, then a few /metrics lines. In a
 terminal the exporter then keeps serving those addresses until Ctrl-C; elsewhere (output to a
-pipe or a file: CI, tests) the demo stops it and ends, and says so. Ctrl-C during training
-stops the training cleanly (the run is reported as finished).
+pipe or a file, or CI set in the environment) the demo stops it and ends, and says so.
+Ctrl-C during training stops the training cleanly (the run is reported as finished).
 """
 
 from __future__ import annotations
@@ -64,10 +64,11 @@ def main() -> int:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="keep the exporter serving after training until Ctrl-C "
-        "(default: yes in a terminal, no when the output goes elsewhere)",
+        "(default: yes in a terminal, no when the output goes elsewhere or CI is set)",
     )
     args = ap.parse_args()
-    keep = args.keep if args.keep is not None else sys.stdin.isatty() and sys.stdout.isatty()
+    interactive = sys.stdin.isatty() and sys.stdout.isatty() and not os.environ.get("CI")
+    keep = interactive if args.keep is None else args.keep
 
     exporter = LocalExporter(port=args.port)
     url, sock = exporter.url, exporter.socket
