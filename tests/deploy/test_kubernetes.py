@@ -36,7 +36,7 @@ from typing import Any
 import pytest
 import yaml
 
-from trainmon_exporter.settings import environment_names
+from trainmon_exporter.settings import Settings, environment_names
 
 from ..conftest import ROOT, child_env, free_port, require_tool, wait_for
 from ..helpers.cardinality import BUDGET
@@ -681,6 +681,41 @@ def test_sample_limits_leave_room_for_a_full_node() -> None:
     node = 8 * (BUDGET["rank"] + BUDGET["GPU"]) + BUDGET["node"] + 128 * BUDGET["layer"]
     pm = next(o for _, o in objects("PodMonitor") if o["metadata"]["name"] == "trainmon-exporter")
     assert node < pm["spec"]["sampleLimit"], node
+
+
+def test_each_exporter_sends_at_most_what_its_podmonitor_accepts() -> None:
+    """The scrape's sampleLimit and the exporter's scrape_sample_limit are one value.
+
+    Every exporter container a PodMonitor selects, in any rendered overlay or example, is
+    told the PodMonitor's sampleLimit, so it sheds series instead of sending a scrape
+    Prometheus refuses; both come from build.py's SAMPLE_LIMITS.
+    """
+    limits = generator().SAMPLE_LIMITS
+    monitors = {o["metadata"]["name"]: o["spec"] for _, o in objects("PodMonitor")}
+    assert {name: m["sampleLimit"] for name, m in monitors.items()} == {
+        "trainmon-exporter": limits["exporter"],
+        "trainmon-sidecar": limits["sidecar"],
+    }
+    checked = set()
+    for path, obj in objects():
+        template = (obj.get("spec") or {}).get("template")
+        if not isinstance(template, dict) or "spec" not in template:
+            continue
+        labels = template.get("metadata", {}).get("labels", {})
+        for name, m in monitors.items():
+            if not m["selector"]["matchLabels"].items() <= labels.items():
+                continue
+            for c in containers(template["spec"]):
+                if is_exporter_image(c["image"]) and "command" not in c:
+                    value = env(c)["TRAINMON_SCRAPE_SAMPLE_LIMIT"]["value"]
+                    assert int(value) == m["sampleLimit"], (path, name)
+                    checked.add(name)
+    assert checked == set(monitors)
+
+
+def test_the_exporters_default_is_the_node_exporters_limit() -> None:
+    """An exporter started without the setting (Compose, Slurm) uses the node's value."""
+    assert Settings().scrape_sample_limit == generator().SAMPLE_LIMITS["exporter"]
 
 
 # --------------------------------------------------------------------------- permissions
