@@ -9,7 +9,7 @@ from prometheus_client.metrics_core import Metric
 
 from trainmon_exporter import catalog
 from trainmon_exporter.exposition import TextExposition
-from trainmon_exporter.shed import CLASSES, OWN_SAMPLES, SampleBudget, fit
+from trainmon_exporter.shed import CLASS_OF, CLASSES, OWN_SAMPLES, SampleBudget, fit
 
 RANKS = [("a", 0), ("a", 1), ("b", 0)]
 LAYERS = ("blocks.0", "blocks.1", "head")
@@ -181,3 +181,27 @@ def test_the_exposition_carries_at_most_the_limit_and_says_what_it_shed(limit: i
 def test_a_limit_without_room_for_its_own_series_is_refused() -> None:
     with pytest.raises(ValueError, match="no room"):
         SampleBudget(Families(), OWN_SAMPLES - 1)
+
+
+def test_the_named_classes_hold_only_series_of_their_unit() -> None:
+    """A family shed by layer, name or operation has that label: run-level verdicts that
+    come from layer checks (gradient gain, update ratio) stay with run health."""
+    unit_label = {
+        "layer": "layer",
+        "custom": "name",
+        "evaluation": "name",
+        "operation": "operation",
+    }
+    for name, cls in CLASS_OF.items():
+        assert unit_label[cls] in catalog.BY_NAME[name].labels, name
+    kept = [f for f in catalog.ALL if f.name not in CLASS_OF]
+    for family in (
+        catalog.TRAIN_GRAD_GAIN_DRIFTS,
+        catalog.TRAIN_UPDATE_RATIO_HIGH,
+        catalog.RUN_UP,
+        catalog.RUN_CRASHES,
+        catalog.TRAIN_NONFINITE_VALUES,
+        catalog.TRAIN_HUNG,
+    ):
+        assert family in kept, family.name
+    assert all(f in kept for f in catalog.GPU_TABLE)

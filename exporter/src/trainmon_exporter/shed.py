@@ -50,7 +50,7 @@ _GROUP_LABELS: dict[str, tuple[str, ...]] = {
 """Labels whose values make one unit of shedding in each class: a unit goes whole."""
 
 CLASS_OF: dict[str, str] = {
-    **{f.name: "layer" for f in catalog.LAYER_TABLE},
+    **{f.name: "layer" for f in catalog.ALL if f.collector == "layers"},
     catalog.TRAIN_CUSTOM_VALUE.name: "custom",
     catalog.EVAL_VALUE.name: "evaluation",
     catalog.MONITORING_SECONDS.name: "operation",
