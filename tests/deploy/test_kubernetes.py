@@ -718,6 +718,49 @@ def test_the_exporters_default_is_the_node_exporters_limit() -> None:
     assert Settings().scrape_sample_limit == generator().SAMPLE_LIMITS["exporter"]
 
 
+def test_the_tls_overlay_is_the_daemonset_overlay_with_https_and_basic_auth() -> None:
+    """overlays/daemonset-tls changes only what HTTPS with basic auth needs: the web
+    configuration file from a Secret the pod's group reads, probes that need no credentials
+    and a PodMonitor that scrapes over TLS with a password (its scrape for real:
+    tests/integration/test_tls_scrape.py)."""
+    plain = {o["kind"]: o for o in copy.deepcopy(rendered(Path("overlays/daemonset")))}
+    tls = {o["kind"]: o for o in copy.deepcopy(rendered(Path("overlays/daemonset-tls")))}
+    assert set(plain) == set(tls)
+    spec = tls["DaemonSet"]["spec"]["template"]["spec"]
+    (c,) = spec["containers"]
+    web = Path(env(c)["TRAINMON_WEB_CONFIG_FILE"]["value"])
+    secrets = {v["name"]: v for v in spec["volumes"] if "secret" in v}
+    mounts = [m for m in c["volumeMounts"] if m["name"] in secrets]
+    assert {m["mountPath"]: secrets[m["name"]]["secret"]["secretName"] for m in mounts} == {
+        str(web.parent): "trainmon-exporter-web",
+        "/etc/trainmon/tls": "trainmon-exporter-tls",  # the paths docs/exporter.md's web.yml names
+    }
+    for m in mounts:
+        assert m["readOnly"] is True
+        assert secrets[m["name"]]["secret"]["defaultMode"] == 0o440
+    assert spec["securityContext"]["fsGroup"] == spec["securityContext"]["runAsGroup"]
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert c[probe]["tcpSocket"] == {"port": "metrics"} and "httpGet" not in c[probe]
+    endpoint = tls["PodMonitor"]["spec"]["podMetricsEndpoints"][0]
+    assert endpoint["scheme"] == "https"
+    assert endpoint["tlsConfig"]["ca"]["secret"] == {"name": "trainmon-scrape", "key": "ca.crt"}
+    assert endpoint["tlsConfig"]["serverName"] == "trainmon-exporter"
+    assert endpoint["basicAuth"]["password"] == {"name": "trainmon-scrape", "key": "password"}
+    # Everything else as in overlays/daemonset.
+    for key in ("scheme", "tlsConfig", "basicAuth"):
+        endpoint.pop(key)
+    c["env"].remove({"name": "TRAINMON_WEB_CONFIG_FILE", "value": str(web)})
+    for m in mounts:
+        c["volumeMounts"].remove(m)
+        spec["volumes"].remove(secrets[m["name"]])
+    spec["securityContext"].pop("fsGroup")
+    (p,) = plain["DaemonSet"]["spec"]["template"]["spec"]["containers"]
+    for container in (c, p):
+        container.pop("readinessProbe")
+        container.pop("livenessProbe")
+    assert tls == plain
+
+
 # --------------------------------------------------------------------------- permissions
 
 
