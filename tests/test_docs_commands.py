@@ -63,6 +63,8 @@ SKIP: dict[str, str] = {
     "torchrun --standalone --nproc_per_node=8": "eight training processes (a GPU node)",
     "kustomize ": "edits a kustomization for a registry that does not exist here",
     "kubectl apply": "needs a Kubernetes cluster; tests/deploy render and validate the manifests",
+    "kubectl create secret": "needs a Kubernetes cluster and the certificate files; "
+    "tests/integration/test_tls_scrape.py lays the Secrets out as their volumes would be",
     "cd deploy/kubernetes": "part of the Kubernetes block above",
     "cp deploy/slurm/": "writes to /etc/systemd (root)",
     "systemctl ": "needs systemd as init (root)",

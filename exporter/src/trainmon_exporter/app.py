@@ -35,6 +35,7 @@ from trainmon_exporter.logsetup import LogMetrics, report_pending
 from trainmon_exporter.nvml import NvmlBackend, PynvmlBackend
 from trainmon_exporter.sampler import FAILED, NOT_STARTED, GpuSampler, GpuSnapshot
 from trainmon_exporter.settings import Settings
+from trainmon_exporter.shed import SampleBudget
 from trainmon_exporter.sockfile import IngestSocket
 from trainmon_exporter.state import Store
 from trainmon_exporter.views.api import GpusResponse, RunsResponse, gpu_snapshot, snapshot
@@ -232,6 +233,8 @@ def create_app(
     assert gate is not None
     text = TextExposition()
     text_lock = threading.Lock()
+    budget = SampleBudget(ex.registry, settings.scrape_sample_limit)
+    app.state.sample_budget = budget
 
     def render_text(registry: Any) -> bytes:
         with text_lock:  # one cache: concurrent scrapes take turns formatting
@@ -242,7 +245,9 @@ def create_app(
         """Prometheus exposition (text 0.0.4, or OpenMetrics when asked for).
 
         Collected in a worker thread; at most ``http_max_concurrent_scrapes`` at once (503
-        past it), each holding its slot until its body is written. The text format comes from
+        past it), each holding its slot until its body is written; never more than
+        ``scrape_sample_limit`` samples (:class:`SampleBudget` sheds the least important
+        series first). The text format comes from
         :class:`TextExposition` (prometheus-client's bytes, each series' label text kept
         between scrapes); OpenMetrics from prometheus-client.
         """
@@ -256,7 +261,7 @@ def create_app(
             encoder, content_type = choose_encoder(request.headers.get("accept", ""))
             if encoder is generate_latest:
                 encoder = render_text
-            body = await anyio.to_thread.run_sync(encoder, ex.registry)
+            body = await anyio.to_thread.run_sync(encoder, budget)
         except BaseException:
             gate.leave()
             raise

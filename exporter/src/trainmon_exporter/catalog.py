@@ -50,7 +50,7 @@ class Family:
     its meaning-and-source text (Markdown). ``collector`` is what emits the family: a
     collector's settings toggle (``training``, ``health``, ``layers``, ``rank_gpu``, ``gpu``,
     ``exporter``, ``process``) or an instrument that is always on (``ingest``, ``http``,
-    ``log``, ``scrape``).
+    ``log``, ``scrape``, ``exposition``).
     """
 
     name: str
@@ -2247,6 +2247,55 @@ SCRAPE_COLLECTOR_SUCCESS = Family(
     ),
 )
 
+# ---------- exposition: the sample budget of /metrics (shed.SampleBudget)
+
+EXPORTER_SAMPLE_LIMIT = Family(
+    "trainmon_exporter_sample_limit",
+    GAUGE,
+    "Most samples one scrape of /metrics carries (scrape_sample_limit, the scrape's sample_limit).",
+    (),
+    unit="samples",
+    collector="exposition",
+    doc=(
+        "`scrape_sample_limit`: the most samples one exposition carries, the value the shipped "
+        "PodMonitors and Prometheus configuration scrape with (`sampleLimit`, `sample_limit`)."
+    ),
+)
+
+EXPORTER_SAMPLES = Family(
+    "trainmon_exporter_samples",
+    GAUGE,
+    "Samples in this scrape's exposition, these included (every histogram bucket, _sum and "
+    "_count counted).",
+    (),
+    unit="samples",
+    collector="exposition",
+    doc=(
+        "Samples this exposition carries after shedding, its own included; at most "
+        "`trainmon_exporter_sample_limit`."
+    ),
+)
+
+EXPORTER_SERIES_SHED = Family(
+    "trainmon_exporter_series_shed",
+    GAUGE,
+    "Series left out of this scrape to stay under scrape_sample_limit, by shed class (layer, "
+    "custom, evaluation, operation first; rank and node only when those do not suffice).",
+    ("class",),
+    unit="series",
+    collector="exposition",
+    doc=(
+        "Series left out of this exposition so that it stays under `scrape_sample_limit` "
+        "(Prometheus would otherwise fail the whole scrape), by class, the first shed first: "
+        "`layer` (per-layer series), `custom` (custom metrics), `evaluation` (named `Run.eval` "
+        "values), `operation` (tracked operations); then `rank` (whole ranks) and `node` "
+        "(the node's own families), reached only when a node's ranks and GPUs alone pass the "
+        "limit. Run health, the crash and non-finite counters and GPU telemetry are shed only "
+        "in `rank` or `node`. Every class is exported at 0 from the first scrape "
+        "(`TrainmonExporterSheddingSeries`)."
+    ),
+)
+
 
 # ---------- collector process: prometheus-client's process collector (its names and HELP)
 
@@ -2481,6 +2530,9 @@ EXPORTER_TABLE: tuple[Family, ...] = (
     EXPORTER_LOG_MESSAGES_SUPPRESSED,
     SCRAPE_COLLECTOR_DURATION_SECONDS,
     SCRAPE_COLLECTOR_SUCCESS,
+    EXPORTER_SAMPLE_LIMIT,
+    EXPORTER_SAMPLES,
+    EXPORTER_SERIES_SHED,
     PROCESS_CPU_SECONDS,
     PROCESS_RESIDENT_MEMORY_BYTES,
     PROCESS_VIRTUAL_MEMORY_BYTES,

@@ -450,6 +450,16 @@ class Settings(BaseSettings):
         "of max_series, above max_ranks_per_uid x 108 so a uid can reach its rank quota; "
         "capped at max_series.",
     )
+    scrape_sample_limit: int = Field(
+        10_000,
+        ge=1000,
+        description="Most samples one scrape of /metrics carries, every histogram bucket and "
+        "the exporter's own series counted: set it to the sample_limit (PodMonitor "
+        "sampleLimit) Prometheus scrapes this exporter with, which fails a whole scrape past "
+        "it. Past it the exporter leaves out per-layer series first, then custom metrics, "
+        "evaluation values and operations, never run health, crash or non-finite counters or "
+        "GPU series while the ranks and GPUs fit (trainmon_exporter_series_shed).",
+    )
     layer_ranks: str = Field(
         "0",
         description="Ranks whose per-layer series (Run.watch) are exported: all, none, or "
