@@ -546,6 +546,29 @@ def test_trainers_and_exporters_share_one_socket() -> None:
             assert sock == "/run/trainmon/trainmon.sock", where
 
 
+def test_trainers_send_only_to_the_exporters_uid() -> None:
+    """Every trainer container of the shipped examples sets TRAINMON_EXPORTER_UID to the uid
+    its exporter runs as, so a listener planted first on the socket path gets nothing."""
+    exporter_uids = {
+        str(
+            c.get("securityContext", {}).get(
+                "runAsUser", spec.get("securityContext", {}).get("runAsUser")
+            )
+        )
+        for _, spec, c in exporter_containers()
+    }
+    assert exporter_uids == {"65532"}, exporter_uids
+    trainers = [
+        (where, c)
+        for where, spec in pod_specs()
+        for c in containers(spec)
+        if not is_exporter_image(str(c["image"])) and "TRAINMON_SOCKET" in env(c)
+    ]
+    assert trainers
+    for where, c in trainers:
+        assert env(c).get("TRAINMON_EXPORTER_UID", {}).get("value") == "65532", (where, c["name"])
+
+
 def test_the_run_id_comes_from_the_job_not_the_pod() -> None:
     """TRAINMON_RUN is built from the namespace and the job's name label (downward API)."""
     seen = 0
