@@ -453,6 +453,7 @@ class Settings(BaseSettings):
     scrape_sample_limit: int = Field(
         10_000,
         ge=1000,
+        le=5_000_000,
         description="Most samples one scrape of /metrics carries, every histogram bucket and "
         "the exporter's own series counted: set it to the sample_limit (PodMonitor "
         "sampleLimit) Prometheus scrapes this exporter with, which fails a whole scrape past "
