@@ -252,12 +252,17 @@ class Applier:
         """Apply one packet's records in order; never raises.
 
         Returns:
-            True when the connection must close (its HELLO was refused; the records after
-            it in the packet are counted as ``no_hello``, not applied).
+            True when the connection must close (its HELLO was refused, or its rank was
+            taken away for its run's owner claim; the records after that in the packet are
+            counted as ``no_hello``, not applied).
         """
         invalid = self._invalid
         counts: dict[int, int] = {}
-        close = False
+        # A rank its run's owner claim took away (Store.attach): the connection closes, its
+        # records counted as no_hello.
+        close = link.state is not None and link.state.revoked
+        if close:
+            link.refusal = "not_owner"
         applied, data_records = Outcome.APPLIED, P.DATA_RECORDS
         with self.store.lock:
             try:
