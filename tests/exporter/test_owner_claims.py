@@ -65,6 +65,28 @@ def test_a_claim_names_its_uid_and_absence_is_no_claim(claims_dir: Path) -> None
         OwnerClaims(Path("relative"))
 
 
+def test_a_directory_replaced_or_made_unsafe_is_noticed(claims_dir: Path) -> None:
+    """The directory's descriptor is kept between look-ups only while the path names it and
+    it passes its checks."""
+    claims = OwnerClaims(claims_dir)
+    claim(claims_dir, "slurm-42", "1000")
+    assert claims.lookup("slurm-42") == 1000
+    claims_dir.rename(claims_dir.parent / "old")  # moved away, a new one in its place
+    claims_dir.mkdir(mode=0o755)
+    os.chmod(claims_dir, 0o755)
+    claim(claims_dir, "slurm-42", "1001")
+    assert claims.lookup("slurm-42") == 1001
+    shutil.rmtree(claims_dir)  # gone: no claims
+    assert claims.lookup("slurm-42") is None
+    claims_dir.mkdir(mode=0o755)
+    os.chmod(claims_dir, 0o755)
+    claim(claims_dir, "slurm-42", "1002")
+    assert claims.lookup("slurm-42") == 1002
+    os.chmod(claims_dir, 0o777)  # the kept descriptor is checked again
+    assert claims.lookup("slurm-42") is None
+    assert problems(claims) == {"unsafe_dir": 1}
+
+
 @pytest.mark.parametrize(
     "text",
     ["", "\n", "abc", "12 34", "-1", "+5", "1e3", "٣", "4294967295", "9" * 40, "1" + " " * 70],

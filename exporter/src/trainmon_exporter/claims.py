@@ -10,7 +10,8 @@ only that uid may attach to the run.
 
 The directory and its files are read without trusting the path:
 
-- every component of the directory's path is opened ``O_NOFOLLOW`` from ``/`` and judged on
+- every component of the directory's path is opened ``O_NOFOLLOW`` from ``/`` (when the
+  directory is first found, and again whenever the path names another one) and judged on
   its descriptor: it must belong to root or this exporter's user and be writable by nobody
   else (a component other than the last may be sticky, as ``/tmp``); the directory itself
   must not be writable by group or others at all;
@@ -22,9 +23,12 @@ A claim that fails a check is ignored (the run is first come, first served, as w
 claims), logged and counted by reason in :attr:`OwnerClaims.invalid`
 (``trainmon_owner_claims_invalid_total``). A missing directory or file is no claim.
 
-Each look-up is a handful of ``openat`` calls on a tmpfs, made for each HELLO: claims are
-read fresh, never cached, so a claim written after a squatter connected still wins, and one
-removed when the job ends stops counting at once.
+The directory's descriptor is kept between look-ups while the path still names it (an
+``lstat`` of the path gives the same inode) and it still passes its own checks (``fstat``);
+otherwise the path is walked again. Claims themselves are read fresh at each HELLO, never
+cached, so a claim written after a squatter connected still wins, and one removed when the
+job ends stops counting at once. Look-ups are not thread-safe: the store calls them under its
+lock.
 """
 
 from __future__ import annotations
@@ -77,6 +81,8 @@ class OwnerClaims:
         self.directory = directory
         self._parts = () if directory is None else directory.parts[1:]
         self._trusted = {0, os.geteuid()}
+        self._dir_fd = -1  # the checked directory, kept while the path still names it
+        self._dir_id = (0, 0)  # its (st_dev, st_ino)
         self.invalid: dict[str, int] = dict.fromkeys(CLAIM_PROBLEMS, 0)
 
     def lookup(self, run: str) -> int | None:
@@ -88,13 +94,8 @@ class OwnerClaims:
         if self.directory is None or run in (".", "..") or "/" in run or "\0" in run:
             return None
         try:
-            dir_fd = self._open_dir()
-            if dir_fd is None:
-                return None
-            try:
-                return self._read(dir_fd, run)
-            finally:
-                os.close(dir_fd)
+            dir_fd = self._directory()
+            return None if dir_fd is None else self._read(dir_fd, run)
         except _Unsafe as exc:
             self.invalid[exc.problem] += 1
             log.warning("owner claim of run %s ignored: %s", run, exc)
@@ -102,6 +103,26 @@ class OwnerClaims:
             self.invalid["unreadable"] += 1
             log.warning("owner claim of run %s ignored: %s", run, exc)
         return None
+
+    def _directory(self) -> int | None:
+        """The kept descriptor if the path still names that directory, else a new one."""
+        assert self.directory is not None
+        if self._dir_fd >= 0:
+            try:
+                st = os.lstat(self.directory)
+                same = (st.st_dev, st.st_ino) == self._dir_id
+            except OSError:
+                same = False
+            if same:
+                self._check_dir(self._dir_fd, self.directory.name, last=True)  # raises
+                return self._dir_fd
+            os.close(self._dir_fd)
+            self._dir_fd = -1
+        fd = self._open_dir()
+        if fd is not None:
+            st = os.fstat(fd)
+            self._dir_fd, self._dir_id = fd, (st.st_dev, st.st_ino)
+        return fd
 
     def _open_dir(self) -> int | None:
         """A descriptor of the claims directory, each component checked; None if absent."""
