@@ -278,7 +278,9 @@ def test_the_claimed_uid_owns_its_run_even_when_another_connects_first(
 
 @needs_root_uids
 def test_a_run_opened_before_its_claim_goes_to_the_claimed_uid(
-    make_exporter: Callable[..., InProcessExporter], claims_dir: Path
+    make_exporter: Callable[..., InProcessExporter],
+    claims_dir: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """ATTACKER opened slurm-43 before the prolog ran; once the claim names OWNER, OWNER's
     HELLO takes the run and ATTACKER's connection is closed with not_owner."""
@@ -291,6 +293,7 @@ def test_a_run_opened_before_its_claim_goes_to_the_claimed_uid(
     run_as(ex.socket, OWNER, OWNER_GID, 'r = init("slurm-43"); r.log(1, loss=2.5); r.finish()')
     r = wait_for(lambda: (k := ex.rank("slurm-43", 0)) and k["status"] == "finished" and k)
     assert r["values"]["loss"] == 2.5
+    assert f"ranks uid {ATTACKER} opened before it were dropped" in caplog.text
     early.say()
     rc, out, err = early.wait()
     assert rc == 0, err

@@ -386,7 +386,16 @@ class Applier:
                 rewritten,
             )
             self.drop("label_rewritten", rewritten)
+        before = self.store.run_state(hello.run)
         result = self.store.attach(hello.model_dump(), link.peer_uid, link.peer_pid)
+        if before is not None and before.revoked:
+            log.warning(
+                "run %s: its owner claim names uid %s; the ranks uid %s opened before it were "
+                "dropped",
+                hello.run,
+                link.peer_uid,
+                before.owner_uid,
+            )
         link.refusal = result if isinstance(result, str) else None
         if isinstance(result, str):
             if result == "not_owner":
