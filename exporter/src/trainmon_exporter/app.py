@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, disable_created_metrics
 from prometheus_client.exposition import choose_encoder, generate_latest
 
 from trainmon_exporter import __version__
+from trainmon_exporter.claims import OwnerClaims
 from trainmon_exporter.collectors import CollectorContext, ScrapeCollector, build_collectors
 from trainmon_exporter.exposition import TextExposition
 from trainmon_exporter.httplimits import GatedResponse, HttpStats, RequestGate
@@ -96,6 +97,8 @@ def build_exporter(
         max_series_per_uid=settings.max_series_per_uid,
         retention_s=settings.rank_retention_seconds,
     )
+    if settings.owner_claims_dir is not None:
+        store.claims = OwnerClaims(settings.owner_claims_dir)
     registry = CollectorRegistry(auto_describe=False)
     metrics = IngestMetrics(registry)
     registry.register(LogMetrics())  # type: ignore[arg-type]

@@ -1977,6 +1977,30 @@ INGEST_HELLOS_REFUSED = Family(
     ),
 )
 
+OWNER_CLAIMS_INVALID = Family(
+    "trainmon_owner_claims_invalid",
+    COUNTER,
+    (
+        "Owner claims ignored at a HELLO, by problem: unsafe_dir (the claims directory or its "
+        "path could be changed by another user, or is a symbolic link), unsafe_file (a "
+        "symbolic link, not a regular file, or writable by another user), malformed (not one "
+        "decimal uid), unreadable. The run is then first come, first served."
+    ),
+    ("problem",),
+    unit="claims",
+    collector="exporter",
+    doc=(
+        "Owner claims (`owner_claims_dir`, written by the Slurm prolog) ignored at a HELLO, by "
+        "problem: `unsafe_dir` (the directory, or a directory on its path, is a symbolic link "
+        "or belongs to a user other than root or the exporter's, or could be written by "
+        "another user), `unsafe_file` (the claim is a symbolic link, not a regular file, or "
+        "belongs to or may be written by another user), `malformed` (not one decimal uid), "
+        "`unreadable` (an I/O error). Each is logged; the run is then first come, first "
+        "served, as without a claim. Counted at each look-up, so a trainer retrying counts "
+        "again."
+    ),
+)
+
 # ---------- ingest: the socket server's instruments (trainmon_exporter.ingest.IngestMetrics)
 
 INGEST_PACKETS = Family(
@@ -2515,6 +2539,7 @@ EXPORTER_TABLE: tuple[Family, ...] = (
     EXPORTER_RANKS_EVICTED,
     EXPORTER_SERIES,
     INGEST_HELLOS_REFUSED,
+    OWNER_CLAIMS_INVALID,
     INGEST_CONNECTIONS,
     INGEST_OPEN_CONNECTIONS,
     INGEST_MAX_CONNECTIONS,

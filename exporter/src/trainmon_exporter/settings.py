@@ -251,6 +251,14 @@ class Settings(BaseSettings):
         description="If set (with allowed_uids), processes whose primary or supplementary "
         "group (names or numbers) is listed may send data.",
     )
+    owner_claims_dir: Path | None = Field(
+        Path("/run/trainmon-owners"),
+        description="Directory of owner claims: a file per run id holding the uid that alone "
+        "may write to that run (the Slurm prolog writes slurm-<job id> before the job starts). "
+        "Read at each HELLO; ignored (trainmon_owner_claims_invalid_total) unless the directory "
+        "and the file belong to root or the exporter's user and are writable by no one else. "
+        "Absent: no claims; empty: off.",
+    )
     ingest_poll_interval_seconds: float = Field(
         0.1,
         ge=0,
@@ -551,6 +559,15 @@ class Settings(BaseSettings):
         if value is None or value.strip() == "":
             return None
         _gid(value)
+        return value
+
+    @field_validator("owner_claims_dir", mode="before")
+    @classmethod
+    def _claims_dir(cls, value: Any) -> Any:
+        if value is None or (isinstance(value, str) and value.strip() == ""):
+            return None
+        if not Path(value).is_absolute():
+            raise ValueError("must be an absolute path")
         return value
 
     @field_validator("allowed_uids", mode="before")
