@@ -441,7 +441,14 @@ def test_unread_api_requests_are_bounded_and_their_slots_come_back(
     exporter_process: Callable[..., ExporterProcess],
 ) -> None:
     ex = exporter_process(
-        "--http-max-concurrent-api", "2", "--http-write-timeout-seconds", "1"
+        "--http-max-concurrent-api",
+        "2",
+        "--http-write-timeout-seconds",
+        "1",
+        "--max-series-per-uid",  # one uid (this test's) opens every run
+        "50000",
+        "--max-ranks-per-uid",
+        "256",
     ).start()
     socks = _fill(ex.socket, 128, 250)
     lazy: list[socket.socket] = []
