@@ -5,10 +5,11 @@ maximum) every step at 43 steps a second into a real, otherwise idle exporter su
 (``--max-custom-metrics 1024``, so the exporter refuses nothing). Each step is a STEP record of
 about 10 KiB, so the client queues about 220 KB per 0.5 s flush interval.
 
-Three configurations, one after the other against the same exporter:
+Four configurations, one after the other against the same exporter:
 
 - *baseline*: the kernel's default send buffer (``net.core.wmem_default``, 208 KiB) and one
   flush per interval whatever its size: the client before it sized either;
+- *default buffer, paced*: the flush pacing alone;
 - *stock kernel*: the client's flush pacing (``FLUSH_BURST_BYTES``) with the send buffer a
   stock kernel grants it (``net.core.wmem_max`` of 212,992 bytes, doubled);
 - *this client*: as shipped, on this machine's kernel.
@@ -110,6 +111,7 @@ def main() -> int:
     names = [f"custom_{i}" for i in range(args.names)]
     configs: list[tuple[str, Callable[[], AbstractContextManager[None]]]] = [
         ("baseline: default buffer, one flush/interval", lambda: configured(0, 1 << 40)),
+        ("default buffer, flushes paced", lambda: configured(0, None)),
         ("stock kernel: wmem_max 212,992, paced", lambda: configured(STOCK_WMEM_MAX, None)),
         ("this client, this kernel", lambda: configured(None, None)),
     ]

@@ -9,6 +9,7 @@ announced again only when a dropped packet carried some.
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import pytest
 
 from trainmon_client import _protocol as P
 from trainmon_client._encoder import MAX_CUSTOM_NAMES, carries_names
+from trainmon_client._run import FLUSH_BURST_BYTES
 from trainmon_client._transport import SEND_BUFFER_BYTES, Transport
 
 from ..conftest import sample, wait_for
@@ -130,3 +132,50 @@ def test_the_documented_maximum_of_custom_metrics_is_delivered_at_a_busy_rate(
     assert sample(m, "trainmon_train_custom_value", run="busy", rank="0", name="custom_7") == (
         steps - 1 + 7
     )
+
+
+def test_a_heavy_trainer_flushes_in_bursts_of_about_flush_burst_bytes(
+    listener: Listener,
+) -> None:
+    """With a 1 s flush interval, 1,024 values a step at 43 steps/s would queue about 440 KB a
+    flush: the flusher sends about ``FLUSH_BURST_BYTES`` at a time instead, several a second."""
+    run = make_run(listener.path, flush_interval=1.0)
+    names = [f"custom_{i}" for i in range(MAX_CUSTOM_NAMES)]
+    run.log(0, loss=1.0)  # the first step goes at once: the connection opens
+    conn = listener.accept()
+    arrivals: list[tuple[float, int]] = []
+
+    def read() -> None:
+        conn.settimeout(5)
+        try:
+            while True:
+                data = conn.recv(P.MAX_PACKET_BYTES + 1)
+                if not data:
+                    return
+                arrivals.append((time.monotonic(), len(data)))
+        except (TimeoutError, OSError):
+            return
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    t0 = time.perf_counter()
+    steps = int(RATE * 2.5)
+    for step in range(1, steps):
+        run.log(step, loss=1.0, **{n: float(step) for n in names})
+        delay = t0 + step / RATE - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+    run.finish()
+    reader.join()
+    assert run.dropped == {k: 0 for k in run.dropped}
+    bursts: list[int] = []  # bytes of each flush: packets less than 10 ms apart
+    last = -1.0
+    for when, size in arrivals:
+        if when - last > 0.01:
+            bursts.append(0)
+        bursts[-1] += size
+        last = when
+    big = [b for b in bursts if b > 2 * FLUSH_BURST_BYTES]
+    # Without pacing: [358, 460286, 445012, 206987] (one flush a second, then finish()'s).
+    assert len(big) <= 1, bursts
+    assert len(bursts) >= 6, bursts

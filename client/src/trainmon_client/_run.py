@@ -3,8 +3,8 @@
 Design (see docs/client.md): ``log()`` keeps the keyword dict the call already built (after
 converting anything that is not a plain float or int, so a tensor changed later cannot change
 what was logged), appends it to a queue and returns: no encoding and no syscall, ever. A
-flusher thread, asleep between flushes, wakes every ``flush_interval`` seconds (sooner after
-a flush of more than ``FLUSH_BURST_BYTES``, and at once for a run's first step, a NaN or
+flusher thread, asleep between flushes, wakes every ``flush_interval`` seconds (sooner when
+more than ``FLUSH_BURST_BYTES`` queue in one, and at once for a run's first step, a NaN or
 infinite value, or ``MAX_PENDING`` queued steps), encodes the queued steps as fixed-layout
 binary STEP records and sends them as ``SOCK_SEQPACKET`` packets without blocking. It holds
 the GIL only while it encodes (tens of microseconds a flush), so it never competes with the
@@ -76,7 +76,8 @@ MAX_PENDING = 256
 FLUSH_BURST_BYTES = 96 * 1024
 """Bytes of packets one flush should hand the socket at most: a quarter of the smallest send
 buffer the client gets (``SO_SNDBUF``, see :mod:`~trainmon_client._transport`), so the exporter,
-reading every 0.1 s, empties it long before it fills. A bigger flush shortens the next wait."""
+reading every 0.1 s, empties it long before it fills. The flusher waits the time these take to
+queue at the rate of its last flush (within ``flush_interval``)."""
 MIN_FLUSH_WAIT_S = 0.02
 """Shortest wait between two flushes that :data:`FLUSH_BURST_BYTES` makes."""
 DTYPES = ("bf16", "fp16", "fp8", "tf32", "fp32")
@@ -772,10 +773,12 @@ class Run:
         """The flusher thread: sleep until woken or ``flush_interval`` passes, then flush.
 
         It sleeps on the wake lock (no GIL held) and ends once the run is closed. With a
-        ``flush_interval`` of 0 it only wakes when ``log()`` wakes it, once per step. A flush
-        of more than :data:`FLUSH_BURST_BYTES` shortens the next sleep in proportion (down to
-        :data:`MIN_FLUSH_WAIT_S`), so a trainer that logs many values a step sends them in
-        bursts its socket's send buffer holds between two reads of the exporter.
+        ``flush_interval`` of 0 it only wakes when ``log()`` wakes it, once per step. The next
+        sleep is the time :data:`FLUSH_BURST_BYTES` takes to queue at the rate of the last
+        flush (bytes over the time since the one before), within :data:`MIN_FLUSH_WAIT_S` and
+        ``flush_interval``: a trainer that logs many values a step sends them in bursts its
+        socket's send buffer holds between two reads of the exporter, and one that logs a few
+        still flushes once an interval.
         """
         wake = self._wake
         interval = self.flush_interval if self.flush_interval > 0.0 else -1
@@ -796,10 +799,11 @@ class Run:
                     log.debug("trainmon_client: flush failed internally", exc_info=True)
                 self._flush_seconds += time.thread_time() - cpu0
             if interval > 0:
+                # The wait that lets FLUSH_BURST_BYTES queue at the rate of the last flush.
                 timeout = interval
-                if sent > FLUSH_BURST_BYTES:
-                    timeout = min(interval, (now - last) * FLUSH_BURST_BYTES / sent)
-                    timeout = max(MIN_FLUSH_WAIT_S, timeout)
+                if sent > 0 and now > last:
+                    timeout = (now - last) * FLUSH_BURST_BYTES / sent
+                    timeout = min(interval, max(MIN_FLUSH_WAIT_S, timeout))
             last = now
 
     # ------------------------------------------------------------------------- flush path
