@@ -177,5 +177,5 @@ def test_a_heavy_trainer_flushes_in_bursts_of_about_flush_burst_bytes(
         last = when
     big = [b for b in bursts if b > 2 * FLUSH_BURST_BYTES]
     # Without pacing: [358, 460286, 445012, 206987] (one flush a second, then finish()'s).
-    assert len(big) <= 1, bursts
+    assert len(big) <= 2, bursts  # a late reader may join two bursts
     assert len(bursts) >= 6, bursts
