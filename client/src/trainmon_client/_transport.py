@@ -81,9 +81,11 @@ does not fit in time is dropped and counted (``backpressure``, ``in_flight``).""
 SEND_BUFFER_BYTES = 256 * 1024
 """``SO_SNDBUF`` the client asks for on each connection. Linux doubles it for its own
 bookkeeping, within twice ``net.core.wmem_max`` (212,992 by default): 416 KiB to 512 KiB of
-queued packets, against ``net.core.wmem_default``'s 208 KiB. That holds about two flushes of
-the busiest documented trainer (1,024 custom metrics at 43 steps a second send about 220 KB
-per 0.5 s flush), while the exporter reads every 0.1 s; measured in docs/performance.md."""
+queued packets, against ``net.core.wmem_default``'s 208 KiB. That holds the first flush of
+the busiest documented trainer (1,024 custom metrics at 43 steps a second queue about 220 KB
+per 0.5 s, before the flusher knows the pace) and four of its later, paced ones
+(``FLUSH_BURST_BYTES``), while the exporter reads every 0.1 s; measured in
+docs/performance.md."""
 _SEND_FLAGS = getattr(socket, "MSG_DONTWAIT", 0) | getattr(socket, "MSG_NOSIGNAL", 0)
 _WAIT_FLAGS = _SEND_FLAGS & ~getattr(socket, "MSG_DONTWAIT", 0)
 _OUTQ = getattr(termios, "TIOCOUTQ", 0x5411)  # SIOCOUTQ: bytes the peer has not read yet
