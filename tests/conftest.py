@@ -222,12 +222,12 @@ def trainmon_status(*args: str) -> subprocess.CompletedProcess[str]:
 def require_tool(name: str, package: str) -> str:
     """Path of a Debian-packaged tool (promtool, amtool).
 
-    Skips the test where it is missing, except in CI (``TRAINMON_REQUIRE_PROMTOOL``, set by
+    Skips the test where it is missing, except in CI (``CI_REQUIRE_TOOLS``, set by
     ``.ci/run``, which installs them), where it fails.
     """
     path = shutil.which(name)
     if path is None:
-        if os.environ.get("TRAINMON_REQUIRE_PROMTOOL"):
+        if os.environ.get("CI_REQUIRE_TOOLS"):
             pytest.fail(f"{name} is required in CI (Debian package {package})")
         pytest.skip(f"{name} not installed")
     return path

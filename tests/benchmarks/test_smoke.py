@@ -62,7 +62,7 @@ def test_benchmarks_are_found() -> None:
 def test_benchmark_runs_in_smoke_mode(script: Path) -> None:
     tool = NEEDS.get(script.name)
     if tool and shutil.which(tool) is None:
-        if os.environ.get("TRAINMON_REQUIRE_PROMTOOL"):
+        if os.environ.get("CI_REQUIRE_TOOLS"):
             pytest.fail(f"{tool} is required in CI")
         pytest.skip(f"needs {tool} (Debian package)")
     assert "--smoke" in script.read_text(), f"{script.name} has no --smoke mode"

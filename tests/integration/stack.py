@@ -33,12 +33,12 @@ RULE_FILES = [PROM_DIR / "trainmon.rules.yml", PROM_DIR / "trainmon.alerts.yml"]
 def require_binaries(*names: str, package: str) -> None:
     """Skip the test where a Debian-packaged binary is missing; fail instead in CI.
 
-    CI (``.ci/run``, which sets ``TRAINMON_REQUIRE_PROMTOOL``) installs them, so a missing one
+    CI (``.ci/run``, which sets ``CI_REQUIRE_TOOLS``) installs them, so a missing one
     there is a broken setup, not a reason to skip.
     """
     missing = [n for n in names if shutil.which(n) is None]
     if missing:
-        if os.environ.get("TRAINMON_REQUIRE_PROMTOOL"):
+        if os.environ.get("CI_REQUIRE_TOOLS"):
             pytest.fail(f"{', '.join(missing)} required in CI (Debian package {package})")
         pytest.skip(f"{', '.join(missing)} not installed (Debian package {package})")
 

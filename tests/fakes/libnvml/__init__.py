@@ -102,7 +102,7 @@ def build(out_dir: Path, *defines: str, branch: int | None = None) -> Path:
         defines = (*defines, f"NVML_BRANCH={branch}")
     gcc = shutil.which("gcc") or shutil.which("cc")
     if gcc is None:
-        if os.environ.get("TRAINMON_REQUIRE_PROMTOOL"):
+        if os.environ.get("CI_REQUIRE_TOOLS"):
             pytest.fail("gcc is required in CI to build the fake libnvidia-ml.so.1")
         pytest.skip("no C compiler for the fake libnvidia-ml.so.1")
     out_dir.mkdir(parents=True, exist_ok=True)
