@@ -28,15 +28,16 @@ from typing import Any, NamedTuple
 
 from trainmon_client import _protocol as P
 from trainmon_exporter.analytics import RankAnalytics, RunAnalytics
+from trainmon_exporter.analytics.goodput import Goodput
 from trainmon_exporter.settings import AnalyticsSettings
 
 NONFINITE_FIELDS = ("loss", "grad_norm", "lr", "custom")
 """``field`` label values of ``trainmon_train_nonfinite_values_total``; ``custom`` sums every
 custom metric, so each series exists at 0 from a rank's first message."""
 STATUSES = ("running", "finished", "failed", "crashed")
-SERIES_PER_RANK = 108
+SERIES_PER_RANK = 120
 """Series one rank costs in the exposition before any custom metric, operation, evaluation
-value or layer: the rank budget of docs/scaling.md#cardinality-budget (111, measured with every
+value or layer: the rank budget of docs/scaling.md#cardinality-budget (123, measured with every
 feature and one tracked operation) less that operation's 3."""
 SERIES_PER_LAYER = len(P.LAYER_STATS) + len(P.LAYER_QUANTILES)
 """Series one exported layer costs at most (each statistic and gradient quantile)."""
@@ -59,6 +60,8 @@ LAYER_STAT_CODES = frozenset(
 )
 """Stat codes a LAYERS record may carry; values under any other code are dropped
 (``unknown_stat``), never stored."""
+_FIELD_DATA_TIME = P.STANDARD_FIELDS.get("data_time", -1)
+"""Field id of a step's input wait (s), for the time accounting (:mod:`.analytics.goodput`)."""
 WATCH_OPERATION = "watch"
 """Operation name of a rank's ``Run.watch`` checks (from its LAYERS records)."""
 
@@ -68,6 +71,16 @@ Drop = Callable[[str, int], None]
 
 def ignore_drops(reason: str, n: int) -> None:
     """A :data:`Drop` that forgets what it is told."""
+
+
+def clock() -> tuple[float, float]:
+    """Now on ``time.monotonic()``, and wall-clock minus monotonic time.
+
+    The offset maps a client's wall-clock time (same host) onto the monotonic clock the time
+    accounting uses (:mod:`trainmon_exporter.analytics.goodput`).
+    """
+    mono = time.monotonic()
+    return mono, time.time() - mono
 
 
 @dataclass(slots=True)
@@ -171,6 +184,8 @@ class RankState:
     eval_values: dict[str, float | None] = field(default_factory=dict)
     layers: dict[str, dict[int, float]] = field(default_factory=dict)  # layer -> stat code -> v
     eval_step: int | None = None
+    goodput: Goodput = field(default_factory=lambda: Goodput(time.monotonic()))
+    """Where the rank's time went (:mod:`trainmon_exporter.analytics.goodput`)."""
 
     def __post_init__(self) -> None:
         self.hist_counts = [0] * (len(self.buckets) + 1)
@@ -233,7 +248,7 @@ class RankState:
         while len(win) > 2 and win[1].time <= horizon:
             win.popleft()
         unknown = capped = 0
-        loss = grad_norm = mem = None
+        loss = grad_norm = mem = data_time = None
         std = P.STANDARD_NAMES
         f_loss, f_grad_norm, f_mem = P.FIELD_LOSS, P.FIELD_GRAD_NORM, P.FIELD_MEM_ALLOCATED
         for fid, v in zip(ids, values, strict=True):
@@ -246,6 +261,8 @@ class RankState:
                     grad_norm = v
                 elif fid == f_mem:
                     mem = v
+                elif fid == _FIELD_DATA_TIME:
+                    data_time = v
                 if (name == "loss" or name == "grad_norm" or name == "lr") and not math.isfinite(v):
                     self.nonfinite[name] += 1
                     self.analytics.observe_nonfinite(step, name, v)
@@ -263,6 +280,10 @@ class RankState:
                 self.analytics.observe_nonfinite(step, "custom", v)
         self.analytics.observe_step(step, loss, grad_norm, step_time, new_tokens, mem, stride)
         self.history.append(HistoryPoint(step, when, loss, tokens, restarted or rolled_back))
+        mono, offset = clock()
+        self.goodput.step(
+            step, when - offset, mono, data_time, restarted=restarted, rolled_back=rolled_back
+        )
         if unknown:
             drop("unknown_field", unknown)
         if capped:
@@ -377,9 +398,13 @@ class RankState:
             drop("unknown_stat", stats)
 
     def observe_checkpoint(self, record: P.Checkpoint) -> None:
-        """Apply a CHECKPOINT record."""
-        self.checkpoint = record
-        self.checkpoints_total += 1
+        """Apply a CHECKPOINT record: a save (counted), or a restore (``restore`` set)."""
+        restore = bool(getattr(record, "restore", False))
+        if not restore:
+            self.checkpoint = record
+            self.checkpoints_total += 1
+        mono, offset = clock()
+        self.goodput.checkpoint(record.step, record.time - offset, record.seconds, mono, restore)
 
     def ops_seconds(self) -> float:
         """Cumulative seconds of every tracked operation."""
@@ -392,6 +417,7 @@ class RankState:
     def finish(self, status: int) -> None:
         """Apply a FINISH record."""
         self.status = "finished" if status == P.FINISH_OK else "failed"
+        self.goodput.finish(time.monotonic(), self.status == "finished")
         if self.status == "failed":
             self.crashes += 1
             self.analytics.event("failed")
@@ -401,6 +427,7 @@ class RankState:
         self.connected = False
         self.disconnected_mono = self.left_mono = time.monotonic()
         if not finished:
+            self.goodput.crash(self.disconnected_mono)
             self.status = "crashed"
             self.crashes += 1
             self.analytics.event("crash")
@@ -415,6 +442,7 @@ class RankState:
         """
         self.connected = False
         self.left_mono = time.monotonic()
+        self.goodput.closed(self.left_mono)
         if idle:
             self.disconnected_mono = self.left_mono
         if self.on_gone is not None:
@@ -730,6 +758,8 @@ class Store:
             state.connections += 1
             for op in state.ops.values():
                 op.active = False  # a new process runs no operation yet
+            same = hello["pid"] == state.pid and hello["started_at"] == state.started_at
+            state.goodput.reconnect(hello["started_at"], now, time.time() - now, same)
             for k in _RESUMED_FIELDS:
                 setattr(state, k, hello[k])
             state.peer_pid = pid
@@ -741,6 +771,7 @@ class Store:
             **{k: hello[k] for k in P.HELLO_FIELDS},
             buckets=self.buckets,
             analytics=RankAnalytics(self.analytics),
+            goodput=Goodput.start(hello["started_at"], now, time.time() - now),
         )
         state.owner_uid = uid
         state.peer_pid = pid
@@ -833,6 +864,8 @@ class Store:
             else:
                 drop("series_budget", 1)
         state.eval_step = record.step
+        mono, offset = clock()
+        state.goodput.evaluation(record.time - offset, mono)
         if val_loss is not None:
             values["val_loss"] = val_loss
         state.analytics.observe_eval(val_loss)
@@ -862,6 +895,7 @@ class Store:
         A new name needs room under ``max_operations`` (``operation_cap``) and in the series
         budget (``series_budget``).
         """
+        state.goodput.operation(name, seconds_total, time.monotonic())
         op = state.ops.get(name)
         if op is not None:
             op.seconds_total, op.runs_total, op.active = seconds_total, runs_total, active
@@ -924,4 +958,10 @@ class Store:
         Returns the ``(rank, kind)`` episodes that just started.
         """
         with self.lock:
-            return self.judge.check(list(self.ranks.values()), now, rates=rates)
+            ranks = list(self.ranks.values())
+            started = self.judge.check(ranks, now, rates=rates)
+            mono = time.monotonic()
+            for s in ranks:
+                if s.analytics.hung and s.connected:
+                    s.goodput.hung(mono)  # a hang is accounted as it lasts
+            return started
