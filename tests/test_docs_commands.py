@@ -218,24 +218,26 @@ def exporter_flag_examples() -> list[str]:
         for s in spans
         if shlex.split(s)[0] in flags
         and len(shlex.split(s)) > 1
-        and not re.fullmatch(r"[A-Z:_]+", shlex.split(s)[-1])  # a placeholder (HOST:PORT)
+        and not re.fullmatch(
+            r"(https?://)?[A-Z:_]+", shlex.split(s)[-1]
+        )  # a placeholder (HOST:PORT)
     )
 
 
 def test_every_exporter_flag_example_is_accepted() -> None:
-    from trainmon_exporter.cli import load_settings
+    from trainmon_exporter.cli import UsageError, load_settings
 
     examples = exporter_flag_examples()
     assert "--layer-ranks all" in examples
     for example in examples:
         try:
             load_settings(shlex.split(example))
-        except SystemExit as exc:  # argparse refused it
+        except UsageError as exc:  # argparse refused it
             pytest.fail(f"the docs show `{example}`, which trainmon-exporter refuses ({exc})")
 
 
 def test_a_refused_example_is_caught() -> None:
-    from trainmon_exporter.cli import load_settings
+    from trainmon_exporter.cli import UsageError, load_settings
 
-    with pytest.raises(SystemExit):
+    with pytest.raises(UsageError, match="unrecognized arguments: false"):
         load_settings(["--nvml-processes", "false"])

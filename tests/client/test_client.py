@@ -58,7 +58,9 @@ def test_hello_then_batched_steps_with_cumulative_totals(listener: Listener) -> 
     _, ids, values = steps[-1]
     assert dict(zip(ids, values, strict=True)) == {1: pytest.approx(2.6), 2: 1e-3, 3: 0.5}
     assert recs[-1] == (P.FINISH, (P.FINISH_OK, pytest.approx(time.time(), abs=5)))
-    assert run.dropped == {"disconnected": 0, "backpressure": 0, "encode_error": 0, "in_flight": 0}
+    assert run.dropped == dict.fromkeys(
+        ("disconnected", "backpressure", "encode_error", "in_flight", "reentrant"), 0
+    )
     assert run.sent == 5
 
 
@@ -365,8 +367,11 @@ def test_detect_ranks_from_launchers() -> None:
         1,
     )
     assert detect_ranks({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4"}) == (2, 2, 4)
-    with pytest.raises(ValueError, match="RANK"):
-        detect_ranks({"RANK": "zero"})
+    # A bad value from the environment is ignored (as if unset), noted and warned about.
+    issues: list[str] = []
+    assert detect_ranks({"RANK": "zero", "SLURM_PROCID": "x"}, issues) == (0, 0, 1)
+    assert detect_ranks({"RANK": "2", "LOCAL_RANK": "-1", "WORLD_SIZE": "0"}, issues) == (2, 2, 3)
+    assert issues == ["RANK", "LOCAL_RANK", "WORLD_SIZE"]
 
 
 def test_detect_run_id_order() -> None:

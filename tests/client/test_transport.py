@@ -7,8 +7,6 @@ import os
 import time
 from pathlib import Path
 
-import pytest
-
 from trainmon_client import _protocol as P
 from trainmon_client._transport import (
     BACKOFF_MIN_S,
@@ -85,5 +83,6 @@ def test_a_listener_of_another_uid_is_refused(listener: Listener) -> None:
 def test_expected_exporter_uid() -> None:
     assert expected_exporter_uid({}) is None
     assert expected_exporter_uid({"TRAINMON_EXPORTER_UID": " 0 "}) == 0
-    with pytest.raises(ValueError, match="TRAINMON_EXPORTER_UID"):
-        expected_exporter_uid({"TRAINMON_EXPORTER_UID": "root"})
+    issues: list[str] = []  # not a uid: fails closed (no listener has uid -1), never raises
+    assert expected_exporter_uid({"TRAINMON_EXPORTER_UID": "root"}, issues) == -1
+    assert issues == ["TRAINMON_EXPORTER_UID"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +13,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
+from trainmon_client import _protocol as P
+from trainmon_exporter import derive
 from trainmon_exporter.analytics import AnalyticsSettings, RankAnalytics, RollingStats, RunAnalytics
 from trainmon_exporter.collectors import CollectorContext
 from trainmon_exporter.collectors.health import HealthCollector
@@ -299,7 +302,7 @@ class Rank:
 
     run: str
     connected: bool = True
-    last_step_time: float | None = 100.0
+    last_step_mono: float | None = 100.0
     analytics: RankAnalytics = field(default_factory=lambda: RankAnalytics(AnalyticsSettings()))
     running_operation: bool = False
 
@@ -354,7 +357,7 @@ def test_a_rank_that_is_not_running_is_neither_hung_nor_compared() -> None:
     judge.check([a, b], 1000.0)
     assert a.analytics.hung and b.analytics.straggler == pytest.approx(3.0)
     b.connected = False
-    a.last_step_time = None  # no step yet (a fresh rank)
+    a.last_step_mono = None  # no step yet (a fresh rank)
     assert judge.check([a, b], 1000.0) == []
     assert not a.analytics.hung and b.analytics.straggler is None
     assert b.analytics.straggler_episodes == 1  # what happened stays counted
@@ -375,7 +378,7 @@ def test_the_verdicts_follow_the_settings_and_are_exported_from_zero() -> None:
     for rank, seconds in enumerate((0.1, 0.1, 0.2)):
         s = store.attach(HELLO | {"rank": rank, "local_rank": rank, "world_size": 3}, uid=1)
         assert not isinstance(s, str)
-        s.last_step_time = 100.0
+        s.last_step_mono = 100.0
         s.analytics.step_times.extend([seconds] * 30)
         ranks.append(s)
     registry = CollectorRegistry()
@@ -400,3 +403,42 @@ def test_the_verdicts_follow_the_settings_and_are_exported_from_zero() -> None:
     store.check_conditions(100.5)
     assert a.throughput_ratio() is not None and a.throughput_dropped
     assert verdicts("trainmon_train_throughput_dropped") == [1.0, 0.0, 0.0]
+
+
+class SteppingClock:
+    """``time.time`` and ``time.monotonic`` for a node whose wall clock NTP steps forward."""
+
+    def __init__(self) -> None:
+        self.wall, self.mono = 1.7e9, 5_000.0
+
+    def advance(self, seconds: float) -> None:
+        self.wall += seconds
+        self.mono += seconds
+
+
+def test_a_wall_clock_stepped_forward_is_no_hang(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps every 0.1 s while the wall clock jumps 3 hours ahead mid-run: the hang check and
+    the overdue ratio, judged every 0.1 s as the exporter does, see no gap. Then the steps
+    stop: the same check finds the hang (the test can fail)."""
+    clock = SteppingClock()
+    monkeypatch.setattr(time, "time", lambda: clock.wall)
+    monkeypatch.setattr(time, "monotonic", lambda: clock.mono)
+    store = store_of()
+    s = store.attach(HELLO, uid=1)
+    assert not isinstance(s, str)
+    limit = 2.0 * 0.1 + 30.0  # hang_factor x median + hang_grace_seconds
+    episodes, overdue = [], []
+    for i in range(200):  # 20 s of steps, the wall clock stepped at 5 s
+        head = P.StepHeader(i, i + 1, clock.wall, 0.1, 10.0 * i, 1.0 * i, 0.0, 0, 0, 0)
+        s.observe_step(P.Step(head, (), ()), {}, 30.0)
+        if i == 50:  # between a step and the next check, as a step of the clock would fall
+            clock.wall += 3 * 3600.0
+        clock.advance(0.1)
+        episodes += store.check_conditions()
+        overdue.append(derive.overdue_ratio(s, time.monotonic()))
+    assert episodes == [] and not s.analytics.hung and s.analytics.hangs == 0
+    assert max(r for r in overdue if r is not None) < 2
+    for _ in range(int(limit / 0.1) + 2):  # the trainer stops: a real hang
+        clock.advance(0.1)
+        episodes += store.check_conditions()
+    assert episodes == [(s, "hang")] and s.analytics.hangs == 1

@@ -1,17 +1,21 @@
 """The default socket path: one rule, the same on the client's and the exporter's side.
 
-Root (or a node where ``/run/trainmon`` exists) uses ``/run/trainmon/trainmon.sock``; a normal
+Root (or a user who may use ``/run/trainmon``) uses ``/run/trainmon/trainmon.sock``; a normal
 user with a runtime directory uses ``$XDG_RUNTIME_DIR/trainmon/trainmon.sock``, which the
 exporter can create, so an exporter and a trainer of the same user meet with no setting.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
+import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -48,17 +52,25 @@ TRAINER = (
 
 
 def test_the_rule(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The parts of the rule that do not depend on permissions (those run as another user in
+    the tests below)."""
+    from trainmon_exporter._defaults import default_socket as exporter_default_socket
+
     system = tmp_path / "run-trainmon" / "trainmon.sock"
     monkeypatch.setattr(client_env, "DEFAULT_SOCKET", str(system))
     user_env = {"XDG_RUNTIME_DIR": "/run/user/1000"}
+    runtime = "/run/user/1000/trainmon/trainmon.sock"
     # No node-wide directory: root keeps the system path, a user gets the runtime dir.
-    assert client_env.default_socket(user_env, euid=0) == str(system)
-    assert client_env.default_socket(user_env, euid=1000) == "/run/user/1000/trainmon/trainmon.sock"
-    assert client_env.default_socket({}, euid=1000) == str(system)
-    assert client_env.default_socket({"XDG_RUNTIME_DIR": "relative"}, euid=1000) == str(system)
-    # Where the node-wide directory exists (a service's), everyone meets there.
+    for side in (client_env.default_socket, exporter_default_socket):
+        assert side(user_env, euid=0) == str(system)
+        assert side(user_env, euid=1000) == runtime
+        assert side({}, euid=1000) == str(system)
+        assert side({"XDG_RUNTIME_DIR": "relative"}, euid=1000) == str(system)
+    # Where the node-wide directory exists and this process may create a socket in it, both
+    # sides meet there.
     system.parent.mkdir()
     assert client_env.default_socket(user_env, euid=1000) == str(system)
+    assert exporter_default_socket(user_env, euid=1000) == str(system)
 
 
 def test_the_exporter_default_is_the_clients(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -117,11 +129,27 @@ def nobody_home() -> tuple[Path, Path]:
     return top, home
 
 
+def nobody_may_use_run_trainmon() -> bool:
+    """Whether nobody may create a socket in this node's ``/run/trainmon`` or connect to one
+    there: then that is where both of its defaults point (an unusable one is fallen back from)."""
+    system = Path(client_env.DEFAULT_SOCKET)
+    try:
+        st = system.parent.stat()
+    except OSError:
+        return False
+    if st.st_uid == NOBODY or st.st_mode & 0o003 == 0o003:
+        return True
+    try:
+        return system.is_socket() and bool(system.stat().st_mode & 0o002 and st.st_mode & 0o001)
+    except OSError:
+        return False
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run both sides as another user")
 @pytest.mark.skipif(
-    Path(client_env.DEFAULT_SOCKET).parent.exists(),
-    reason="this node has a node-wide /run/trainmon, which every user's default points at",
+    nobody_may_use_run_trainmon(),
+    reason="this node's /run/trainmon is open to every user: both defaults point at it",
 )
 def test_a_normal_user_starts_both_sides_with_no_socket_setting() -> None:
     top, runtime = nobody_home()
@@ -157,3 +185,166 @@ def test_the_readme_socket_path_works_for_a_normal_user() -> None:
         meet_as_nobody(env, ["--socket", path], Path(path))
     finally:
         shutil.rmtree(top, ignore_errors=True)
+
+
+# ------------------------------------------------------------------ an unusable /run/trainmon
+# An admin's shared set-up or a container recipe run once leaves /run/trainmon behind; a normal
+# user's exporter with no flags must not fail on it, and that user's trainer must not send
+# there. Both fall back to $XDG_RUNTIME_DIR with one notice, and still meet. Each case runs as
+# nobody against a stand-in for /run/trainmon (the module's DEFAULT_SOCKET, set in the child
+# before it drops its privileges): the real one is the node's, and other tests read it.
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run both sides as nobody")
+
+
+def patched(code: str, system: Path) -> str:
+    """``code`` with the node-wide socket path moved to ``system`` (before privileges drop)."""
+    return f"import trainmon_client._env as _e; _e.DEFAULT_SOCKET = {str(system)!r}\n" + code
+
+
+PROBE = (
+    textwrap.dedent(
+        """
+    import json, logging
+    import trainmon_client._env as env
+    import trainmon_exporter._defaults as defaults
+    logging.basicConfig(format="%(message)s")
+    """
+    )
+    + DROP
+    + textwrap.dedent(
+        """
+    print(json.dumps({"client": env.default_socket(), "exporter": defaults.default_socket()}))
+    """
+    )
+)
+
+
+@pytest.fixture
+def node() -> Iterator[tuple[Path, Path, dict[str, str]]]:
+    """(stand-in /run/trainmon/trainmon.sock, nobody's runtime dir, nobody's environment)."""
+    top, runtime = nobody_home()
+    env = child_env(XDG_RUNTIME_DIR=str(runtime), HOME=str(runtime))
+    env.pop("TRAINMON_SOCKET", None)
+    yield top / "run-trainmon" / "trainmon.sock", runtime, env
+    shutil.rmtree(top, ignore_errors=True)
+
+
+def probe(system: Path, env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    proc = subprocess.run(
+        [sys.executable, "-c", patched(PROBE, system)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=env["HOME"],
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout), proc.stderr.splitlines()
+
+
+def listen(path: Path, mode: int) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.bind(str(path))
+    s.listen()
+    path.chmod(mode)
+    return s
+
+
+@pytest.mark.slow
+@needs_root
+def test_an_admins_directory_without_a_socket_for_this_user(
+    node: tuple[Path, Path, dict[str, str]],
+) -> None:
+    system, runtime, env = node
+    system.parent.mkdir(mode=0o755)  # root's, as an admin or a recipe left it
+    fallback = str(runtime / "trainmon" / "trainmon.sock")
+    paths, lines = probe(system, env)
+    assert paths == {"client": fallback, "exporter": fallback}
+    where = system.parent
+    assert lines == [
+        f"trainmon: {where} exists but it holds no socket it may connect to (uid {NOBODY}); using "
+        f"{fallback} instead (TRAINMON_SOCKET sets another path)",
+        f"{where} exists but it may not create a socket there (uid {NOBODY}); using "
+        f"{fallback} instead (TRAINMON_SOCKET sets another path)",
+    ]
+    # A socket there this user may not connect to (mode 0600, root's) changes nothing.
+    held = listen(system, 0o600)
+    try:
+        assert probe(system, env)[0] == {"client": fallback, "exporter": fallback}
+    finally:
+        held.close()
+
+
+@pytest.mark.slow
+@needs_root
+def test_a_shared_exporters_socket_is_the_trainers_default(
+    node: tuple[Path, Path, dict[str, str]],
+) -> None:
+    system, runtime, env = node
+    system.parent.mkdir(mode=0o755)
+    held = listen(system, 0o666)  # a root exporter open to every user
+    try:
+        paths, lines = probe(system, env)
+    finally:
+        held.close()
+    assert paths == {"client": str(system), "exporter": str(runtime / "trainmon/trainmon.sock")}
+    assert not any("holds no socket" in line for line in lines)
+
+
+@pytest.mark.slow
+@needs_root
+def test_a_directory_this_user_may_write_is_used_by_both(
+    node: tuple[Path, Path, dict[str, str]],
+) -> None:
+    system, _runtime, env = node
+    system.parent.mkdir(mode=0o755)
+    os.chown(system.parent, NOBODY, NOBODY)  # a service's RuntimeDirectory for this user
+    assert probe(system, env) == ({"client": str(system), "exporter": str(system)}, [])
+
+
+@pytest.mark.slow
+@needs_root
+def test_exporter_and_trainer_with_no_flags_meet_beside_an_unusable_run_trainmon(
+    node: tuple[Path, Path, dict[str, str]],
+) -> None:
+    """It used to exit 2 (no permission to create its socket) while the trainer sent there."""
+    system, runtime, env = node
+    system.parent.mkdir(mode=0o755)
+    expected = runtime / "trainmon" / "trainmon.sock"
+    port = free_port()
+    exporter = subprocess.Popen(
+        [sys.executable, "-c", patched(EXPORTER, system), "--listen", f"127.0.0.1:{port}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=env["HOME"],
+    )
+    try:
+        wait_for(lambda: expected.is_socket() or exporter.poll() is not None, timeout=30)
+        assert exporter.poll() is None, exporter.communicate()[0]
+        trainer = subprocess.run(
+            [sys.executable, "-c", patched(TRAINER, system)],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=ROOT,
+            timeout=60,
+        )
+        assert trainer.returncode == 0, trainer.stderr
+        assert "no exporter" not in trainer.stderr, trainer.stderr
+        assert f"using {expected} instead" in trainer.stderr
+
+        def arrived() -> bool:
+            import httpx
+
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+            return sample(parse_metrics(text), "trainmon_train_step", run="mine", rank="0") == 1
+
+        wait_for(arrived, timeout=20)
+    finally:
+        exporter.terminate()
+        out = exporter.communicate(timeout=20)[0]
+    assert f"using {expected} instead" in out, out
+    assert f"trainers connect to {expected}" in out, out

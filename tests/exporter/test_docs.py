@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 from typing import Any
 
 import pytest
@@ -67,3 +68,45 @@ def test_every_analytics_setting_is_documented() -> None:
     doc = (ROOT / "docs" / "detection.md").read_text()
     for name in AnalyticsSettings.model_fields:
         assert f"`{name}`" in doc, name
+
+
+def settings_table() -> dict[str, tuple[str, str]]:
+    """docs/exporter.md's settings table: ``{field name: (default cell, meaning cell)}``."""
+    rows = {}
+    for line in (ROOT / "docs" / "exporter.md").read_text().splitlines():
+        m = re.match(
+            r"\| `--(?:\[no-\])?([a-z][a-z0-9.-]*)[^|]*\| [^|]*\| ([^|]*) \| (.*) \|$", line
+        )
+        if m:
+            rows[m.group(1).replace("-", "_")] = (m.group(2), m.group(3))
+    return rows
+
+
+def documented_default(value: Any) -> set[str]:
+    """How docs/exporter.md may write ``value`` in its default column."""
+    if isinstance(value, bool):
+        return {"on"} if value else {"off"}
+    if value is None or value == ():
+        return {"–"}
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return {f"`{value}`", f"`{value}` (off)"}
+
+
+def test_the_settings_table_agrees_with_the_help() -> None:
+    """Each row of docs/exporter.md's table against the setting's --help text: the same
+    default, and every counted reason the row names (`too_many_ranks`) in the help too."""
+    table = settings_table()
+    fields = {
+        n: f for n, f in Settings.model_fields.items() if n not in ("collectors", "analytics")
+    }
+    fields |= {f"collectors.{n}": f for n, f in CollectorToggles.model_fields.items()}
+    assert set(table) == set(fields)
+    for name, field in fields.items():
+        default_cell, meaning = table[name]
+        help_text = field.description or ""
+        default = field.get_default(call_default_factory=True)
+        if name not in ("socket", "step_duration_buckets"):  # written out in words
+            assert default_cell in documented_default(default), (name, default_cell, default)
+        for reason in re.findall(r"\(`([a-z_]+)`\)", meaning):
+            assert reason in help_text, f"--help of {name} does not name {reason}: {help_text}"

@@ -183,9 +183,9 @@ def capture(clock: FakeClock, tmp: Path) -> dict[str, str]:
         for index, data in session(clock):
             ex.ingest.handle_packet(conns[index], data)
             packets.append(data.hex())
-            ex.store.check_conditions(time.time())
+            ex.store.check_conditions()
         clock.advance(1.0)
-        ex.store.check_conditions(time.time())
+        ex.store.check_conditions()
         text = TextExposition().render(ex.registry).decode()
         runs = snapshot(ex.store, ex.gpus.snapshot, settings.peak_flops)
         gpu_view = gpu_snapshot(ex.gpus.snapshot)

@@ -159,7 +159,8 @@ def test_duplicate_rank_is_refused(exporter: InProcessExporter) -> None:
     b.send(pkt(hello(run="dup"), step(99)))
     wait_for(lambda: invalid(exporter, "duplicate_rank") == 1)
     assert exporter.rank("dup", 0)["step"] == 1  # type: ignore[index]
-    assert b.recv(10) == b""  # the exporter closed the impostor
+    assert P.decode_refused(b.recv(P.MAX_PACKET_BYTES)) == ("duplicate_rank", "")  # told why
+    assert b.recv(10) == b""  # then the exporter closed the impostor
     b.close()
     a.close()
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import signal
 import socket
 import struct
 from collections.abc import Callable
@@ -91,3 +93,29 @@ def test_a_flood_of_refusals_writes_a_bounded_log(
     out = ex.stop()
     assert out.count("refused HELLO") == 5, out[-2000:]
     assert "log lines were suppressed" in out  # the shutdown sums up the rest
+
+
+LOG_LINE = re.compile(
+    r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) ([\w.]+): .+"
+)
+
+
+def test_start_up_and_shutdown_lines_are_the_exporters_own(
+    exporter_process: Callable[..., ExporterProcess],
+) -> None:
+    """No ``INFO uvicorn.error`` line: uvicorn's records are named ``uvicorn``, and its start
+    and stop lines, which the banner and the exporter's own lines repeat, are DEBUG."""
+    out = exporter_process().start().stop(signal.SIGTERM)
+    lines = out.splitlines()
+    assert lines[0].startswith("trainmon-exporter ") and "metrics on http://" in lines[0]
+    logged = [LOG_LINE.fullmatch(line) for line in lines[1:]]
+    assert all(logged), out  # every other line in the log format
+    names = {m.group(2) for m in logged if m}
+    assert "uvicorn.error" not in names and "uvicorn.error" not in out
+    assert "Started server process" not in out and "Application startup" not in out
+    assert any(line.endswith(" INFO uvicorn: Shutting down") for line in lines), out
+    assert any("INFO trainmon_exporter.ingest: ingest listening on" in line for line in lines)
+
+    debug = exporter_process("--log-level", "debug").start().stop(signal.SIGTERM)
+    assert re.search(r" DEBUG uvicorn: Started server process \[\d+\]", debug), debug
+    assert " DEBUG uvicorn: Application startup complete." in debug

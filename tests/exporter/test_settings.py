@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -10,11 +11,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
+from pydantic_settings import SettingsError
 
 from trainmon_exporter import analytics, settings
-from trainmon_exporter.cli import load_settings
-from trainmon_exporter.settings import environment_names, unknown_environment
+from trainmon_exporter.cli import describe_error, describe_settings_error, load_settings
+from trainmon_exporter.settings import Settings, environment_names, unknown_environment
 
 from ..conftest import ROOT, ExporterProcess
 
@@ -169,10 +172,123 @@ def test_a_list_variable_that_is_not_json_is_one_line() -> None:
         check=False,
     )
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
-    assert "step_duration_buckets" in out.stderr and "Traceback" not in out.stderr
+    assert out.stderr.startswith(
+        "trainmon-exporter: error: TRAINMON_STEP_DURATION_BUCKETS (environment): not valid JSON"
+    )
 
 
 def test_analytics_settings_live_in_settings_and_analytics_re_exports_them() -> None:
     assert analytics.AnalyticsSettings is settings.AnalyticsSettings
     assert analytics.SEVERITIES is settings.SEVERITIES
     assert settings.Settings.model_fields["analytics"].annotation is settings.AnalyticsSettings
+
+
+def numeric_settings() -> list[tuple[str, FieldInfo]]:
+    """Every numeric setting (numbers, optional numbers, lists and maps of numbers) as its
+    flag and field, nested groups included."""
+    out = []
+    for name, field in Settings.model_fields.items():
+        kind = field.annotation
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            for sub, subfield in kind.model_fields.items():
+                out.append((f"--{name}.{sub.replace('_', '-')}", subfield))
+        else:
+            out.append(("--" + name.replace("_", "-"), field))
+    return [(flag, f) for flag, f in out if re.search(r"\b(int|float)\b", str(f.annotation))]
+
+
+def as_cli(field: FieldInfo, number: str) -> str:
+    """``number`` written as a value of ``field`` (inside a list or map where it takes one)."""
+    kind = str(field.annotation)
+    if kind.startswith("tuple"):
+        return f"[{number}]"
+    if kind.startswith("dict"):  # the spike_z map: the number as its first severity
+        return '{"minor": ' + number + ', "major": 6, "severe": 10}'
+    return number
+
+
+def bound(field: FieldInfo, *names: str) -> float | None:
+    return next(
+        (getattr(m, n) for m in field.metadata for n in names if getattr(m, n, None) is not None),
+        None,
+    )
+
+
+def refusal(argv: list[str]) -> str:
+    """What ``trainmon-exporter ARGV`` prints before exiting 2 ("" if the settings are valid),
+    without starting an exporter."""
+    try:
+        load_settings(argv)
+    except ValidationError as exc:
+        return "".join(
+            f"trainmon-exporter: error: {describe_error(e, argv, {})}\n" for e in exc.errors()
+        )
+    except SettingsError as exc:
+        return f"trainmon-exporter: error: {describe_settings_error(exc, argv, {})}\n"
+    return ""
+
+
+FLOATS = [(flag, f) for flag, f in numeric_settings() if "float" in str(f.annotation)]
+INTS = [(flag, f) for flag, f in numeric_settings() if "float" not in str(f.annotation)]
+
+
+def test_the_numeric_settings_are_found() -> None:
+    flags = [flag for flag, _ in numeric_settings()]
+    for flag in (
+        "--series-ttl-seconds",
+        "--max-custom-metrics",
+        "--analytics.hang-factor",
+        "--step-duration-buckets",
+        "--analytics.spike-z",
+        "--peak-flops",
+    ):
+        assert flag in flags
+    assert len(FLOATS) > 20 and len(INTS) > 20
+
+
+@pytest.mark.parametrize(("flag", "field"), FLOATS, ids=[f for f, _ in FLOATS])
+@pytest.mark.parametrize("number", ["inf", "-inf", "nan", "Infinity", "-Infinity", "NaN"])
+def test_every_float_setting_refuses_inf_and_nan(flag: str, field: FieldInfo, number: str) -> None:
+    err = refusal([f"{flag}={as_cli(field, number)}"])
+    assert err.count("\n") == 1 and err.startswith(f"trainmon-exporter: error: {flag}"), err
+    json_valued = str(field.annotation).startswith(("tuple", "dict"))
+    if not json_valued or number in ("Infinity", "-Infinity", "NaN"):  # JSON's spelling
+        assert "finite" in err, err
+    else:
+        assert "JSON" in err, err
+
+
+@pytest.mark.parametrize(("flag", "field"), INTS + FLOATS, ids=[f for f, _ in INTS + FLOATS])
+def test_every_numeric_setting_has_finite_bounds(flag: str, field: FieldInfo) -> None:
+    """Both bounds are declared, and a huge value (a memory bomb for a window or a limit) is
+    refused as one line; for a list or map the bound is on its items or in its validator."""
+    if not str(field.annotation).startswith(("tuple", "dict")):
+        low, high = bound(field, "ge", "gt"), bound(field, "le", "lt")
+        assert low is not None and high is not None, f"{flag} needs both bounds"
+        assert high < 1e19
+    err = refusal([f"{flag}={as_cli(field, '1000000000000000000000')}"])
+    assert err.count("\n") == 1 and err.startswith(f"trainmon-exporter: error: {flag}"), err
+
+
+@pytest.mark.parametrize(("flag", "field"), INTS, ids=[f for f, _ in INTS])
+def test_every_whole_number_setting_refuses_a_fraction_and_a_negative(
+    flag: str, field: FieldInfo
+) -> None:
+    for value in ("2.5", "-1"):
+        err = refusal([f"{flag}={as_cli(field, value)}"])
+        assert err.count("\n") == 1 and err.startswith(f"trainmon-exporter: error: {flag}"), err
+        assert value in err, err
+
+
+def test_the_step_buckets_are_bounded_in_number() -> None:
+    buckets = json.dumps([0.001 * (i + 1) for i in range(65)])
+    with pytest.raises(ValidationError, match="at most 64 items"):
+        load_settings(["--step-duration-buckets", buckets])
+    assert (
+        len(
+            load_settings(
+                ["--step-duration-buckets", buckets[:-1].rsplit(",", 1)[0] + "]"]
+            ).step_duration_buckets
+        )
+        == 64
+    )

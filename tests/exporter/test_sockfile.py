@@ -349,3 +349,94 @@ def test_a_live_socket_is_never_unlinked(tmpdir_short: Path) -> None:
         assert first.problem() is None
     finally:
         first.close()
+
+
+# --------------------------------------------------------------------------- whose listener
+
+
+def test_a_second_exporter_is_told_of_another_path_not_the_same_one(
+    exporter_process: Callable[..., ExporterProcess],
+) -> None:
+    first = exporter_process().start()
+    out = subprocess.run(
+        [sys.executable, "-m", "trainmon_exporter", "--socket", first.socket],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    alt = str(Path(first.socket).with_name("t-2.sock"))
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert first.proc is not None and f"another exporter (pid {first.proc.pid}) is" in out.stderr
+    assert f"--socket {alt} (and TRAINMON_SOCKET={alt} for its trainers)" in out.stderr
+    assert f"--socket {first.socket} " not in out.stderr  # never the path in conflict
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv"
+)
+def test_a_listener_of_another_user_is_named_as_not_ours(tmpdir_short: Path) -> None:
+    """In a sticky, world-writable directory another user can bind the path first. The
+    exporter names that listener's uid and pid (SO_PEERCRED) instead of calling it an
+    exporter, and says what to do."""
+    os.chmod(tmpdir_short, 0o755)  # the other user must reach the directory below
+    d = tmpdir_short / "shared"
+    d.mkdir()
+    os.chmod(d, 0o1777)  # root's, sticky, world-writable: allowed for the exporter (root)
+    path = d / "t.sock"
+    squatter = subprocess.Popen(
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            sys.executable,
+            "-c",
+            "import socket, sys, time\n"
+            "s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
+            f"s.bind({str(path)!r}); s.listen(); print('ready', flush=True); time.sleep(60)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert squatter.stdout is not None and squatter.stdout.readline() == "ready\n"
+        out = subprocess.run(
+            [sys.executable, "-m", "trainmon_exporter", "--socket", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    finally:
+        squatter.kill()
+        squatter.communicate()  # reaps it and closes its pipe
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert (
+        f"{path} is held by a process of uid 65534, pid {squatter.pid}, not a trainmon "
+        "exporter of this user (uid 0)"
+    ) in out.stderr
+    assert "TRAINMON_EXPORTER_UID=0 refuse it" in out.stderr
+    assert "another exporter" not in out.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the file to another user")
+def test_a_lock_file_of_another_user_is_named_as_not_ours(tmpdir_short: Path) -> None:
+    d = tmpdir_short / "shared"
+    d.mkdir()
+    os.chmod(d, 0o1777)
+    lock = d / "t.sock.lock"
+    lock.write_text("")
+    os.chown(lock, 65534, 65534)  # planted first by another user
+    out = subprocess.run(
+        [sys.executable, "-m", "trainmon_exporter", "--socket", str(d / "t.sock")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert (
+        f"{lock} belongs to uid 65534, not to this user (uid 0): not a trainmon exporter's lock"
+    ) in out.stderr
+    assert lock.exists() and not (d / "t.sock").exists()

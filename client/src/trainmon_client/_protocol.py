@@ -46,6 +46,12 @@ A packet is at most :data:`MAX_PACKET_BYTES` bytes. Record types:
     gap is ``sent_connection`` less what it applied from that connection). Added without a
     version bump: an exporter that predates it counts one ``unknown_type`` per packet and
     applies the rest, so upgrade exporters before clients.
+``REFUSED`` (10), exporter to client
+    ``reason_length u8 | reason ascii | detail utf-8``: why the exporter refused this
+    connection's HELLO (a reason of its refusals: ``not_owner``, ``duplicate_rank``...), sent in
+    a packet of its own just before it closes the connection; ``detail`` (at most
+    :data:`MAX_REFUSAL_DETAIL` bytes) may be empty. The only record that travels this way. An
+    exporter that predates it sends nothing; a client that predates it never reads.
 
 *Data records* are STEP, EVAL, TRACK, CHECKPOINT and LAYERS: what the client's sent and
 dropped totals count.
@@ -82,6 +88,10 @@ TRACK: Final = 6
 CHECKPOINT: Final = 7
 LAYERS: Final = 8
 TOTALS: Final = 9
+REFUSED: Final = 10
+"""Exporter to client only: not in :data:`RECORD_NAMES`, which are what a client sends."""
+MAX_REFUSAL_DETAIL: Final = 256
+"""Most bytes of a REFUSED record's ``detail``."""
 DATA_RECORDS: Final = frozenset({STEP, EVAL, TRACK, CHECKPOINT, LAYERS})
 """Record types the client's sent and dropped totals count (one each)."""
 RECORD_NAMES: Final[dict[int, str]] = {
@@ -338,6 +348,58 @@ def encode_name(field_id: int, name: str) -> bytes:
 def encode_finish(status: int, when: float) -> bytes:
     """Encode a FINISH record: ``status`` is :data:`FINISH_OK` or :data:`FINISH_FAILED`."""
     return RECORD_HEADER.pack(FINISH, FINISH_BODY.size) + FINISH_BODY.pack(status, when)
+
+
+class Refusal(NamedTuple):
+    """A decoded REFUSED record: ``reason`` (a short token, ``[a-z_]``), ``detail`` (free text)."""
+
+    reason: str
+    detail: str
+
+
+_REASON_RE: Final = re.compile(r"[a-z][a-z0-9_]{0,31}\Z")
+
+
+def encode_refused(reason: str, detail: str = "") -> bytes:
+    """A whole packet (header included) holding one REFUSED record.
+
+    Args:
+        reason: 1 to 32 of lower-case letters, digits and ``_``, a letter first.
+        detail: cut to :data:`MAX_REFUSAL_DETAIL` bytes of UTF-8.
+
+    Raises:
+        ValueError: ``reason`` breaks its rule.
+    """
+    if _REASON_RE.match(reason) is None:
+        raise ValueError(f"not a refusal reason token: {reason!r}")
+    raw = detail.encode()[:MAX_REFUSAL_DETAIL]
+    body = bytes((len(reason),)) + reason.encode() + raw
+    return packet_header() + RECORD_HEADER.pack(REFUSED, len(body)) + body
+
+
+def decode_refused(packet: bytes) -> Refusal | None:
+    """The REFUSED record in a packet the exporter sent, or None.
+
+    None: no such record, another version, or a record that breaks its layout (nothing an
+    exporter sends ever raises here).
+
+    ``detail`` is decoded with replacement characters and stripped of control characters, so
+    it can be printed as it is.
+    """
+    try:
+        for rtype, payload in iter_records(packet):
+            if rtype != REFUSED or len(payload) < 2:
+                continue
+            n = payload[0]
+            reason = bytes(payload[1 : 1 + n]).decode("ascii", "replace")
+            if len(payload) < 1 + n or _REASON_RE.match(reason) is None:
+                return None
+            raw = bytes(payload[1 + n : 1 + n + MAX_REFUSAL_DETAIL])
+            detail = "".join(c for c in raw.decode("utf-8", "replace") if c.isprintable())
+            return Refusal(reason, detail)
+    except ProtocolError:
+        return None
+    return None
 
 
 _step_structs: dict[int, struct.Struct] = {}

@@ -50,6 +50,7 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
@@ -57,7 +58,13 @@ from trainmon_client import _lifecycle
 from trainmon_client import _protocol as P
 from trainmon_client._device import REFUSED, DeviceCopies, add_allocator_stats, torch_gpu_uuid
 from trainmon_client._encoder import Encoder, as_step
-from trainmon_client._env import default_socket, detect_ranks, detect_run_id
+from trainmon_client._env import (
+    default_socket,
+    detect_ranks,
+    detect_run_id,
+    misspelt_variables,
+    note,
+)
 from trainmon_client._transport import Outcome, Transport, expected_exporter_uid
 from trainmon_client._version import __version__
 
@@ -159,6 +166,7 @@ class Run:
         enabled: bool,
         dtype: str = "bf16",
         cuda_memory: bool = False,
+        sanitised_env: tuple[str, ...] = (),
     ) -> None:
         self.run_id = run_id
         self.rank = rank
@@ -181,7 +189,13 @@ class Run:
         self._pending: deque[tuple[Any, float, dict[str, Any]]] = deque()
         self._copies = DeviceCopies(self)
         self._waiting = self._copies.waiting  # device copies in flight: log() polls them
-        self._transport = Transport(socket_path, expected_exporter_uid(os.environ))
+        issues = list(sanitised_env)
+        self._transport = Transport(
+            socket_path, expected_exporter_uid(os.environ, issues), run_id=run_id, rank=rank
+        )
+        self.sanitised_env = tuple(issues)
+        """Environment variables whose values were bad and were replaced or ignored at start
+        (e.g. ``("TRAINMON_RUN",)``), each warned about once and counted in :attr:`refused`."""
         self._encoder = Encoder(lambda: self._transport.connected)
         self._resend_names = False
         # The run's cumulative counts (see dropped, sent, refused, overhead_seconds).
@@ -192,18 +206,33 @@ class Run:
         self._dropped_backpressure = 0
         self._dropped_encode = 0
         self._dropped_in_flight = 0
-        self._refused = 0
+        self._refused = len(issues)
         self._internal_errors = 0
+        self._dropped_reentrant = 0
         # Guards everything but the hot path's queue: the encoder, the transport and the
-        # device copies, between log()'s rare slow paths, the flusher and finish().
+        # device copies, between log()'s rare slow paths, the flusher and finish(). Taken only
+        # through _enter(), never by a thread already inside it (a signal handler that
+        # interrupted the holder would otherwise deadlock, or re-enter the encoder midway).
         self._lock = threading.RLock()
-        self._wake = threading.Event()
+        self._inside: set[int] = set()  # thread ids taking or holding _lock
+        self._finish_deferred: bool | None = None  # a finish(failed=...) a handler asked for
+        # Held while no flush is asked for; log() releases it to wake the flusher. A bare lock
+        # is released in one C call, with no lock of its own: unlike Event.set(), which takes
+        # its Condition's lock and deadlocks a signal handler that interrupted it.
+        self._wake = threading.Lock()
+        self._wake.acquire()
         self._flusher: threading.Thread | None = None
-        # Queue length at which log() wakes the flusher: 0 (every call) until the flusher runs
+        # Queue length at which log() wakes the flusher: 0 (every call) until the first wake
         # (the first step is sent at once), then MAX_PENDING, or 0 with a flush_interval of 0.
         self._wake_at = 0
         if not self._closed:
             _lifecycle.attach(self)
+            # Started here, not by the first log(): starting a thread takes locks of the
+            # threading module, which a signal handler's log() must never wait for.
+            self._flusher = threading.Thread(
+                target=self._flush_loop, name=f"trainmon-flush-{self.rank}", daemon=True
+            )
+            self._flusher.start()
 
     # ------------------------------------------------------------------------- public API
 
@@ -225,6 +254,10 @@ class Run:
                 :mod:`trainmon_client._device`), so ``log()`` adds no device synchronisation.
 
         Invalid names or values are dropped and counted in :attr:`refused`.
+
+        Safe in a signal handler, as is every method of the run: none waits for a lock the
+        interrupted code may hold. A call that would is dropped and counted
+        (``dropped["reentrant"]``); plain numbers never are.
 
         Example:
             >>> run = init(run="doc", socket_path="/nonexistent/x.sock")
@@ -253,17 +286,22 @@ class Run:
                 pending.append((step, t0, metrics))
                 total = sum(values)
             else:
-                with self._lock:
+                if not self._enter():
+                    self._dropped_reentrant += 1
+                    self._overhead += _perf() - t0
+                    return
+                try:
                     metrics = self._copies.snapshot(metrics)
-                values = metrics.values()
-                pending.append((step, t0, metrics))
-                total = sum(values)
-            if self._waiting and self._lock.acquire(False):  # the flusher resolves otherwise
+                    pending.append((step, t0, metrics))
+                finally:
+                    self._leave()  # may run a finish() deferred by a signal handler
+                total = sum(metrics.values())
+            if self._waiting and self._enter(block=False):  # the flusher resolves otherwise
                 try:
                     if self._copies.resolve(block=False):
                         total = _NAN  # a device value that just arrived is not finite
                 finally:
-                    self._lock.release()
+                    self._leave()
             # A NaN or an infinity is sent now; so is a full queue, and the first step (the
             # exporter learns the rank then), or every step with a flush_interval of 0.
             if total - total != 0.0 or len(pending) >= self._wake_at:
@@ -287,8 +325,16 @@ class Run:
         at that one deadline. Records it could not send in time count as ``backpressure``;
         records sent but not seen read by then (or on a connection that ended) as
         ``in_flight`` (see :attr:`dropped`).
+
+        Safe in a signal handler: when the handler interrupted this thread inside the run (its
+        lock held or being taken), the finish is done as soon as the interrupted call leaves
+        the run, before control returns to the training code.
         """
-        with self._lock:
+        if not self._enter():
+            if not self._closed:
+                self._finish_deferred = bool(self._finish_deferred) or failed
+            return
+        try:
             if self._closed:
                 return
             self._closed = True
@@ -311,7 +357,9 @@ class Run:
             finally:
                 self._transport.close()
                 _lifecycle.detach(self)
-        self._wake.set()  # the flusher sees _closed and ends
+        finally:
+            self._leave()
+        self._wake_flusher()  # the flusher sees _closed and ends
 
     def eval(self, step: int, /, **metrics: Any) -> None:
         """Record the results of one evaluation. Never raises; sent at once.
@@ -329,17 +377,23 @@ class Run:
         if self._closed:
             return
         now = _perf()
+        if not self._enter():
+            self._dropped_reentrant += 1
+            self._overhead += _perf() - now
+            return
         try:
-            with self._lock:
-                values = self._copies.snapshot(metrics, defer=False)
-                record, refused = self._encoder.eval_record(step, _wall(), values)
-                self._refused += refused
-                if record is not None:
-                    self._send_now(record, now)
+            if self._closed:  # finished meanwhile (a signal handler's finish())
+                return
+            values = self._copies.snapshot(metrics, defer=False)
+            record, refused = self._encoder.eval_record(step, _wall(), values)
+            self._refused += refused
+            if record is not None:
+                self._send_now(record, now)
         except Exception:
             self._internal_errors += 1
             log.debug("trainmon_client: eval() failed internally", exc_info=True)
         finally:
+            self._leave()
             self._overhead += _perf() - now
 
     def track(self, name: str) -> Operation:
@@ -375,18 +429,24 @@ class Run:
         if self._closed:
             return
         now = _perf()
+        if not self._enter():
+            self._dropped_reentrant += 1
+            self._overhead += _perf() - now
+            return
         try:
-            with self._lock:
-                s = as_step(step)
-                sec = _NAN if seconds is None else self._copies.coerce(seconds)
-                if s is None or sec is REFUSED or sec < 0:
-                    self._refused += 1
-                    return
-                self._send_now(P.encode_checkpoint(s, _wall(), sec), now)
+            if self._closed:
+                return
+            s = as_step(step)
+            sec = _NAN if seconds is None else self._copies.coerce(seconds)
+            if s is None or sec is REFUSED or sec < 0:
+                self._refused += 1
+                return
+            self._send_now(P.encode_checkpoint(s, _wall(), sec), now)
         except Exception:
             self._internal_errors += 1
             log.debug("trainmon_client: checkpoint() failed internally", exc_info=True)
         finally:
+            self._leave()
             self._overhead += _perf() - now
 
     def watch(
@@ -483,12 +543,22 @@ class Run:
 
         copies = self._copies
         if copies.has_room(table):
-            with self._lock:
+            if not self._enter():
+                self._dropped_reentrant += 1
+                return
+            try:
                 copies.defer([table], send, flatten=True)
+            finally:
+                self._leave()
         else:
             values = table.flatten().tolist()
-            with self._lock:
+            if not self._enter():
+                self._dropped_reentrant += 1
+                return
+            try:
                 send(values)
+            finally:
+                self._leave()
 
     def _send_layers(
         self,
@@ -511,32 +581,44 @@ class Run:
         if self._closed:
             return 0
         now = _perf()
+        if not self._enter():
+            self._dropped_reentrant += 1
+            self._overhead += _perf() - now
+            return 0
         try:
-            with self._lock:
-                field_id = self._encoder.intern(name)
-                if not field_id:
-                    self._refused += 1
-                    return 0
-                self._send_now(self._encoder.track_started(field_id), now)
-                return field_id
+            if self._closed:
+                return 0
+            field_id = self._encoder.intern(name)
+            if not field_id:
+                self._refused += 1
+                return 0
+            self._send_now(self._encoder.track_started(field_id), now)
+            return field_id
         except Exception:
             self._internal_errors += 1
             log.debug("trainmon_client: track() failed internally", exc_info=True)
             return 0
         finally:
+            self._leave()
             self._overhead += _perf() - now
 
     def _track_end(self, field_id: int, seconds: float) -> None:
         if self._closed or not field_id:
             return
         now = _perf()
+        if not self._enter():
+            self._dropped_reentrant += 1
+            self._overhead += _perf() - now
+            return
         try:
-            with self._lock:
-                self._send_now(self._encoder.track_stopped(field_id, seconds), now)
+            if self._closed:
+                return
+            self._send_now(self._encoder.track_stopped(field_id, seconds), now)
         except Exception:
             self._internal_errors += 1
             log.debug("trainmon_client: track() failed internally", exc_info=True)
         finally:
+            self._leave()
             self._overhead += _perf() - now
 
     def __enter__(self) -> Run:
@@ -559,14 +641,21 @@ class Run:
         that cannot be encoded (e.g. an int beyond a float's range); ``in_flight``: records
         sent on a connection that ended before the exporter was seen to read them (the socket's
         send queue had not drained): an upper bound of what a frozen, killed or restarted
-        exporter never read. Every record logged is either in :attr:`sent`, here, or still
-        queued; bad values and steps are in :attr:`refused` instead.
+        exporter never read; ``reentrant``: calls made while this thread was already inside
+        the run, i.e. from a signal handler that interrupted it midway, which would otherwise
+        deadlock (a :meth:`log` of plain numbers is never dropped: it takes no lock), and
+        steps a :meth:`log` queued after a handler's :meth:`finish` interrupted it. Every
+        record logged is either in :attr:`sent`, here, or still queued; bad values and steps
+        are in :attr:`refused` instead. ``reentrant`` is the client's own: TOTALS records do
+        not carry it.
         """
         return {
             "disconnected": self._dropped_disconnected,
             "backpressure": self._dropped_backpressure,
             "encode_error": self._dropped_encode,
             "in_flight": self._dropped_in_flight,
+            # Steps a log() queued after a finish() (a signal handler's) interrupted it.
+            "reentrant": self._dropped_reentrant + (len(self._pending) if self._closed else 0),
         }
 
     @property
@@ -576,7 +665,11 @@ class Run:
 
     @property
     def refused(self) -> int:
-        """Values (or whole records) refused for a bad name, type or step number."""
+        """Values (or whole records) refused for a bad name, type or step number.
+
+        Bad environment values replaced or ignored at start count here too, one each
+        (:attr:`sanitised_env`), so that the exporter sees them.
+        """
         return self._refused
 
     @property
@@ -604,6 +697,18 @@ class Run:
         return self._transport.connected
 
     @property
+    def refused_reason(self) -> str | None:
+        """Why the exporter last refused this run, or None.
+
+        The reason it sent before closing the connection (``not_owner``, ``duplicate_rank``,
+        ``too_many_ranks``, ``series_budget``, ``peer_not_allowed``...). The first refusal is
+        also logged once as a warning with the fix. Records sent meanwhile count as
+        ``disconnected`` or ``in_flight``.
+        """
+        refusal = self._transport.refusal
+        return None if refusal is None else refusal.reason
+
+    @property
     def closed(self) -> bool:
         """Whether the run has ended; its methods then do nothing.
 
@@ -619,28 +724,53 @@ class Run:
 
     # ------------------------------------------------------------------------- flusher
 
+    def _enter(self, block: bool = True) -> bool:
+        """Take the run's lock, unless this thread is already taking or holding it: False then.
+
+        A thread already inside is one a signal handler interrupted (Python runs handlers in
+        the main thread, between two bytecodes of whatever it was doing): waiting would
+        deadlock, re-entering would corrupt the encoder, so the caller drops its call and
+        counts it (``dropped["reentrant"]``). ``block=False``: also False when another thread
+        (the flusher) holds it. The thread's id is noted *before* it waits for the lock, so
+        a handler that runs during the wait is refused too. Set operations on ints are atomic.
+        """
+        me = threading.get_ident()
+        inside = self._inside
+        if me in inside:
+            return False
+        inside.add(me)
+        if self._lock.acquire(block):
+            return True
+        inside.discard(me)
+        return False
+
+    def _leave(self) -> None:
+        """Release what :meth:`_enter` took; then do a finish a signal handler deferred."""
+        self._lock.release()
+        self._inside.discard(threading.get_ident())
+        failed = self._finish_deferred
+        if failed is not None:
+            self._finish_deferred = None
+            self.finish(failed=failed)
+
     def _wake_flusher(self) -> None:
-        """Wake the flusher thread now (starting it on the first call)."""
-        if self._flusher is None:
-            thread = threading.Thread(
-                target=self._flush_loop, name=f"trainmon-flush-{self.rank}", daemon=True
-            )
-            self._flusher = thread
-            self._wake_at = 0 if self.flush_interval <= 0.0 else MAX_PENDING
-            thread.start()
-        self._wake.set()
+        """Wake the flusher thread now: one C call, safe in a signal handler."""
+        self._wake_at = 0 if self.flush_interval <= 0.0 else MAX_PENDING
+        try:
+            self._wake.release()
+        except RuntimeError:  # not held: a wake-up is already pending
+            pass
 
     def _flush_loop(self) -> None:
         """The flusher thread: sleep until woken or ``flush_interval`` passes, then flush.
 
-        It sleeps in ``Event.wait`` (no GIL held) and ends once the run is closed. With a
+        It sleeps on the wake lock (no GIL held) and ends once the run is closed. With a
         ``flush_interval`` of 0 it only wakes when ``log()`` wakes it, once per step.
         """
         wake = self._wake
-        timeout = self.flush_interval if self.flush_interval > 0.0 else None
+        timeout = self.flush_interval if self.flush_interval > 0.0 else -1
         while not self._closed:
-            wake.wait(timeout)
-            wake.clear()
+            wake.acquire(True, timeout)
             with self._lock:
                 if self._closed:
                     return
@@ -785,6 +915,8 @@ class Run:
         self._closed = True
         self._transport.abandon()  # the parent owns the descriptor; the child must not close it
         self._lock = threading.RLock()  # the parent's flusher may have held it at the fork
+        self._inside = set()
+        self._pending.clear()  # the parent's steps: the parent sends them
         self._flusher = None
 
 
@@ -814,8 +946,10 @@ def init(
             from the launcher's start time (see :func:`trainmon_client._env.detect_run_id`).
         socket_path: the exporter's Unix socket. Default: ``TRAINMON_SOCKET``, else
             :func:`trainmon_client._env.default_socket`: ``/run/trainmon/trainmon.sock`` for
-            root or where ``/run/trainmon`` exists, else
-            ``$XDG_RUNTIME_DIR/trainmon/trainmon.sock`` (the exporter's default, same rule).
+            root, where a socket there accepts this user or this user may create one there,
+            else ``$XDG_RUNTIME_DIR/trainmon/trainmon.sock`` (where the exporter of a user who
+            may not use ``/run/trainmon`` listens), with one notice when it leaves an existing
+            ``/run/trainmon``.
         rank: global rank; default from the launcher's environment (torchrun ``RANK``,
             Slurm ``SLURM_PROCID`` in tasks ``srun`` started, Open MPI, PMI), else 0.
         local_rank: rank within the node (``LOCAL_RANK``, ``SLURM_LOCALID``, ...).
@@ -842,8 +976,12 @@ def init(
         The :class:`Run` handle.
 
     Raises:
-        ValueError: an invalid run id, rank numbers, interval or FLOP count (programmer
-            errors; the only exceptions trainmon ever raises).
+        ValueError: an invalid run id, rank numbers, interval or FLOP count passed as an
+            argument (programmer errors; the only exceptions trainmon ever raises). A bad value
+            from the environment (``TRAINMON_RUN`` with spaces or quotes, a ``RANK`` that is
+            not a number, ``TRAINMON_FLUSH_INTERVAL``, ``TRAINMON_EXPORTER_UID``) never raises:
+            it is sanitised or ignored with one warning and counted
+            (:attr:`Run.sanitised_env`, :attr:`Run.refused`).
 
     Example:
         >>> import trainmon_client
@@ -852,7 +990,9 @@ def init(
         >>> run.finish()
     """
     env = os.environ
-    d_rank, d_local, d_world = detect_ranks(env)
+    issues: list[str] = []  # environment values sanitised (never raised for)
+    misspelt_variables(env)
+    d_rank, d_local, d_world = detect_ranks(env, issues)
     rank = d_rank if rank is None else rank
     local_rank = d_local if local_rank is None else local_rank
     world_size = d_world if world_size is None else world_size
@@ -861,14 +1001,14 @@ def init(
             raise ValueError(f"{name} must be a non-negative int, got {value!r}")
     if world_size < 1 or rank >= world_size:
         raise ValueError(f"rank {rank} is outside world_size {world_size}")
-    run_id = run if run is not None else detect_run_id(world_size, env)
+    run_id = run if run is not None else detect_run_id(world_size, env, issues)
     if not P.valid_run_id(run_id):
         raise ValueError(
             f"run id {str(run_id)[:60]!r} is invalid: use 1-{P.MAX_NAME_CHARS} letters, digits "
             "and _ . : @ + -"
         )
     if flush_interval is None:
-        flush_interval = float(env.get("TRAINMON_FLUSH_INTERVAL", "0.5"))
+        flush_interval = _env_interval(env, issues)
     if not (0.0 <= flush_interval <= 60.0):
         raise ValueError(f"flush_interval must be within [0, 60] seconds, got {flush_interval}")
     if flops_per_token is None and num_params is not None:
@@ -893,4 +1033,25 @@ def init(
         enabled=enabled,
         dtype=dtype,
         cuda_memory=cuda_memory,
+        sanitised_env=tuple(issues),
     )
+
+
+def _env_interval(env: Mapping[str, str], issues: list[str]) -> float:
+    """``TRAINMON_FLUSH_INTERVAL`` (seconds, within [0, 60]), else 0.5 with a warning."""
+    raw = env.get("TRAINMON_FLUSH_INTERVAL", "").strip()
+    if not raw:
+        return 0.5
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if 0.0 <= value <= 60.0:
+        return value
+    note(
+        issues,
+        "TRAINMON_FLUSH_INTERVAL",
+        f"TRAINMON_FLUSH_INTERVAL={raw[:60]!r} is not a number of seconds within [0, 60]; "
+        "using 0.5",
+    )
+    return 0.5

@@ -23,6 +23,13 @@ Drop semantics, by :class:`Outcome` of :meth:`Transport.send`:
   ``finish()``'s deadline (:meth:`await_read`). An upper bound of what an exporter that froze,
   died or restarted never read.
 
+*Refused*: an exporter that refuses the connection's HELLO (another user's run id, a rank
+already connected, a quota) sends one REFUSED packet saying why, then closes. When the
+connection ends (a hang-up :meth:`check` sees, or a failed send), the transport reads what
+is left to read: a refusal is kept (:attr:`Transport.refusal`) and logged once, with the
+reason and what to do (:data:`REFUSAL_FIXES`). Nothing is read while the connection lives, so
+the hot path gains no system call.
+
 Only ``finish()`` waits: :meth:`start_deadline` sets the one deadline
 (:data:`FINISH_TIMEOUT_S`) that its sends (``wait=``) and :meth:`await_read` share.
 
@@ -37,6 +44,7 @@ import errno
 import fcntl
 import logging
 import math
+import os
 import select
 import socket
 import sys
@@ -46,10 +54,14 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
+from trainmon_client import _protocol as P
+from trainmon_client._env import note
+
 __all__ = [
     "BACKOFF_MAX_S",
     "BACKOFF_MIN_S",
     "FINISH_TIMEOUT_S",
+    "REFUSAL_FIXES",
     "Outcome",
     "SendResult",
     "Transport",
@@ -77,6 +89,52 @@ _HUP = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0x2000)
 # Python 3.9: a timed-out blocking send raises socket.timeout, not yet an alias of TimeoutError.
 _FULL_ERRORS = (BlockingIOError, InterruptedError, TimeoutError, socket.timeout)
 _perf = time.perf_counter
+
+REFUSAL_FIXES: dict[str, tuple[str, str]] = {
+    "not_owner": (
+        "run id {run!r} belongs to another user",
+        "pick another run id with init(run=...) or TRAINMON_RUN",
+    ),
+    "duplicate_rank": (
+        "rank {rank} of run {run!r} is already connected",
+        "give each process its own rank (init(rank=...), or the launcher's RANK), or another "
+        "run id",
+    ),
+    "too_many_ranks": (
+        "the exporter tracks as many ranks as its max_ranks setting allows",
+        "let old runs finish and expire, or raise TRAINMON_MAX_RANKS on the exporter",
+    ),
+    "series_budget": (
+        "the exporter's series budget is spent",
+        "let old runs finish and expire, or raise TRAINMON_MAX_SERIES on the exporter",
+    ),
+    "uid_rank_quota": (
+        "this user has as many ranks as the exporter allows one user",
+        "finish other runs of this user, or ask the exporter's admin to raise the quota",
+    ),
+    "uid_series_quota": (
+        "this user's series quota is spent",
+        "finish other runs of this user, or ask the exporter's admin to raise the quota",
+    ),
+    "uid_quota": (
+        "this user holds as many connections as the exporter allows one user",
+        "end other processes of this user, or ask the exporter's admin to raise the quota",
+    ),
+    "peer_not_allowed": (
+        "uid {uid} is not in the exporter's allowed_uids or allowed_gids",
+        "ask the exporter's admin to allow this user (TRAINMON_ALLOWED_UIDS or "
+        "TRAINMON_ALLOWED_GIDS)",
+    ),
+    "bad_hello": (
+        "it could not validate this client's HELLO",
+        "use a client of the exporter's version (trainmon-exporter --version)",
+    ),
+}
+"""What a trainer is told for each reason of a REFUSED record: (what happened, the fix).
+``{run}``, ``{rank}`` and ``{uid}`` are this process's. An unknown reason gets
+:data:`REFUSAL_FIX_OTHER`."""
+REFUSAL_FIX_OTHER = "the exporter's log says more"
+"""The fix printed for a reason this client does not know."""
 
 
 class Outcome(enum.Enum):
@@ -110,17 +168,23 @@ _FULL = SendResult(Outcome.BACKPRESSURE)
 _NO_CONNECTION = SendResult(Outcome.DISCONNECTED)
 
 
-def expected_exporter_uid(env: Mapping[str, str]) -> int | None:
+def expected_exporter_uid(env: Mapping[str, str], issues: list[str] | None = None) -> int | None:
     """``TRAINMON_EXPORTER_UID``: the uid the exporter must run as, or None (no check).
 
-    Raises:
-        ValueError: it is set but not a non-negative integer.
+    A value that is not a uid (a non-negative integer) fails closed: -1, which no listener
+    has, so nothing is sent (counted as ``disconnected``); one warning, noted in ``issues``.
     """
     value = env.get("TRAINMON_EXPORTER_UID", "").strip()
     if not value:
         return None
     if not value.isdigit():
-        raise ValueError(f"TRAINMON_EXPORTER_UID={value!r} is not a uid (a non-negative integer)")
+        note(
+            issues,
+            "TRAINMON_EXPORTER_UID",
+            f"TRAINMON_EXPORTER_UID={value[:60]!r} is not a uid (a non-negative integer); no "
+            "listener is trusted, so metrics are dropped and counted until it is fixed",
+        )
+        return -1
     return int(value)
 
 
@@ -152,9 +216,16 @@ class Transport:
             every connect): TOTALS ``sent_connection`` before the next packet.
     """
 
-    def __init__(self, path: str, exporter_uid: int | None = None) -> None:
+    def __init__(
+        self, path: str, exporter_uid: int | None = None, run_id: str = "", rank: int = 0
+    ) -> None:
         self.path = path
         self.exporter_uid = exporter_uid
+        self.run_id, self.rank = run_id, rank  # named in the refusal's warning
+        self.refusal: P.Refusal | None = None
+        """The last refusal the exporter sent (REFUSED), or None."""
+        self.refusals = 0
+        """Connections the exporter refused with a REFUSED record."""
         self._sock: socket.socket | None = None
         self._next_connect = 0.0
         self._backoff = BACKOFF_MIN_S
@@ -324,15 +395,56 @@ class Transport:
                 pass
             self._sock = None
 
+    def _read_refusal(self) -> None:
+        """Read what the ended connection left to read: a REFUSED packet is kept and logged.
+
+        Never blocks. The first read may report ``ECONNRESET`` (the exporter closed with our
+        packets unread) before the packets queued for us: it reads on.
+        """
+        sock = self._sock
+        if sock is None:
+            return
+        for _ in range(4):
+            try:
+                data = sock.recv(P.MAX_PACKET_BYTES, socket.MSG_DONTWAIT)
+            except ConnectionResetError:
+                continue
+            except OSError:
+                return
+            if not data:
+                return
+            refusal = P.decode_refused(data)
+            if refusal is not None:
+                self._refused(refusal)
+                return
+
+    def _refused(self, refusal: P.Refusal) -> None:
+        first = self.refusal is None
+        self.refusal = refusal
+        self.refusals += 1
+        if not first:
+            return
+        what, fix = REFUSAL_FIXES.get(refusal.reason, ("", REFUSAL_FIX_OTHER))
+        what = what.format(run=self.run_id, rank=self.rank, uid=os.geteuid())
+        detail = "; ".join(x for x in (what, refusal.detail) if x)
+        log.warning(
+            "trainmon: the exporter at %s refused this run (%s%s); %s",
+            self.path,
+            refusal.reason,
+            f": {detail}" if detail else "",
+            fix,
+        )
+
     def abandon(self) -> None:
         """Forget the socket without closing it: a forked child's, which the parent owns."""
         self._sock = None
 
     def _lose(self, now: float) -> int:
-        """The connection ended: close it, back off, return the records never seen read."""
+        """The connection ended: read a refusal, close, back off; the records never seen read."""
         lost = self.sent_connection - self._confirmed
         self.sent_connection = self._confirmed = 0
         self._unconfirmed.clear()
+        self._read_refusal()
         self.close()
         self._next_connect = now + self._backoff
         return lost

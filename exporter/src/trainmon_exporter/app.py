@@ -149,7 +149,7 @@ async def _watch_conditions(store: Store, period: float = 0.1, rates_every: int 
     while True:
         await asyncio.sleep(period)
         tick += 1
-        for s, kind in store.check_conditions(time.time(), rates=tick % rates_every == 0):
+        for s, kind in store.check_conditions(rates=tick % rates_every == 0):  # monotonic
             log.warning("run %s rank %d: %s detected at step %s", s.run, s.rank, kind, s.step)
 
 

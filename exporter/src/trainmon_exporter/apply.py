@@ -210,6 +210,7 @@ class Link:
         "peer_gid",
         "peer_pid",
         "peer_uid",
+        "refusal",
         "state",
     )
 
@@ -226,6 +227,7 @@ class Link:
         self.finished = False
         self.applied = 0
         self.gap = 0
+        self.refusal: str | None = None  # why its HELLO was refused (told to the client)
 
 
 class Applier:
@@ -315,6 +317,7 @@ class Applier:
                     link.peer_gid,
                     link.peer_pid,
                 )
+                link.refusal = "peer_not_allowed"
                 raise Refused("peer_not_allowed")
         elif state is None and rtype in P.RECORD_NAMES:
             raise Refused("no_hello")
@@ -358,6 +361,7 @@ class Applier:
             hello = HelloMessage.model_validate(raw)
         except ValidationError as exc:
             log.warning("refused HELLO: %s", exc.errors()[0].get("msg", "invalid"))
+            link.refusal = "bad_hello"
             raise Refused("bad_hello") from None
         extra = sum(1 for k in raw if k not in HelloMessage.model_fields)
         if extra:
@@ -378,6 +382,7 @@ class Applier:
             )
             self.drop("label_rewritten", rewritten)
         result = self.store.attach(hello.model_dump(), link.peer_uid, link.peer_pid)
+        link.refusal = result if isinstance(result, str) else None
         if isinstance(result, str):
             if result == "not_owner":
                 log.warning(

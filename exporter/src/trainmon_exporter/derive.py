@@ -140,15 +140,17 @@ def process_pid(state: RankState) -> int:
     return state.peer_pid or state.pid
 
 
-def overdue_ratio(state: RankState, now: float) -> float | None:
+def overdue_ratio(state: RankState, now_mono: float) -> float | None:
     """Seconds since the rank's last step over its median time between steps, while connected.
+
+    Both on the exporter's monotonic clock (``now_mono``, ``last_step_mono``), as hangs are.
 
     1: a step is about due. None while disconnected, before a step, or before the median.
     """
     median = state.analytics.median_interval()
-    if not state.connected or state.last_step_time is None or not median:
+    if not state.connected or state.last_step_mono is None or not median:
         return None
-    return max(0.0, now - state.last_step_time) / median
+    return max(0.0, now_mono - state.last_step_mono) / median
 
 
 def slow_improvement(a: RankAnalytics) -> bool | None:

@@ -576,6 +576,11 @@ class IngestServer:
         m.packets.inc()
         m.bytes.inc(len(data))
         if self.applier.packet(conn, data):
+            # Tell the trainer why before closing (REFUSED): it has no other way to learn it.
+            try:
+                conn.sock.send(P.encode_refused(conn.refusal or "bad_hello"), socket.MSG_DONTWAIT)
+            except (OSError, ValueError):
+                pass  # a full buffer or a gone peer: the log still says why
             self._close(conn, record=False)
 
     def _allowed(self, conn: Connection) -> bool:

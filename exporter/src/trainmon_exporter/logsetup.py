@@ -108,11 +108,42 @@ class RepeatLimiter(logging.Filter):
             return int(sum(s[2] for s in self._sites.values()))
 
 
+UVICORN_LIFECYCLE = (
+    "Started server process",
+    "Waiting for application startup",
+    "Application startup complete",
+    "Waiting for application shutdown",
+    "Application shutdown complete",
+    "Finished server process",
+)
+"""uvicorn's start and stop lines: DEBUG here, since the exporter's own lines say the same
+(its ``Shutting down``, the one line that a signal was received, stays INFO)."""
+
+
+class UvicornRecords(logging.Filter):
+    """A filter on uvicorn's ``uvicorn.error`` logger, which logs far more than errors.
+
+    Its records are named ``uvicorn`` (``INFO uvicorn.error: Started server process`` read
+    like an error), and its start and stop lines (:data:`UVICORN_LIFECYCLE`) become DEBUG:
+    the exporter's banner on stdout and its own INFO lines already say that it started and
+    stopped. uvicorn's warnings and errors pass unchanged but for the name.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Rename ``record``; demote (and drop below DEBUG) a start or stop line."""
+        record.name = "uvicorn"
+        if record.levelno == logging.INFO and str(record.msg).startswith(UVICORN_LIFECYCLE):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger().isEnabledFor(logging.DEBUG)
+        return True
+
+
 def setup(level: str, max_repeats: int, interval: float) -> RepeatLimiter:
     """Send every logger (uvicorn's included) to one rate-limited stderr handler.
 
     Returns the handler's :class:`RepeatLimiter`. Run uvicorn with ``log_config=None`` so its
-    loggers propagate here instead of getting handlers of their own.
+    loggers propagate here instead of getting handlers of their own; uvicorn's records are
+    renamed and its start and stop lines demoted (:class:`UvicornRecords`).
     """
     global _installed
     limiter = _installed = RepeatLimiter(max_repeats, interval)
@@ -124,6 +155,11 @@ def setup(level: str, max_repeats: int, interval: float) -> RepeatLimiter:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    for old_filter in list(uvicorn_log.filters):
+        if isinstance(old_filter, UvicornRecords):
+            uvicorn_log.removeFilter(old_filter)
+    uvicorn_log.addFilter(UvicornRecords())
     return limiter
 
 

@@ -22,11 +22,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from trainmon_client._env import default_socket
-from trainmon_exporter._defaults import DEFAULT_PORT
+from trainmon_exporter._defaults import DEFAULT_PORT, default_socket
 
 DEFAULT_STEP_BUCKETS = (
     0.01,
@@ -46,87 +45,141 @@ DEFAULT_STEP_BUCKETS = (
 )
 
 
+WEEK_S = 7 * 86400
+"""Upper bound of the longest durations (series TTL, idle timeout), seconds."""
+MAX_WINDOW_STEPS = 10_000
+"""Upper bound of every window counted in steps: each rank keeps that many values per window
+(a deque of Python floats, about 32 bytes each), so 1024 ranks at the bound hold about 330 MB
+per window."""
+
 SEVERITIES = ("minor", "major", "severe")
 """Loss and grad-norm spike severities, in increasing order (``AnalyticsSettings.spike_z``)."""
 
 
 class AnalyticsSettings(BaseModel):
-    """Thresholds and windows of the detectors (``TRAINMON_ANALYTICS__<NAME>``)."""
+    """Thresholds and windows of the detectors (``TRAINMON_ANALYTICS__<NAME>``).
+
+    Every number is finite and bounded on both sides (``inf``, ``nan`` and a window of 10^12
+    steps are refused), as in :class:`Settings`.
+    """
+
+    model_config = ConfigDict(allow_inf_nan=False)
 
     ema_decay: float = Field(0.99, gt=0, lt=1, description="EMA decay d in ema = d*ema + (1-d)*x")
-    window_steps: int = Field(100, ge=5, description="steps in the rolling mean/std windows")
-    min_history_steps: int = Field(20, ge=2, description="values needed before judging")
+    window_steps: int = Field(
+        100, ge=5, le=MAX_WINDOW_STEPS, description="steps in the rolling mean/std windows"
+    )
+    min_history_steps: int = Field(
+        20, ge=2, le=MAX_WINDOW_STEPS, description="values needed before judging"
+    )
     spike_z: dict[str, float] = Field(
         default_factory=lambda: {"minor": 4.0, "major": 6.0, "severe": 10.0},
         description="z-score at which a spike reaches each severity",
     )
     rel_std_floor: float = Field(
-        1e-3, ge=0, description="std floor as a share of |mean| (constant series)"
+        1e-3, ge=0, le=10, description="std floor as a share of |mean| (constant series)"
     )
     spike_persist_steps: int = Field(
-        10, ge=1, description="consecutive spikes after which the values are a new level"
+        10,
+        ge=1,
+        le=MAX_WINDOW_STEPS,
+        description="consecutive spikes after which the values are a new level",
     )
-    grad_explosion_norm: float = Field(100.0, gt=0, description="grad norm above: explosion")
+    grad_explosion_norm: float = Field(
+        100.0, gt=0, le=1e12, description="grad norm above: explosion"
+    )
     grad_explosion_ratio: float = Field(
-        10.0, gt=1, description="grad norm above this multiple of its rolling mean: explosion"
+        10.0,
+        gt=1,
+        le=1e6,
+        description="grad norm above this multiple of its rolling mean: explosion",
     )
-    grad_vanishing_norm: float = Field(1e-8, ge=0, description="grad norm below: vanishing")
-    hang_factor: float = Field(2.0, gt=0, description="hung after this many median step times")
-    hang_grace_seconds: float = Field(30.0, ge=0, description="plus this grace (s)")
-    step_time_window_steps: int = Field(50, ge=3, description="steps in the step-time median")
-    throughput_recent_steps: int = Field(20, ge=3, description="steps in the recent rate")
-    throughput_baseline_steps: int = Field(500, ge=10, description="steps in the baseline rate")
-    trend_window_steps: int = Field(200, ge=10, description="steps in the EMA slope fit")
-    plateau_tolerance: float = Field(0.01, ge=0, description="relative EMA change = plateau")
-    eval_slow_improvement: float = Field(0.01, description="improvement per eval below: slow")
-    eval_overfit_gap: float = Field(0.30, description="val/train gap ratio above: overfitting")
-    eval_plateau_change: float = Field(0.01, ge=0, description="relative change below: flat")
-    eval_plateau_evals: int = Field(3, ge=2, description="evaluations that must all be flat")
+    grad_vanishing_norm: float = Field(1e-8, ge=0, le=1e3, description="grad norm below: vanishing")
+    hang_factor: float = Field(
+        2.0, gt=0, le=1000, description="hung after this many median step times"
+    )
+    hang_grace_seconds: float = Field(30.0, ge=0, le=86400, description="plus this grace (s)")
+    step_time_window_steps: int = Field(
+        50, ge=3, le=MAX_WINDOW_STEPS, description="steps in the step-time median"
+    )
+    throughput_recent_steps: int = Field(
+        20, ge=3, le=MAX_WINDOW_STEPS, description="steps in the recent rate"
+    )
+    throughput_baseline_steps: int = Field(
+        500, ge=10, le=MAX_WINDOW_STEPS, description="steps in the baseline rate"
+    )
+    trend_window_steps: int = Field(
+        200, ge=10, le=MAX_WINDOW_STEPS, description="steps in the EMA slope fit"
+    )
+    plateau_tolerance: float = Field(0.01, ge=0, le=1, description="relative EMA change = plateau")
+    eval_slow_improvement: float = Field(
+        0.01, ge=-1, le=1, description="improvement per eval below: slow"
+    )
+    eval_overfit_gap: float = Field(
+        0.30, ge=0, le=100, description="val/train gap ratio above: overfitting"
+    )
+    eval_plateau_change: float = Field(0.01, ge=0, le=1, description="relative change below: flat")
+    eval_plateau_evals: int = Field(
+        3, ge=2, le=1000, description="evaluations that must all be flat"
+    )
     monitoring_budget_ratio: float = Field(
-        0.05, gt=0, description="monitoring share of wall time above: over budget"
+        0.05, gt=0, le=1, description="monitoring share of wall time above: over budget"
     )
     throughput_drop_ratio: float = Field(
         0.7, gt=0, lt=1, description="throughput ratio below: a drop (an episode is counted)"
     )
     straggler_ratio: float = Field(
-        1.5, gt=1, description="straggler ratio above: a straggler (an episode is counted)"
+        1.5, gt=1, le=1000, description="straggler ratio above: a straggler (an episode is counted)"
     )
     input_bound_ratio: float = Field(
         0.6, gt=0, lt=1, description="data-loading share of step time above: input-bound"
     )
     update_ratio_high: float = Field(
-        0.1, gt=0, description="a layer's update ratio ||dw||/||w|| above this is too high"
+        0.1, gt=0, le=1e6, description="a layer's update ratio ||dw||/||w|| above this is too high"
     )
     update_ratio_low: float = Field(
-        1e-7, ge=0, description="a layer's update ratio below this is too low (frozen)"
+        1e-7, ge=0, le=1, description="a layer's update ratio below this is too low (frozen)"
     )
     gain_drift_factor: float = Field(
-        2.0, gt=1, description="mean gradient gain off its baseline by this factor: drift"
+        2.0, gt=1, le=1e6, description="mean gradient gain off its baseline by this factor: drift"
     )
-    leak_window_steps: int = Field(200, ge=10, description="steps of mem_allocated in the leak fit")
+    leak_window_steps: int = Field(
+        200, ge=10, le=MAX_WINDOW_STEPS, description="steps of mem_allocated in the leak fit"
+    )
     leak_min_growth_ratio: float = Field(
-        0.05, gt=0, description="growth across the window, as a share of the mean, to flag"
+        0.05, gt=0, le=100, description="growth across the window, as a share of the mean, to flag"
     )
     leak_min_r2: float = Field(
         0.9, ge=0, le=1, description="how steady (R^2 of the linear fit) the growth must be"
     )
     gain_baseline_checks: int = Field(
-        10, ge=1, description="watch checks whose median mean gain is the baseline"
+        10, ge=1, le=10_000, description="watch checks whose median mean gain is the baseline"
     )
     gain_window_checks: int = Field(
-        5, ge=1, description="watch checks whose median mean gain is compared to the baseline"
+        5,
+        ge=1,
+        le=10_000,
+        description="watch checks whose median mean gain is compared to the baseline",
     )
     gain_drift_checks: int = Field(
-        3, ge=1, description="consecutive drifted checks that start (or in range, end) an episode"
+        3,
+        ge=1,
+        le=10_000,
+        description="consecutive drifted checks that start (or in range, end) an episode",
     )
+
+    @field_validator("spike_z")
+    @classmethod
+    def _check_spike_z(cls, value: dict[str, float]) -> dict[str, float]:
+        if set(value) != set(SEVERITIES):
+            raise ValueError(f"needs exactly the keys {SEVERITIES}")
+        z = [value[s] for s in SEVERITIES]
+        if z != sorted(z) or z[0] <= 0 or z[-1] > 1e6:
+            raise ValueError("thresholds must be positive, at most 1e6, and increase with severity")
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> AnalyticsSettings:
-        if set(self.spike_z) != set(SEVERITIES):
-            raise ValueError(f"spike_z needs exactly the keys {SEVERITIES}")
-        z = [self.spike_z[s] for s in SEVERITIES]
-        if z != sorted(z) or z[0] <= 0:
-            raise ValueError("spike_z thresholds must be positive and increase with severity")
         if self.throughput_recent_steps >= self.throughput_baseline_steps:
             raise ValueError("throughput_recent_steps must be below throughput_baseline_steps")
         return self
@@ -163,19 +216,21 @@ class Settings(BaseSettings):
         # --web.config.file as in node_exporter and Prometheus, besides --web-config-file
         cli_shortcuts={"web-config-file": "web.config.file"},
         extra="ignore",
+        allow_inf_nan=False,  # every float: inf and nan are refused
     )
 
     listen: str = Field(
         f"127.0.0.1:{DEFAULT_PORT}",
         description="HTTP address HOST:PORT for /metrics, the API and the status page "
-        "(env TRAINMON_LISTEN). Use 0.0.0.0 to let a remote Prometheus scrape it.",
+        "(env TRAINMON_LISTEN). Use 0.0.0.0 to let a remote Prometheus scrape it; whoever "
+        "can reach the port then reads every run's metrics (no authentication).",
     )
     socket: Path = Field(
         default_factory=lambda: Path(default_socket()),
         description="Unix socket the training clients connect to (env TRAINMON_SOCKET); its "
         "directory must be shared with the trainers. Default: /run/trainmon/trainmon.sock for "
-        "root or where /run/trainmon exists, else $XDG_RUNTIME_DIR/trainmon/trainmon.sock (the "
-        "client's default follows the same rule).",
+        "root or where this user may create it, else $XDG_RUNTIME_DIR/trainmon/trainmon.sock "
+        "(a trainer's default finds either).",
     )
     socket_mode: str = Field(
         "0660",
@@ -210,6 +265,7 @@ class Settings(BaseSettings):
     ingest_max_connections: int = Field(
         1024,
         ge=1,
+        le=65536,
         description="Most trainer connections open at once; more are accepted and closed at "
         'once (trainmon_ingest_connections_refused_total{reason="max_connections"}). '
         "Lowered at start to fit the open-file limit, keeping descriptors for HTTP.",
@@ -218,6 +274,7 @@ class Settings(BaseSettings):
         10.0,
         gt=0,
         allow_inf_nan=False,
+        le=3600,
         description="A connection that has not sent its HELLO this long after connecting is "
         "closed (reason hello_timeout). The client sends it with the connect.",
     )
@@ -225,6 +282,7 @@ class Settings(BaseSettings):
         0.0,
         ge=0,
         allow_inf_nan=False,
+        le=WEEK_S,
         description="Close a trainer connection silent for this long (s; reason "
         "idle_timeout; the rank shows disconnected, not crashed, and the client reconnects at "
         "its next send). 0, the default, never does: a trainer stuck in a collective is "
@@ -234,6 +292,7 @@ class Settings(BaseSettings):
         4 * 2**20,
         gt=0,
         allow_inf_nan=False,
+        le=2**30,
         description="Most bytes one trainer connection may deliver per second (about 20,000 "
         "steps of 10 fields); more waits in its socket buffer, so one flooding client cannot "
         "starve the others or HTTP.",
@@ -241,13 +300,16 @@ class Settings(BaseSettings):
     http_limit_concurrency: int = Field(
         64,
         ge=4,
+        le=4096,
         description="Most HTTP connections at once (uvicorn limit_concurrency). A new "
         "connection at the limit closes the oldest one with no request in progress (idle or "
-        "half-sent); when every one has a request in progress, new requests get 503.",
+        "half-sent; reason evicted); when every one has a request in progress, new requests "
+        "get 503.",
     )
     http_timeout_keep_alive_seconds: int = Field(
         5,
         ge=1,
+        le=3600,
         description="An idle keep-alive HTTP connection closes after this long (s; uvicorn "
         "timeout_keep_alive).",
     )
@@ -255,20 +317,24 @@ class Settings(BaseSettings):
         10.0,
         gt=0,
         allow_inf_nan=False,
+        le=3600,
         description="An HTTP connection must complete its request head within this long of "
-        "connecting or of its previous response (s), else it is closed (uvicorn has no such "
-        "timeout of its own).",
+        "connecting or of its previous response (s), else it is closed (reason header_timeout; "
+        "uvicorn has no such timeout of its own).",
     )
     http_write_timeout_seconds: float = Field(
         15.0,
         gt=0,
         allow_inf_nan=False,
+        le=3600,
         description="A response the client leaves unread this long (s) aborts its connection "
-        "and frees the buffered body. Above Prometheus' default 10 s scrape timeout.",
+        "and frees the buffered body (reason write_timeout). Above Prometheus' default 10 s "
+        "scrape timeout.",
     )
     http_max_concurrent_scrapes: int = Field(
         4,
         ge=1,
+        le=64,
         description="Most /metrics requests in progress at once (each holds one exposition "
         "in memory until written); more get 503 at once "
         '(trainmon_http_requests_refused_total{reason="scrape_limit"}). An HA pair of '
@@ -284,6 +350,7 @@ class Settings(BaseSettings):
     http_max_concurrent_auth_checks: int = Field(
         2,
         ge=1,
+        le=64,
         description="Most bcrypt password checks in progress at once (each takes about 0.1 s "
         "of a core at cost 10); more requests with unverified credentials get 503 at once "
         '(trainmon_http_auth_failures_total{reason="check_limit"}). Credentials already '
@@ -292,14 +359,19 @@ class Settings(BaseSettings):
     series_ttl_seconds: float = Field(
         600.0,
         gt=0,
+        le=WEEK_S,
         description="How long a finished or disconnected rank's series stay exported (s).",
     )
     rate_window_seconds: float = Field(
-        30.0, gt=0, description="Window for tokens/s, samples/s and client overhead ratio (s)."
+        30.0,
+        gt=0,
+        le=3600,
+        description="Window for tokens/s, samples/s and client overhead ratio (s).",
     )
     rank_retention_seconds: float = Field(
         60.0,
         ge=0,
+        le=604800,
         allow_inf_nan=False,
         description="A disconnected (crashed, failed or finished) rank stays exported at least "
         "this long (s), whoever connects: no new rank evicts it sooner, so its crash alert can "
@@ -308,6 +380,7 @@ class Settings(BaseSettings):
     max_ranks: int = Field(
         256,
         ge=1,
+        le=65536,
         description="Most (run, rank) pairs tracked at once. A new one evicts a disconnected "
         "pair past rank_retention_seconds (its own uid's first), else it is refused "
         "(too_many_ranks). 256 x 120 series per rank fits max_series with room for custom "
@@ -316,26 +389,37 @@ class Settings(BaseSettings):
     max_ranks_per_uid: int = Field(
         64,
         ge=1,
+        le=65536,
         description="Most (run, rank) pairs one uid (SO_PEERCRED) holds, connected or not: at "
         "its quota a uid's new rank evicts only its own pairs past rank_retention_seconds, "
         "else it is refused (uid_rank_quota); other uids are not. A quarter of max_ranks, so "
         "at least four users fit a full node; capped at max_ranks.",
     )
     max_layers: int = Field(
-        128, ge=0, description="Most layers per rank exported from Run.watch; more are refused."
+        128,
+        ge=0,
+        le=10_000,
+        description="Most layers per rank exported from Run.watch; more are dropped (reason "
+        "layer_cap).",
     )
     max_custom_metrics: int = Field(
-        256, ge=0, description="Most distinct custom metric names per rank; more are refused."
+        256,
+        ge=0,
+        le=10_000,
+        description="Most distinct custom metric names per rank; more are refused (reason "
+        "custom_cap).",
     )
     max_operations: int = Field(
         64,
         ge=1,
+        le=10_000,
         description="Most distinct operation names (Run.track, and watch) per rank; more are "
         'refused (trainmon_ingest_values_dropped_total{reason="operation_cap"}).',
     )
     max_series: int = Field(
         50_000,
         ge=1000,
+        le=5_000_000,
         description="Series budget of every rank together in the exposition (an estimate per "
         "rank, custom metric, evaluation value, operation and layer). A new name past it is "
         'refused (trainmon_ingest_values_dropped_total{reason="series_budget"}) and a new '
@@ -345,6 +429,7 @@ class Settings(BaseSettings):
     max_series_per_uid: int = Field(
         12_500,
         ge=1000,
+        le=5_000_000,
         description="One uid's share of max_series (its ranks' series together): a new rank "
         "past it is refused (uid_series_quota), a new name dropped (series_budget). A quarter "
         "of max_series, above max_ranks_per_uid x 120 so a uid can reach its rank quota; "
@@ -360,6 +445,7 @@ class Settings(BaseSettings):
     )
     step_duration_buckets: tuple[float, ...] = Field(
         DEFAULT_STEP_BUCKETS,
+        max_length=64,
         description="Upper bounds (s) of trainmon_train_step_duration_seconds buckets.",
     )
     nvml_interval_seconds: float = Field(
@@ -384,6 +470,7 @@ class Settings(BaseSettings):
     peak_flops: float | None = Field(
         None,
         gt=0,
+        le=1e18,
         description="Peak dense FLOP/s per GPU for MFU, overriding the built-in table for "
         "every GPU of this node (e.g. 989.5e12). Also gives MFU without NVML.",
     )
@@ -391,12 +478,13 @@ class Settings(BaseSettings):
     log_max_repeats: int = Field(
         10,
         ge=1,
+        le=10_000,
         description="Most lines logged per message (same text before its values are filled "
         "in) per log_repeat_interval_seconds; the rest are counted in "
         "trainmon_exporter_log_messages_suppressed_total and summed up in the next line.",
     )
     log_repeat_interval_seconds: float = Field(
-        60.0, gt=0, allow_inf_nan=False, description="Interval of log_max_repeats (s)."
+        60.0, gt=0, allow_inf_nan=False, le=86400, description="Interval of log_max_repeats (s)."
     )
     collectors: CollectorToggles = CollectorToggles()
     analytics: AnalyticsSettings = AnalyticsSettings()
@@ -457,16 +545,16 @@ class Settings(BaseSettings):
             raise ValueError(f"unknown log level {value!r}")
         return value
 
-    @model_validator(mode="after")
-    def _check_buckets(self) -> Settings:
-        b = self.step_duration_buckets
+    @field_validator("step_duration_buckets")
+    @classmethod
+    def _check_buckets(cls, b: tuple[float, ...]) -> tuple[float, ...]:
         if not all(math.isfinite(x) for x in b):
-            raise ValueError(
-                "step_duration_buckets must be finite numbers (the +Inf bucket is always added)"
-            )
+            raise ValueError("buckets must be finite numbers (the +Inf bucket is always added)")
         if not b or any(x <= 0 for x in b) or list(b) != sorted(set(b)):
-            raise ValueError("step_duration_buckets must be positive and strictly increasing")
-        return self
+            raise ValueError("buckets must be positive and strictly increasing")
+        if b[-1] > WEEK_S:
+            raise ValueError(f"buckets are at most {WEEK_S} s (a week)")
+        return b
 
     @property
     def host(self) -> str:
@@ -556,6 +644,8 @@ class RankSet:
 def _gid(value: str) -> int:
     value = value.strip()
     if value.isdigit():
+        if int(value) >= MAX_ID:
+            raise ValueError(f"group ids are from 0 to {MAX_ID - 1}, got {value}")
         return int(value)  # a number need not have a name (e.g. a Kubernetes fsGroup)
     try:
         return grp.getgrnam(value).gr_gid
@@ -566,6 +656,8 @@ def _gid(value: str) -> int:
 def _uid(value: str) -> int:
     value = value.strip()
     if value.isdigit():
+        if int(value) >= MAX_ID:
+            raise ValueError(f"user ids are from 0 to {MAX_ID - 1}, got {value}")
         return int(value)
     try:
         return pwd.getpwnam(value).pw_uid
@@ -584,8 +676,15 @@ def _ids(value: Any, resolve: Any) -> Any:
         else:
             value = [v for v in value.split(",") if v.strip()]
     if isinstance(value, list | tuple):
-        return tuple(v if isinstance(v, int) else resolve(str(v)) for v in value)
+        ids = tuple(v if isinstance(v, int) else resolve(str(v)) for v in value)
+        if any(not 0 <= i < MAX_ID for i in ids):
+            raise ValueError(f"ids are from 0 to {MAX_ID - 1}")
+        return ids
     return value
+
+
+MAX_ID = 2**32 - 1
+"""Linux user and group ids are below 2^32 - 1 (which stands for "no id")."""
 
 
 CLIENT_VARIABLES = frozenset(
@@ -594,16 +693,17 @@ CLIENT_VARIABLES = frozenset(
         "TRAINMON_SOCKET",
         "TRAINMON_FLUSH_INTERVAL",
         "TRAINMON_EXPORTER_UID",
-        "TRAINMON_STATUS_PASSWORD",
     }
 )
-"""``TRAINMON_*`` variables the training client and ``trainmon status`` read (often set in the
-same environment)."""
+"""``TRAINMON_*`` variables the training client reads (often set in the exporter's
+environment too)."""
+STATUS_VARIABLES = frozenset({"TRAINMON_STATUS_PASSWORD"})
+"""``TRAINMON_*`` variables ``trainmon status`` reads."""
 
 
 def environment_names() -> frozenset[str]:
-    """Every ``TRAINMON_*`` variable the exporter or the client reads (upper case)."""
-    names = set(CLIENT_VARIABLES)
+    """Every ``TRAINMON_*`` variable the exporter, the client or ``trainmon status`` reads (upper case)."""
+    names = set(CLIENT_VARIABLES | STATUS_VARIABLES)
     for name, field in Settings.model_fields.items():
         names.add(f"TRAINMON_{name.upper()}")
         nested = field.annotation

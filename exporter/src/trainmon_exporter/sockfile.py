@@ -30,6 +30,7 @@ import fcntl
 import os
 import socket
 import stat
+import struct
 from collections.abc import Callable
 from pathlib import Path
 
@@ -62,8 +63,55 @@ def suggested_path() -> str:
     return "a directory this user owns and no one else can write, e.g. ~/.trainmon/trainmon.sock"
 
 
-def _hint() -> str:
-    return f"pass --socket PATH (or TRAINMON_SOCKET), e.g. {suggested_path()}"
+def _hint(parent: Path | None = None) -> str:
+    """Where else the socket could go; never into ``parent``, the directory found wanting."""
+    suggestion = suggested_path()
+    if parent is not None and os.path.dirname(suggestion) == os.fspath(parent):
+        suggestion = "in a directory this user owns and no one else can write"
+    else:
+        suggestion = f"e.g. {suggestion}"
+    return f"pass --socket PATH (or TRAINMON_SOCKET), {suggestion}"
+
+
+def alternative_path(shown: Path) -> Path:
+    """A free sibling of ``shown`` for a second exporter: ``trainmon-2.sock``, ``-3``..."""
+    for n in range(2, 100):
+        candidate = shown.with_name(f"{shown.stem}-{n}{shown.suffix}")
+        if not os.path.lexists(candidate):
+            return candidate
+    return shown.with_name(f"{shown.stem}-{os.getpid()}{shown.suffix}")
+
+
+def _elsewhere(shown: Path) -> str:
+    """How to run this exporter beside the one that holds ``shown``."""
+    alt = alternative_path(shown)
+    return (
+        f"or run this one on another path: --socket {alt} (and TRAINMON_SOCKET={alt} for its "
+        "trainers)"
+    )
+
+
+def _peer(sock: socket.socket) -> tuple[int, int] | None:
+    """``(pid, uid)`` of the listener ``sock`` is connected to (``SO_PEERCRED``), or None."""
+    try:
+        pid, uid, _gid = struct.unpack(
+            "3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+        )
+    except OSError:
+        return None
+    return pid, uid
+
+
+def _not_ours(shown: Path, uid: int, pid: int | None) -> SocketInUseError:
+    """The error for a listener of another user on the exporter's path."""
+    euid = os.geteuid()
+    who = f"uid {uid}" + (f", pid {pid}" if pid else "")
+    return SocketInUseError(
+        f"{shown} is held by a process of {who}, not a trainmon exporter of this user (uid "
+        f"{euid}): trainers with TRAINMON_EXPORTER_UID={euid} refuse it and others would send "
+        f"it their metrics; stop that process, remove {shown}, and let only uid {euid} write "
+        f"{shown.parent} (not mode 1777)"
+    )
 
 
 def directory_problem(st: os.stat_result, euid: int | None = None) -> str | None:
@@ -109,10 +157,10 @@ def open_directory(parent: Path) -> int:
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             raise UnsafeSocketDirError(
-                f"socket directory {parent} is a symbolic link or not a directory; {_hint()}"
+                f"socket directory {parent} is a symbolic link or not a directory; {_hint(parent)}"
             ) from None
         raise SocketSetupError(
-            f"cannot create the socket directory {parent} ({exc.strerror}); {_hint()}"
+            f"cannot create the socket directory {parent} ({exc.strerror}); {_hint(parent)}"
         ) from None
     try:
         st = os.fstat(fd)
@@ -124,7 +172,7 @@ def open_directory(parent: Path) -> int:
             st = os.fstat(fd)
         problem = directory_problem(st)
         if problem:
-            raise UnsafeSocketDirError(f"socket directory {parent} {problem}; {_hint()}")
+            raise UnsafeSocketDirError(f"socket directory {parent} {problem}; {_hint(parent)}")
     except BaseException:
         os.close(fd)
         raise
@@ -157,7 +205,9 @@ def probe(dirfd: int, name: str, shown: Path) -> str:
     except FileNotFoundError:
         return "absent"
     if not stat.S_ISSOCK(st.st_mode):
-        raise SocketInUseError(f"{shown} exists and is not a socket; remove it or {_hint()}")
+        raise SocketInUseError(
+            f"{shown} exists and is not a socket; remove it, {_elsewhere(shown)}"
+        )
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         s.setblocking(False)
@@ -167,21 +217,34 @@ def probe(dirfd: int, name: str, shown: Path) -> str:
     except FileNotFoundError:
         return "absent"
     except BlockingIOError:  # EAGAIN: a listener whose queue is full is alive
+        if st.st_uid != os.geteuid():  # no SO_PEERCRED without a connection: the file's owner
+            raise _not_ours(shown, st.st_uid, None) from None
         raise SocketInUseError(
-            f"another exporter is listening on {shown} (its queue is full); stop it or {_hint()}"
+            f"another exporter is listening on {shown} (its queue is full); stop it, "
+            f"{_elsewhere(shown)}"
         ) from None
     except OSError as exc:
         if exc.errno == errno.EPROTOTYPE:
             raise SocketInUseError(
-                f"another program listens on {shown} (not a trainmon socket); stop it or {_hint()}"
+                f"another program listens on {shown} (not a trainmon socket); stop it, "
+                f"{_elsewhere(shown)}"
             ) from None
         raise SocketInUseError(
             f"cannot tell whether anyone listens on {shown} ({exc.strerror}); it is left alone: "
-            f"remove it or {_hint()}"
+            f"remove it, {_elsewhere(shown)}"
         ) from None
+    else:
+        peer = _peer(s)  # connected: the listener's own credentials, from the kernel
     finally:
         s.close()
-    raise SocketInUseError(f"another exporter is listening on {shown}; stop it or {_hint()}")
+    uid = peer[1] if peer is not None else st.st_uid
+    pid = peer[0] if peer is not None else None
+    if uid != os.geteuid():
+        raise _not_ours(shown, uid, pid)
+    who = f" (pid {pid})" if pid else ""
+    raise SocketInUseError(
+        f"another exporter{who} is listening on {shown}; stop it, {_elsewhere(shown)}"
+    )
 
 
 def _lock(dirfd: int, name: str, shown: Path) -> int:
@@ -198,23 +261,29 @@ def _lock(dirfd: int, name: str, shown: Path) -> int:
             if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
                 raise SocketSetupError(
                     f"socket directory {shown.parent} is not writable by this user "
-                    f"({exc.strerror}); {_hint()}"
+                    f"({exc.strerror}); {_hint(shown.parent)}"
                 ) from None
             raise
         try:
             st = _own(fd, stat.S_ISREG)
             if st is None:
-                raise UnsafeSocketDirError(
-                    f"{shown}{LOCK_SUFFIX} is not a file of this user; remove it if no "
-                    "exporter runs"
+                owner = os.fstat(fd).st_uid
+                euid = os.geteuid()
+                whose = (
+                    f"belongs to uid {owner}, not to this user (uid {euid}): not a trainmon "
+                    f"exporter's lock; remove it, and let only uid {euid} write {shown.parent}"
+                    if owner != euid
+                    else "is not a regular file; remove it if no exporter runs"
                 )
+                raise UnsafeSocketDirError(f"{shown}{LOCK_SUFFIX} {whose}")
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
                 who = f" (pid {holder})" if holder.isdigit() else ""
                 raise SocketInUseError(
-                    f"another exporter{who} is starting or running on {shown}; stop it or {_hint()}"
+                    f"another exporter{who} is starting or running on {shown}; stop it, "
+                    f"{_elsewhere(shown)}"
                 ) from None
             try:
                 now = os.stat(lock, dir_fd=dirfd, follow_symlinks=False)

@@ -125,7 +125,8 @@ class RankState:
     """Everything known about one (run, rank).
 
     Times named ``*_mono`` are ``time.monotonic()`` of the exporter; ``last_step_time`` and
-    ``started_at`` are the client's wall clock (Unix seconds, same host).
+    ``started_at`` are the client's wall clock (Unix seconds, same host). Hangs are judged on
+    ``last_step_mono`` (when the last step arrived), never on a wall clock that can step.
     """
 
     run: str
@@ -157,6 +158,7 @@ class RankState:
     rollbacks: int = 0  # steps that went backward in the same client process
     step: int | None = None
     last_step_time: float | None = None
+    last_step_mono: float | None = None
     steps_total: int = 0
     tokens_total: float = 0.0
     samples_total: float = 0.0
@@ -230,6 +232,7 @@ class RankState:
         new_tokens = tokens if restarted else tokens - self.tokens_total
         self.step = step
         self.last_step_time = when
+        self.last_step_mono = time.monotonic()
         self.steps_total = steps
         self.tokens_total = tokens
         self.samples_total = samples
@@ -949,8 +952,12 @@ class Store:
             self.recount_series()
         return n
 
-    def check_conditions(self, now: float, rates: bool = True) -> list[tuple[RankState, str]]:
+    def check_conditions(
+        self, now_mono: float | None = None, rates: bool = True
+    ) -> list[tuple[RankState, str]]:
         """Judge the time-based detectors of every rank, under the lock.
+
+        ``now_mono``: ``time.monotonic()`` s (now by default), the clock hangs are judged on.
 
         :meth:`RunAnalytics.check <trainmon_exporter.analytics.RunAnalytics.check>`: hangs
         always; with ``rates`` also throughput drops, memory leaks and stragglers.
@@ -958,10 +965,10 @@ class Store:
         Returns the ``(rank, kind)`` episodes that just started.
         """
         with self.lock:
+            now_mono = time.monotonic() if now_mono is None else now_mono
             ranks = list(self.ranks.values())
-            started = self.judge.check(ranks, now, rates=rates)
-            mono = time.monotonic()
+            started = self.judge.check(ranks, now_mono, rates=rates)
             for s in ranks:
                 if s.analytics.hung and s.connected:
-                    s.goodput.hung(mono)  # a hang is accounted as it lasts
+                    s.goodput.hung(now_mono)  # a hang is accounted as it lasts
             return started

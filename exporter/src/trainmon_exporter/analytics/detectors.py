@@ -235,7 +235,11 @@ class RankAnalytics:
         return statistics.median(self.intervals)
 
     def check_hang(self, seconds_since_step: float, busy: bool) -> bool:
-        """Update the hang state; returns True when a new hang episode starts."""
+        """Update the hang state; returns True when a new hang episode starts.
+
+        ``seconds_since_step``: on the exporter's monotonic clock (:meth:`RunAnalytics.check
+        <trainmon_exporter.analytics.RunAnalytics.check>`), never a wall-clock difference.
+        """
         median = self.median_interval()
         if busy or median is None:
             self.hung = False

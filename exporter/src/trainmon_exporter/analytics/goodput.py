@@ -254,7 +254,7 @@ class Goodput:
 
         The first call of an episode accounts the stuck step's time before it as step time.
         """
-        if self.phase != "running":
+        if self.phase != "running" or now <= self.cursor:
             return
         if not self.hang_open:
             self.partial += self._interval(now, "partial")

@@ -27,8 +27,11 @@ class RankClock(Protocol):
         """Whether its trainer is connected now."""
 
     @property
-    def last_step_time(self) -> float | None:
-        """Client wall time of its last step (Unix s); None before the first."""
+    def last_step_mono(self) -> float | None:
+        """When its last step arrived, on the exporter's monotonic clock (s); None before one.
+
+        Never the client's wall time, which NTP or an operator can step.
+        """
 
     @property
     def analytics(self) -> RankAnalytics:
@@ -65,8 +68,13 @@ class RunAnalytics:
             ratios.append(mine / median if median > 0 else None)
         return ratios
 
-    def check(self, ranks: Iterable[R], now: float, *, rates: bool = True) -> list[tuple[R, str]]:
-        """Judge ``ranks`` at wall time ``now`` (Unix s).
+    def check(
+        self, ranks: Iterable[R], now_mono: float, *, rates: bool = True
+    ) -> list[tuple[R, str]]:
+        """Judge ``ranks`` at ``now_mono`` (the exporter's ``time.monotonic()``, s).
+
+        A hang is ``now_mono - last_step_mono`` over the limit: both on one monotonic clock,
+        so a wall clock stepped forward (NTP, a VM resumed) is no hang.
 
         Returns the ``(rank, kind)`` episodes that just started (``hang``,
         ``throughput_drop``, ``memory_leak``, ``straggler``), each also counted and kept as an
@@ -76,10 +84,10 @@ class RunAnalytics:
         runs: dict[str, list[tuple[R, float]]] = {}
         for s in ranks:
             a = s.analytics
-            if not s.connected or s.last_step_time is None:
+            if not s.connected or s.last_step_mono is None:
                 a.stopped()
                 continue
-            if a.check_hang(now - s.last_step_time, s.busy()):
+            if a.check_hang(now_mono - s.last_step_mono, s.busy()):
                 started.append((s, "hang"))
             if not rates:
                 continue

@@ -38,7 +38,7 @@ _GAUGES: tuple[tuple[Family, _Getter], ...] = (
     (catalog.TRAIN_GRAD_GAIN_MEAN, lambda s, a: a.gain_mean),
     (catalog.TRAIN_GRAD_GAIN_DRIFT_RATIO, lambda s, a: a.gain_drift),
     (catalog.TRAIN_MEMORY_GROWTH_BYTES_PER_STEP, lambda s, a: a.memory_growth),
-    (catalog.TRAIN_STEP_OVERDUE_RATIO, lambda s, a: derive.overdue_ratio(s, time.time())),
+    (catalog.TRAIN_STEP_OVERDUE_RATIO, lambda s, a: derive.overdue_ratio(s, time.monotonic())),
     (catalog.TRAIN_LOSS_EMA_SLOPE, lambda s, a: a.ema_slope()),
     (catalog.TRAIN_LOSS_PLATEAU, lambda s, a: _flag(a.plateau())),
     (catalog.EVAL_LOSS, lambda s, a: a.eval_loss),
