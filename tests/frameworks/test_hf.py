@@ -93,6 +93,12 @@ def test_trainer_reports_steps_eval_checkpoints_and_the_nan_the_filter_hides(
     assert sample(m, "trainmon_checkpoint_last_step", **lbl) == 12
     duration = sample(m, "trainmon_checkpoint_last_duration_seconds", **lbl)
     assert duration is not None and 0 < duration < 60
+    # Where the time went: the batch fetches, the saves and the evaluations, each in its kind.
+    for kind in ("data_loading", "checkpoint_save", "evaluation", "startup"):
+        seconds = sample(m, "trainmon_train_badput_seconds_total", kind=kind, **lbl)
+        assert seconds is not None and seconds > 0, kind
+    assert (sample(m, "trainmon_train_productive_seconds_total", **lbl) or 0) > 0
+    assert sample(m, "trainmon_train_uncheckpointed_seconds", **lbl) == 0  # finished cleanly
     rank = ex.rank("hf-test", 0)
     assert rank is not None and rank["world_size"] == 1
     assert rank["dtype"] == "fp32"  # use_cpu, no bf16: judged against the fp32 peak

@@ -79,6 +79,10 @@ def test_fit_reports_steps_validation_checkpoints_and_a_nan(
     assert sample(m, "trainmon_checkpoints_total", **lbl) == 2
     assert sample(m, "trainmon_checkpoint_last_step", **lbl) == 12
     assert len(list(tmp_path.glob("*.ckpt"))) == 2
+    for kind in ("data_loading", "checkpoint_save", "evaluation", "startup"):
+        seconds = sample(m, "trainmon_train_badput_seconds_total", kind=kind, **lbl)
+        assert seconds is not None and seconds > 0, kind
+    assert (sample(m, "trainmon_train_productive_seconds_total", **lbl) or 0) > 0
     assert sample(m, "trainmon_client_dropped_messages_total", reason="disconnected", **lbl) == 0
 
 

@@ -60,7 +60,7 @@ LAYER_STAT_CODES = frozenset(
 )
 """Stat codes a LAYERS record may carry; values under any other code are dropped
 (``unknown_stat``), never stored."""
-_FIELD_DATA_TIME = P.STANDARD_FIELDS.get("data_time", -1)
+_FIELD_DATA_TIME = P.FIELD_DATA_TIME
 """Field id of a step's input wait (s), for the time accounting (:mod:`.analytics.goodput`)."""
 WATCH_OPERATION = "watch"
 """Operation name of a rank's ``Run.watch`` checks (from its LAYERS records)."""
@@ -402,7 +402,7 @@ class RankState:
 
     def observe_checkpoint(self, record: P.Checkpoint) -> None:
         """Apply a CHECKPOINT record: a save (counted), or a restore (``restore`` set)."""
-        restore = bool(getattr(record, "restore", False))
+        restore = record.restore
         if not restore:
             self.checkpoint = record
             self.checkpoints_total += 1
