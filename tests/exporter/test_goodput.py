@@ -144,15 +144,19 @@ def test_evaluation_hang_and_late_spans_never_count_twice() -> None:
     assert g.badput["evaluation"] == pytest.approx(4.0)
     assert g.badput["data_loading"] == pytest.approx(0.5)
     assert g.uncheckpointed == pytest.approx(0.5)
-    # a hang judged 3 s after step 2, accounted on the detector clock until step 3
-    g.hung(t + 3.0)
+    # a hang judged 3 s after step 2 (usual step time 1 s), accounted on the detector clock
+    # from where the step should have ended until step 3
+    g.hung(t + 3.0, 1.0)
+    led.check(t + 3.0)
     for k in range(4, 11):
-        g.hung(t + k)
+        g.hung(t + k, 1.0)
         led.check(t + k)
+    assert g.badput["hang"] == pytest.approx(9.0)
+    assert g.uncheckpointed == pytest.approx(0.5 + 1.0)  # step 2, and step 3's first second
     t += 11.0
     g.step(3, t, t, None)
     led.check(t)
-    assert g.badput["hang"] == pytest.approx(7.0)
+    assert g.badput["hang"] == pytest.approx(9.0)
     # a checkpoint span reported after the interval it was in: taken from step time
     g.checkpoint(3, t - 1.0, 1.0, t, restore=False)
     led.check(t)

@@ -970,5 +970,6 @@ class Store:
             started = self.judge.check(ranks, now_mono, rates=rates)
             for s in ranks:
                 if s.analytics.hung and s.connected:
-                    s.goodput.hung(now_mono)  # a hang is accounted as it lasts
+                    # a hang is accounted as it lasts, from where the step should have ended
+                    s.goodput.hung(now_mono, s.analytics.median_interval())
             return started

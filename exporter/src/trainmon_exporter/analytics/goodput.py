@@ -10,8 +10,9 @@ buckets that never overlap (definitions and the anchors they follow: docs/goodpu
   ``data_loading`` (the waits ``Run.timed()`` measured, or ``data_time`` as logged),
   ``checkpoint_save`` and ``checkpoint_restore`` (``Run.checkpoint(seconds=...)``),
   ``evaluation`` (tracked operations named in :data:`EVALUATION_OPERATIONS`, and the time
-  from a step to the ``Run.eval()`` that follows it), ``hang`` (from a hang's detection until
-  the next step), ``wasted_progress`` (step time a crash or a rollback threw away),
+  from a step to the ``Run.eval()`` that follows it), ``hang`` (from one usual step time
+  after the last step, once the hang detector judges the rank hung, until the next step),
+  ``wasted_progress`` (step time a crash or a rollback threw away),
   ``recovery`` (from a crash to the restarted process's ``init()``) and ``other`` (the rest:
   the time after the last step to a finish or a closed connection).
 
@@ -249,17 +250,20 @@ class Goodput:
         if grew > 0:
             self._add_span(_Span("evaluation", max(self.init, now - grew), now))
 
-    def hung(self, now: float) -> None:
+    def hung(self, now: float, expected: float | None = None) -> None:
         """The detectors judge the rank hung at ``now``: account the hang up to ``now``.
 
-        The first call of an episode accounts the stuck step's time before it as step time.
+        ``expected``: the rank's usual time between steps (s). The stuck step's first
+        ``expected`` seconds are step time; the hang starts where the step should have ended
+        (at the detection when ``expected`` is None), however long the detector took to be
+        sure.
         """
         if self.phase != "running" or now <= self.cursor:
             return
         if not self.hang_open:
-            self.partial += self._interval(now, "partial")
+            end = now if expected is None else min(now, self.cursor + max(0.0, expected))
+            self.partial += self._interval(end, "partial")
             self.hang_open = True
-            return
         self._account(self.cursor, now, "hang", None)
         self.cursor = max(self.cursor, now)
 
