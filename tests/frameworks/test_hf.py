@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,10 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-from ..conftest import ROOT, InProcessExporter, sample, wait_for
+from trainmon_client import _protocol as P
+
+from ..conftest import ROOT, InProcessExporter, sample, short_tmpdir, wait_for
+from ..helpers.client import Listener
 
 pytestmark = [
     pytest.mark.slow,
@@ -117,3 +121,41 @@ def test_gradient_accumulation_loss_matches_the_trainers(
     assert sample(m, "trainmon_train_steps_total", **lbl) == 4
     assert sample(m, "trainmon_train_samples_total", **lbl) == 4 * 3 * 8
     assert sample(m, "trainmon_train_loss", **lbl) == pytest.approx(logged[-1]["loss"], rel=1e-5)
+
+
+def test_a_resumed_trainer_reports_the_checkpoint_as_a_restore(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from trainmon_client.hf import TrainmonCallback
+
+    ex = example()
+    sockdir = short_tmpdir()
+    small = ["--dim", "32", "--layers", "1", "--heads", "2", "--seq-len", "32"]
+    small += ["--corpus-bytes", "60000", "--output-dir", str(tmp_path), "--eval-steps", "0"]
+    listener = Listener(sockdir / "t.sock")
+    monkeypatch.setenv("TRAINMON_SOCKET", str(listener.path))
+    try:
+        first = ex.parse([*small, "--run", "hf-resume", "--steps", "6", "--save-steps", "6"])
+        ex.build(first, [TrainmonCallback("hf-resume")]).train()
+        listener.accept()
+        records = listener.records()
+        assert not [r for t, r in records if t == P.CHECKPOINT and r.restore]
+        assert listener.conn is not None
+        listener.conn.close()  # the first process's connection; the resumed one is next
+        again = ex.parse([*small, "--run", "hf-resume", "--steps", "9", "--save-steps", "6"])
+        ex.build(again, [TrainmonCallback("hf-resume")]).train(
+            resume_from_checkpoint=str(tmp_path / "checkpoint-6")
+        )
+        listener.accept()
+        records = listener.records()
+    finally:
+        listener.close()
+        shutil.rmtree(sockdir, ignore_errors=True)
+    restores = [r for t, r in records if t == P.CHECKPOINT and r.restore]
+    assert [r.step for r in restores] == [6]
+    steps = [r for t, r in records if t == P.STEP]
+    first_step = steps[0].header.step
+    assert first_step == 7  # the resumed run goes on after the checkpoint
+    assert all(
+        dict(zip(s.ids, s.values, strict=True)).get(P.FIELD_DATA_TIME, -1.0) >= 0 for s in steps
+    )

@@ -25,14 +25,14 @@ Validation, outside the sanity check, is timed as the operation ``validation``. 
 :meth:`Run.eval`: ``val_loss`` or ``val/loss`` as ``val_loss``, and the others without the
 prefix. A checkpoint is reported at the first hook after ``on_save_checkpoint``. That hook
 runs before the file is written, so the seconds in between are the write. Data loading: each
-step carries as ``data_time`` the time from the previous hook (the previous micro-batch's end,
-a validation, a checkpoint) to each of its micro-batches' start, which is when Lightning
-fetches the batch. A fit resumed from a checkpoint (``ckpt_path``) reports it at
-``on_load_checkpoint`` as a restore (``Run.checkpoint(step, restore=True)``; the load's
-duration is not seen by a callback, so the exporter counts it as start-up). Ranks come from
-``trainer.global_rank``, ``local_rank`` and ``world_size``. Rank 0's run id is broadcast in
-``setup``, so every rank agrees on it whatever the launcher. An exception in ``fit`` finishes
-the run as failed.
+step carries as ``data_time`` the time from the previous hook (the start of training, the
+previous micro-batch's end, a validation, a checkpoint) to each of its micro-batches' start,
+which is when Lightning fetches the batch. A fit resumed from a checkpoint (``ckpt_path``)
+reports it at ``on_load_checkpoint`` as a restore (``Run.checkpoint(step, restore=True)``;
+the load's duration is not seen by a callback, so the exporter counts it as start-up). Ranks
+come from ``trainer.global_rank``, ``local_rank`` and ``world_size``. Rank 0's run id is
+broadcast in ``setup``, so every rank agrees on it whatever the launcher. An exception in
+``fit`` finishes the run as failed.
 
 The callback uses the public :class:`~trainmon_client.Run` API only. A failure in its own hooks
 is caught, so that the training step goes on, and counted with
@@ -137,6 +137,10 @@ class TrainmonCallback(Callback):  # type: ignore[misc]
         if self._t_event is not None:
             self._data_time += time.perf_counter() - self._t_event
             self._t_event = None
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        """The first batch is fetched from here (after a restore, mid-epoch too)."""
+        self._t_event = time.perf_counter()
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         """The epoch's first batch is fetched from here (a new data loader iterator)."""
