@@ -108,7 +108,9 @@ def test_exported_buckets_match_what_the_trainer_measured(
     assert productive is not None and all(v is not None for v in got.values()), got
     assert sample(m, "trainmon_train_uncheckpointed_seconds", **lbl) == 0  # finished cleanly
     total = productive + sum(v for v in got.values() if v is not None)
-    report = {"truth": {"wall": wall, "data": data, "saves": saves, "good": good}, **got}
+    measured = {"wall": wall, "data": data, "saves": saves, "restore": restore, "good": good}
+    measured["recovery"] = inits[1] - kill
+    report = {"truth": measured, **got}
     print(json.dumps({"productive": productive, "total": total, **report}, indent=1))
 
     assert total == pytest.approx(wall, rel=0.03), report
