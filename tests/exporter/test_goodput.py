@@ -186,3 +186,14 @@ def test_a_hostile_clock_cannot_move_time_backward_or_past_now() -> None:
     assert g.accounted() == pytest.approx(1.0)
     assert all(v >= 0 for v in g.badput.values())
     assert set(g.badput) == set(KINDS)
+
+
+def test_a_process_first_seen_after_its_steps_began_is_accounted_from_that_step() -> None:
+    # The exporter restarted (or started after the trainer): the trainer's init() was an hour
+    # ago and its first steps went nowhere. That hour is not start-up; the clock starts here.
+    g = Goodput.start(INIT - 3600.0, INIT, 0.0)
+    g.step(500, INIT + 1.0, INIT + 1.0, 0.1, unseen_before=True)
+    assert g.accounted() == 0.0 and g.badput["startup"] == 0.0
+    g.step(501, INIT + 2.0, INIT + 2.0, 0.25)
+    assert g.accounted() == pytest.approx(1.0)
+    assert g.badput["data_loading"] == pytest.approx(0.25)

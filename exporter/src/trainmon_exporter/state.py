@@ -285,7 +285,13 @@ class RankState:
         self.history.append(HistoryPoint(step, when, loss, tokens, restarted or rolled_back))
         mono, offset = clock()
         self.goodput.step(
-            step, when - offset, mono, data_time, restarted=restarted, rolled_back=rolled_back
+            step,
+            when - offset,
+            mono,
+            data_time,
+            restarted=restarted,
+            rolled_back=rolled_back,
+            unseen_before=steps > 1 and self.goodput.phase == "startup",
         )
         if unknown:
             drop("unknown_field", unknown)

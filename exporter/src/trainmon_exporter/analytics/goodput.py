@@ -192,16 +192,27 @@ class Goodput:
         *,
         restarted: bool = False,
         rolled_back: bool = False,
+        unseen_before: bool = False,
     ) -> None:
         """A step logged at ``when`` (monotonic, mapped from the client's clock).
 
         ``data_time``: the wait for its input (s), None when not reported. ``restarted``: the
         first step of a new process; ``rolled_back``: a step below the last one in the same
         process. Both resolve the uncheckpointed time: steps at or above ``step`` are wasted,
-        the ones below kept.
+        the ones below kept. ``unseen_before``: the process logged steps this exporter never
+        saw (it restarted, or started after the trainer): on the process's first step here,
+        the time before it is not start-up, and the accounting starts at this step.
         """
         if restarted or rolled_back:
             self._resume(step - 1)
+        if unseen_before and self.phase == "startup":
+            start = _clamp(when, self.cursor, now)
+            if self.init == self.cursor and not self.spans:
+                self.init = start  # nothing accounted yet: this rank's clock starts here
+            else:
+                self.badput["other"] += start - self.cursor
+            self.cursor = start
+            self.phase = "running"
         t = _clamp(when, self.cursor, now)
         base = "startup" if self.phase == "startup" else "productive"
         rest = self._interval(t, base)
