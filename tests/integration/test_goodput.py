@@ -120,8 +120,10 @@ def test_exported_buckets_match_what_the_trainer_measured(
     assert abs(productive / total - good / wall) < 0.05, report
     # The steps after the checkpoint that the kill threw away, and the step in progress.
     wasted = sum(e["compute"] for e in lost) + (kill - lost[-1]["t"])
-    assert got["wasted_progress"] == pytest.approx(wasted, rel=0.25), report
-    assert got["recovery"] == pytest.approx(inits[1] - kill, rel=0.15), report
+    # The exporter sees the connection close on its next drain (0.1 s), later under load:
+    # that moves a little time from recovery to the step in progress, both ways equal.
+    assert got["wasted_progress"] == pytest.approx(wasted, abs=0.3), report
+    assert got["recovery"] == pytest.approx(inits[1] - kill, abs=0.3), report
     assert STALL * 0.8 < (got["hang"] or 0) < STALL * 1.1, report
     assert got["startup"] == pytest.approx(1.0 + 0.5, abs=0.5), report
     view = ex.runs()["runs"][0]

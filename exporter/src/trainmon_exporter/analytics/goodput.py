@@ -203,6 +203,26 @@ class Goodput:
         saw (it restarted, or started after the trainer): on the process's first step here,
         the time before it is not start-up, and the accounting starts at this step.
         """
+        c = self.cursor
+        if (
+            self.phase == "running"
+            and not self.spans
+            and not self.hang_open
+            and not (restarted or rolled_back)
+            and c < when <= now
+        ):  # the usual step: nothing else happened since the last one
+            rest = when - c
+            data = 0.0
+            if data_time is not None and 0.0 < data_time < math.inf:
+                data = data_time if data_time < rest else rest
+                self.badput["data_loading"] += data
+                rest -= data
+            self.cursor = when
+            self.data_total += data
+            self.interval_total += rest + data
+            self.data_window.append((when, self.data_total, self.interval_total))
+            self._hold(step, rest)
+            return
         if restarted or rolled_back:
             self._resume(step - 1)
         if unseen_before and self.phase == "startup":
