@@ -1,12 +1,16 @@
-# Each target builds its own virtual environment from nothing (python3 -m venv) on first use.
+# Each target builds its own virtual environment from nothing (python3 -m venv) on first use:
+# .venv with the whole development toolchain (requirements-dev.txt), and for `make demo` only
+# .venv-demo: the two packages and torch (requirements-demo.txt).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+DEMO_VENV  ?= .venv-demo
+DEMO_STAMP := $(DEMO_VENV)/.installed
 
 .PHONY: venv check test lint generate demo bench clean
 
-$(STAMP): requirements-dev.txt client/pyproject.toml exporter/pyproject.toml
+$(STAMP): requirements-dev.txt requirements-demo.txt client/pyproject.toml exporter/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -r requirements-dev.txt -e ./client -e ./exporter
@@ -38,9 +42,15 @@ generate: $(STAMP)
 	$(BIN)/python scripts/build_metrics_doc.py
 	TRAINMON_UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q tests/exporter/test_golden.py tests/client/test_golden_wire.py
 
-## make demo: exporter + a real training run; prints where to look and live values
-demo: $(STAMP)
-	$(BIN)/python scripts/demo.py $(DEMO_ARGS)
+$(DEMO_STAMP): requirements-demo.txt client/pyproject.toml exporter/pyproject.toml
+	$(PYTHON) -m venv $(DEMO_VENV)
+	$(DEMO_VENV)/bin/python -m pip install -q -r requirements-demo.txt -e ./client -e ./exporter
+	touch $(DEMO_STAMP)
+
+## make demo: exporter + a real training run; prints where to look and live values, then
+## (in a terminal) keeps serving until Ctrl-C. Its own light environment, .venv-demo.
+demo: $(DEMO_STAMP)
+	$(DEMO_VENV)/bin/python scripts/demo.py $(DEMO_ARGS)
 
 ## make bench: the benchmarks of docs/performance.md and docs/reliability.md;
 ## make bench BENCH_ARGS=--smoke: all of them in seconds (what CI runs)
@@ -50,6 +60,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/cardinality.py $(BENCH_ARGS)
 	$(BIN)/python benchmarks/prometheus_memory.py $(BENCH_ARGS)
 	$(BIN)/python benchmarks/client_log.py $(BENCH_ARGS)
+	$(BIN)/python benchmarks/custom_names.py $(BENCH_ARGS)
 	$(BIN)/python benchmarks/training_overhead.py $(BENCH_ARGS)
 	$(BIN)/python benchmarks/ingest.py $(BENCH_ARGS)
 	$(BIN)/python benchmarks/admission.py $(BENCH_ARGS)
@@ -66,4 +77,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/soak.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(DEMO_VENV)

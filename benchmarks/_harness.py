@@ -29,17 +29,87 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class Exporter:
-    """``python -m trainmon_exporter`` with an optional RLIMIT_NOFILE (soft = hard)."""
+ROOT = os.geteuid() == 0
+"""Whether attacks can run clients as other uids (``Popen(user=...)`` needs root)."""
+UID_A, UID_B = 61001, 61002
+"""Unprivileged uids (no passwd entry needed) the multi-uid attacks run clients as."""
 
-    def __init__(self, *args: str, nofile: int | None = None) -> None:
+
+DROP = """
+import os as _os
+if _os.environ.get("TM_BENCH_UID"):
+    _uid = int(_os.environ["TM_BENCH_UID"])
+    _os.setgroups([])
+    _os.setgid(_uid)
+    _os.setuid(_uid)
+"""
+"""Code a child script runs after its imports: become ``TM_BENCH_UID`` if set (the
+interpreter may live where other uids cannot read, so children start as root and drop)."""
+
+
+FD_SPARE = 128
+"""Descriptors kept free beyond a benchmark's own connections (the prober's connection, the
+exporter's pipes, Python's own files)."""
+
+
+def fd_budget(need: int, what: str) -> int:
+    """How many of ``need`` connections this process can hold open, raising its soft limit.
+
+    The soft ``RLIMIT_NOFILE`` is raised toward ``need + FD_SPARE`` (up to the hard limit,
+    which an unprivileged user cannot raise: ``ulimit -n 1024`` sets both); when that is not
+    enough the benchmark scales down to what fits and prints a line saying so. Children
+    started afterwards inherit the raised limit.
+    """
+    want = need + FD_SPARE
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        if target > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            print(f"[{what}] raised the open-file soft limit from {soft} to {target}")
+            soft = target
+    if soft == resource.RLIM_INFINITY or soft >= want:
+        return need
+    fit = max(1, soft - FD_SPARE)
+    print(
+        f"[{what}] scaled down to {fit} of {need} connections: the open-file limit is {soft} "
+        f"(hard {hard}); raise it (ulimit -n {want}) for the full attack"
+    )
+    return fit
+
+
+def as_uid(uid: int | None) -> dict[str, Any]:
+    """``subprocess.Popen`` keyword arguments that make a child running :data:`DROP` become
+    ``uid`` (group ``uid``, no supplementary groups); ``{}`` for None (this process's uid)."""
+    if uid is None:
+        return {}
+    return {"env": {**os.environ, "TM_BENCH_UID": str(uid)}}
+
+
+class Exporter:
+    """``python -m trainmon_exporter`` with an optional RLIMIT_NOFILE (soft = hard).
+
+    ``shared``: the socket is reachable by every uid (directory 0755, socket mode 0666), as on
+    a node shared by several users' trainers.
+    """
+
+    def __init__(self, *args: str, nofile: int | None = None, shared: bool = False) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="tm-b-", dir="/tmp"))
         self.socket = str(self.dir / "t.sock")
+        if shared:
+            self.dir.chmod(0o755)
+            args = ("--socket-mode", "0666", *args)
         self.port = free_port()
         self.log_bytes = 0
         self.log_lines = 0
         cmd = [sys.executable, "-m", "trainmon_exporter", "--socket", self.socket]
         cmd += ["--listen", f"127.0.0.1:{self.port}", "--log-level", "warning", *args]
+
+        if nofile is not None:  # never above the hard limit, which only root may raise
+            hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+            if hard != resource.RLIM_INFINITY:
+                nofile = min(nofile, hard)
+        self.nofile = nofile
 
         def limit() -> None:
             if nofile is not None:
@@ -149,6 +219,10 @@ class Prober(threading.Thread):
 
     def summary(self) -> str:
         return latency_summary(self.latencies, self.failures)
+
+    def p50_ms(self) -> float:
+        """Median latency (ms); infinite when no probe was answered."""
+        return statistics.median(self.latencies) * 1e3 if self.latencies else float("inf")
 
 
 def latency_summary(lat: list[float], failures: int = 0) -> str:

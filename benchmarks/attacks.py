@@ -8,12 +8,31 @@ Each attack runs against a fresh exporter subprocess while a prober GETs ``/heal
 - ``http``: 1,000 TCP connections that send half an HTTP request and stop.
 - ``flood``: one connection sends valid STEP packets as fast as it can while a real trainer
   logs 100 steps/s; how many of the trainer's steps the exporter applied.
+- ``multi_flood``: 8 connections of one uid send valid STEP packets flat out while a trainer
+  of another uid logs 100 steps/s: its applied/sent steps, ``/healthz`` p50/p99.
 - ``scrapes``: 64 ranks with 256 custom metrics each; 4 threads read ``/metrics`` in a loop
   and 4 connections request it without reading the answer, while a trainer logs 100 steps/s.
 - ``series``: one client within every per-rank cap (256 runs x (256 custom metrics + 128
   layers)) plus 100,000 ``Run.track`` operation names: exposition size, scrape time, RSS.
+- ``hello_churn``: the rank table full (``--max-ranks 64``) of live ranks; short connections
+  send new HELLOs flat out: HELLOs/s, exporter CPU, ``/healthz`` p50, live ranks kept.
+- ``api_memory``: 60 ``/api/v1/runs`` requests (128 ranks) never read: RSS before, during,
+  after.
+- ``ownership_churn``: a victim's rank crashes; another uid makes short connections flat out
+  (HELLOs of new runs and of the victim's run): is the crashed rank still the victim's, and
+  can the victim reconnect?
+- ``squat``: one uid opens 1,100 idle HELLO-only connections; a trainer of another uid must
+  still get in and lose nothing.
+- ``signal_storm``: a trainer whose 2 kHz timer signal handler calls ``run.log()`` while its
+  loop logs: does it complete (killed after a timeout if not)?
 
-    python benchmarks/attacks.py [idle http flood scrapes series] [--hold 8]
+Each prints its figures and, for each property it checks, ``held`` or ``NOT held``. Attacks
+that need a second uid run their clients as uids 61001 and 61002 when run as root, and print
+``skipped: needs root`` otherwise. A benchmark that needs more descriptors than the soft
+open-file limit raises it up to the hard limit, or scales its connection count down, and
+prints a line saying which.
+
+    python benchmarks/attacks.py [idle http flood multi_flood ...] [--hold 8]
     python benchmarks/attacks.py --smoke   # every attack held 0.3 s (figures not meaningful)
 """
 
@@ -21,14 +40,29 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import socket
 import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
-from _harness import Exporter, Prober, get, hello, latency_summary, raw_connect, step_records
+from _harness import (
+    ROOT,
+    UID_A,
+    UID_B,
+    Exporter,
+    Prober,
+    as_uid,
+    fd_budget,
+    get,
+    hello,
+    latency_summary,
+    raw_connect,
+    step_records,
+)
 
 import trainmon_client
 from trainmon_client import _protocol as P
@@ -37,9 +71,12 @@ FLOODER = """
 import socket, sys, time
 sys.path.insert(0, sys.argv[3])
 from _harness import hello, step_records, raw_connect
+from _harness import DROP
 from trainmon_client import _protocol as P
+exec(DROP)
 s = raw_connect(sys.argv[1], timeout=None)
-s.send(P.packet_header() + hello("flood"))
+rank = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+s.send(P.packet_header() + hello("flood", rank, rank + 1))
 pkt = P.packet_header() + step_records(0, 400)  # ~24 KB, 400 steps
 end = time.monotonic() + float(sys.argv[2])
 n = 0
@@ -51,6 +88,57 @@ while time.monotonic() < end:
         break
 print(n * 400)
 """
+
+
+TRAINER = """
+import sys, time
+import trainmon_client
+sys.path.insert(0, sys.argv[5])
+from _harness import DROP
+exec(DROP)
+sock, run, rate, hold = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+r = trainmon_client.init(run=run, rank=0, world_size=1, socket_path=sock)
+i = 0
+t0 = time.perf_counter()
+while time.perf_counter() - t0 < hold:
+    r.log(i, loss=1.0, lr=1e-3, tokens=100)
+    i += 1
+    delay = t0 + i / rate - time.perf_counter()
+    if delay > 0:
+        time.sleep(delay)
+r.finish()
+print(i, sum(r.dropped.values()))
+"""
+
+
+def _here() -> str:
+    return os.path.dirname(os.path.abspath(__file__))
+
+
+def _flooders(sock: str, n: int, hold: float, uid: int | None) -> list[subprocess.Popen[str]]:
+    """``n`` flooder processes (one connection each, ranks 0..n-1 of run ``flood``)."""
+    return [
+        subprocess.Popen(
+            [sys.executable, "-c", FLOODER, sock, str(hold), _here(), str(i)],
+            stdout=subprocess.PIPE,
+            text=True,
+            **as_uid(uid),
+        )
+        for i in range(n)
+    ]
+
+
+def _trainer_process(
+    sock: str, run: str, rate: float, hold: float, uid: int | None
+) -> subprocess.Popen[str]:
+    """A real client (another process, as ``uid``) logging ``rate`` steps/s for ``hold`` s;
+    prints ``sent dropped``."""
+    return subprocess.Popen(
+        [sys.executable, "-c", TRAINER, sock, run, str(rate), str(hold), _here()],
+        stdout=subprocess.PIPE,
+        text=True,
+        **as_uid(uid),
+    )
 
 
 def _trainer(sock: str, run: str, rate: float, stop: threading.Event, out: dict[str, int]) -> None:
@@ -79,13 +167,19 @@ def _report(name: str, ex: Exporter, prober: Prober, cpu0: float, t0: float, ext
 
 
 def idle(hold: float) -> None:
-    with Exporter(nofile=1024) as ex:
+    n = fd_budget(1100, "idle")
+    # The exporter's limit stays below the connections opened (1,024 for 1,100), so the attack
+    # still goes beyond it when scaled down. One uid opens them all: its quota is lifted, so
+    # the cap and the descriptor limit are what this attack meets (squat tests the quota).
+    nofile = min(1024, n * 1024 // 1100)
+    with Exporter("--ingest-max-connections-per-uid", "1024", nofile=nofile) as ex:
+        print(f"[idle] exporter open-file limit {ex.nofile}, {n} idle connections")
         prober = Prober(ex.port)
         prober.start()
         cpu0, t0 = ex.cpu_seconds(), time.monotonic()
         socks = []
         refused = 0
-        for _ in range(1100):
+        for _ in range(n):
             try:
                 socks.append(raw_connect(ex.socket, timeout=0.5))
             except OSError:
@@ -121,7 +215,7 @@ def http_half(hold: float) -> None:
         prober.start()
         cpu0, t0 = ex.cpu_seconds(), time.monotonic()
         socks = []
-        for _ in range(1000):
+        for _ in range(fd_budget(1000, "http")):
             try:
                 s = socket.create_connection(("127.0.0.1", ex.port), timeout=1)
                 s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ")
@@ -213,8 +307,9 @@ def _send_records(s: socket.socket, recs: list[bytes]) -> None:
 
 
 def scrapes(hold: float) -> None:
+    ranks = fd_budget(64 + 8, "scrapes") - 8  # 8: the scrapers' and lazy readers' sockets
     with Exporter() as ex:
-        conns = _fill(ex.socket, 64, 256)
+        conns = _fill(ex.socket, ranks, 256)
         time.sleep(1.0)
         size = len(get(ex.port, "/metrics", timeout=60)[1])
         print(f"[scrapes] exposition {size / 1e6:.1f} MB")
@@ -279,10 +374,11 @@ def scrapes(hold: float) -> None:
 
 
 def series(hold: float) -> None:
+    ranks = fd_budget(256, "series")
     with Exporter() as ex:
         rss0 = ex.rss_mib()
         t = time.perf_counter()
-        conns = _fill(ex.socket, 256, 256, layers=128)
+        conns = _fill(ex.socket, ranks, 256, layers=128)
         s = conns[0]
         recs = []
         for i in range(100_000):
@@ -309,7 +405,372 @@ def series(hold: float) -> None:
             c.close()
 
 
-ATTACKS = {"idle": idle, "http": http_half, "flood": flood, "scrapes": scrapes, "series": series}
+def multi_flood(hold: float, n: int = 8) -> None:
+    """``n`` connections of one uid flood; a trainer of another uid logs 100 steps/s."""
+    uid_f, uid_t = (UID_A, UID_B) if ROOT else (None, None)
+    who = f"uid {UID_A}, trainer uid {UID_B}" if ROOT else "one uid for all (not root)"
+    with Exporter(shared=True) as ex:
+        prober = Prober(ex.port)
+        prober.start()
+        cpu0, t0 = ex.cpu_seconds(), time.monotonic()
+        fls = _flooders(ex.socket, n, hold, uid_f)
+        tr = _trainer_process(ex.socket, "normal", 100, hold, uid_t)
+        sent, dropped = (int(x) for x in tr.communicate(timeout=hold + 60)[0].split())
+        flooded = sum(int(f.communicate(timeout=hold + 60)[0] or 0) for f in fls)
+        prober.stop()
+        time.sleep(1.0)
+        applied = ex.metric('trainmon_train_steps_total{rank="0",run="normal"}', timeout=30)
+        held = "held" if applied == sent and dropped == 0 else "NOT held"
+        p50 = prober.p50_ms()
+        _report(
+            "multi_flood",
+            ex,
+            prober,
+            cpu0,
+            t0,
+            f"{n} flooding connections ({who}) sent {flooded:,} steps; trainer sent {sent}, "
+            f"client-dropped {dropped}, exporter applied {applied}: no step lost {held}; "
+            f"/healthz p50 under 100 ms {'held' if p50 < 100 else 'NOT held'}",
+        )
+
+
+CHURNER = """
+import socket, sys, time
+sys.path.insert(0, sys.argv[3])
+from _harness import DROP, hello
+from trainmon_client import _protocol as P
+exec(DROP)
+path, hold, prefix = sys.argv[1], float(sys.argv[2]), sys.argv[4]
+end = time.monotonic() + hold
+n = failed = 0
+while time.monotonic() < end:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        s.connect(path)
+        run = prefix if prefix == "victim" else f"{prefix}{n}"
+        s.send(P.packet_header() + hello(run))
+        n += 1
+    except OSError:
+        failed += 1
+        time.sleep(0.001)
+    finally:
+        s.close()
+print(n, failed)
+"""
+"""Short connections as fast as they come: connect, one HELLO (rank 0 of 1 of run
+``<prefix><n>``, or of ``victim`` when the prefix is ``victim``), close. Prints
+``hellos failed``."""
+
+SQUATTER = """
+import socket, sys, time
+sys.path.insert(0, sys.argv[3])
+from _harness import DROP, hello
+from trainmon_client import _protocol as P
+exec(DROP)
+path, n = sys.argv[1], int(sys.argv[2])
+socks = []
+for rank in range(n):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        s.connect(path)
+        s.send(P.packet_header() + hello("squat", rank, n))
+        socks.append(s)
+    except OSError:
+        s.close()
+time.sleep(1.0)
+held = 0
+for s in socks:
+    s.settimeout(0.001)
+    try:
+        held += s.recv(16) != b""
+    except TimeoutError:
+        held += 1
+    except OSError:
+        pass
+print(held, flush=True)
+sys.stdin.readline()
+"""
+"""``n`` HELLO-only connections (ranks of run ``squat``), held until stdin has a line; prints
+how many the exporter kept open (refused ones read EOF)."""
+
+VICTIM = """
+import os, sys, time
+import trainmon_client
+sys.path.insert(0, sys.argv[3])
+from _harness import DROP
+exec(DROP)
+r = trainmon_client.init(run="victim", rank=0, world_size=1, socket_path=sys.argv[1])
+for i in range(int(sys.argv[2])):
+    r.log(i, loss=1.0, tokens=100)
+time.sleep(0.5)
+os._exit(0)  # crashes: no finish()
+"""
+
+STORM = """
+import signal, sys, time
+import trainmon_client
+r = trainmon_client.init(run="storm", rank=0, world_size=1, socket_path=sys.argv[1])
+hold = float(sys.argv[2])
+n = [0, 0]  # steps logged by the loop, by the handler
+
+def handler(signum, frame):
+    n[1] += 1
+    r.log(1_000_000 + n[1], loss=2.0)
+
+signal.signal(signal.SIGALRM, handler)
+signal.setitimer(signal.ITIMER_REAL, 0.0005, 0.0005)  # 2 kHz
+end = time.monotonic() + hold
+while time.monotonic() < end:
+    n[0] += 1
+    r.log(n[0], loss=1.0, lr=1e-3, tokens=100)
+signal.setitimer(signal.ITIMER_REAL, 0, 0)
+r.finish()
+print(n[0], n[1], flush=True)
+"""
+"""A trainer whose 2 kHz timer signal handler calls ``run.log()`` while the loop logs too."""
+
+
+def _skip_unless_root(name: str) -> bool:
+    if not ROOT:
+        print(f"[{name}] skipped: needs root (to run clients as other uids)")
+    return not ROOT
+
+
+def _runs(ex: Exporter) -> dict[str, dict[str, Any]]:
+    try:
+        status, body = get(ex.port, "/api/v1/runs", timeout=30)
+    except OSError:
+        return {}
+    if status != 200:
+        return {}
+    return {r["run"]: r for r in json.loads(body)["runs"]}
+
+
+def hello_churn(hold: float) -> None:
+    """The rank table full of live ranks; short connections send new HELLOs flat out."""
+    cap = 64
+    with Exporter("--max-ranks", str(cap)) as ex:
+        live = [raw_connect(ex.socket) for _ in range(cap)]
+        for i, s in enumerate(live):
+            s.send(P.packet_header() + hello("live", i, cap))
+        time.sleep(0.5)
+        prober = Prober(ex.port)
+        prober.start()
+        cpu0, t0 = ex.cpu_seconds(), time.monotonic()
+        ch = subprocess.Popen(
+            [sys.executable, "-c", CHURNER, ex.socket, str(hold), _here(), "churn"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        hellos, failed = (int(x) for x in ch.communicate(timeout=hold + 60)[0].split())
+        dt = time.monotonic() - t0
+        prober.stop()
+        refused = ex.metric('trainmon_ingest_messages_invalid_total{reason="too_many_ranks"}')
+        live_now = len(_runs(ex).get("live", {}).get("ranks", []))
+        p50 = prober.p50_ms()
+        _report(
+            "hello_churn",
+            ex,
+            prober,
+            cpu0,
+            t0,
+            f"{hellos:,} HELLOs at the rank cap ({cap}) in {dt:.1f} s = {hellos / dt:,.0f}/s "
+            f"({failed} connects failed), refused too_many_ranks {refused}; the {cap} live "
+            f"ranks kept: {live_now} ({'held' if live_now == cap else 'NOT held'}); /healthz "
+            f"p50 under 100 ms {'held' if p50 < 100 else 'NOT held'}",
+        )
+        for s in live:
+            s.close()
+
+
+def api_memory(hold: float) -> None:
+    """60 requests for /api/v1/runs that are never read: RSS before, during and after."""
+    ranks = fd_budget(128 + 60, "api_memory") - 60
+    with Exporter("--http-write-timeout-seconds", str(max(1.0, hold))) as ex:
+        conns = _fill(ex.socket, ranks, 256)
+        time.sleep(1.0)
+        size = len(get(ex.port, "/api/v1/runs", timeout=60)[1])
+        rss0 = ex.rss_mib()
+        prober = Prober(ex.port)
+        prober.start()
+        cpu0, t0 = ex.cpu_seconds(), time.monotonic()
+        lazy = []
+        for _ in range(60):
+            s = socket.create_connection(("127.0.0.1", ex.port))
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.sendall(b"GET /api/v1/runs HTTP/1.1\r\nHost: x\r\n\r\n")
+            lazy.append(s)
+        time.sleep(max(1.0, hold / 2))
+        rss1 = ex.rss_mib()
+        time.sleep(max(1.0, hold / 2) + 1.0)  # past the write timeout
+        for s in lazy:
+            s.close()
+        time.sleep(1.0)
+        rss2 = ex.rss_mib()
+        ok = get(ex.port, "/api/v1/gpus", timeout=10)[0] == 200
+        # Read last: a first /metrics of this many series grows the exposition's cache.
+        refused = ex.metric('trainmon_http_requests_refused_total{reason="api_limit"}')
+        prober.stop()
+        bounded = rss1 - rss0 < 100
+        back = rss2 - rss0 < max(20.0, 0.25 * (rss1 - rss0))
+        _report(
+            "api_memory",
+            ex,
+            prober,
+            cpu0,
+            t0,
+            f"60 unread /api/v1/runs of {size / 1e6:.1f} MB ({ranks} ranks): RSS {rss0:.0f} "
+            f"before, {rss1:.0f} during, {rss2:.0f} MiB after; refused api_limit {refused}; "
+            f"memory bounded {'held' if bounded else 'NOT held'}, returned "
+            f"{'held' if back else 'NOT held'}, API answers again {'held' if ok else 'NOT held'}",
+        )
+        for c in conns:
+            c.close()
+
+
+def ownership_churn(hold: float) -> None:
+    """Another uid makes short connections (new runs, and the victim's run) flat out while the
+    victim's rank 0 has crashed: the crashed rank must stay visible and the victim reconnect."""
+    if _skip_unless_root("ownership_churn"):
+        return
+    with Exporter("--max-ranks", "64", shared=True) as ex:
+        v = subprocess.Popen(
+            [sys.executable, "-c", VICTIM, ex.socket, "20", _here()],
+            text=True,
+            **as_uid(UID_B),
+        )
+        v.wait(timeout=60)
+        time.sleep(0.5)
+        before = _runs(ex).get("victim")
+        prober = Prober(ex.port)
+        prober.start()
+        cpu0, t0 = ex.cpu_seconds(), time.monotonic()
+        churners = [
+            subprocess.Popen(
+                [sys.executable, "-c", CHURNER, ex.socket, str(hold), _here(), prefix],
+                stdout=subprocess.PIPE,
+                text=True,
+                **as_uid(UID_A),
+            )
+            for prefix in ("junk", "victim")
+        ]
+        made = [
+            tuple(int(x) for x in c.communicate(timeout=hold + 60)[0].split()) for c in churners
+        ]
+        prober.stop()
+        after = _runs(ex).get("victim")
+        owner = after.get("owner_uid") if after else None
+        r0 = next((r for r in (after or {}).get("ranks", []) if r["rank"] == 0), None)
+        if after is None or r0 is None:
+            visible = "NOT held (gone)"
+        elif owner != UID_B:
+            visible = f"NOT held (the run is now uid {owner}'s)"
+        else:
+            visible = "held" if r0["status"] == "crashed" else f"NOT held ({r0['status']})"
+        tr = _trainer_process(ex.socket, "victim", 50, 0.5, UID_B)
+        _sent, dropped = (int(x) for x in tr.communicate(timeout=60)[0].split())
+        time.sleep(0.5)
+        again = _runs(ex).get("victim") or {}
+        rank0 = next((r for r in again.get("ranks", []) if r["rank"] == 0), None)
+        back = bool(rank0 and rank0["status"] == "finished" and dropped == 0)
+        _report(
+            "ownership_churn",
+            ex,
+            prober,
+            cpu0,
+            t0,
+            f"uid {UID_A} sent {made[0][0]:,} HELLOs of new runs and {made[1][0]:,} for the "
+            f"victim's run; the victim's crashed rank (seen before: {before is not None}) still "
+            f"shown as the victim's crashed rank: {visible}; the victim reconnected and "
+            f"finished: {'held' if back else 'NOT held'}",
+        )
+
+
+def squat(hold: float) -> None:
+    """One uid opens idle HELLO-only connections up to the cap; another uid's trainer must
+    still get in."""
+    if _skip_unless_root("squat"):
+        return
+    n = fd_budget(1100, "squat")
+    with Exporter(shared=True) as ex:
+        prober = Prober(ex.port)
+        prober.start()
+        cpu0, t0 = ex.cpu_seconds(), time.monotonic()
+        sq = subprocess.Popen(
+            [sys.executable, "-c", SQUATTER, ex.socket, str(n), _here()],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            **as_uid(UID_A),
+        )
+        assert sq.stdout is not None and sq.stdin is not None
+        held = int(sq.stdout.readline() or 0)
+        tr = _trainer_process(ex.socket, "normal", 100, max(1.0, hold), UID_B)
+        sent, dropped = (int(x) for x in tr.communicate(timeout=hold + 60)[0].split())
+        time.sleep(0.5)
+        applied = ex.metric('trainmon_train_steps_total{rank="0",run="normal"}')
+        refused = ex.metric('trainmon_ingest_connections_refused_total{reason="uid_quota"}')
+        sq.communicate("\n", timeout=30)
+        prober.stop()
+        ok = applied == sent and dropped == 0
+        _report(
+            "squat",
+            ex,
+            prober,
+            cpu0,
+            t0,
+            f"uid {UID_A} opened {n} idle connections, {held} kept (refused uid_quota "
+            f"{refused}); trainer of uid {UID_B} sent {sent}, client-dropped {dropped}, "
+            f"exporter applied {applied}: {'held' if ok else 'NOT held'}",
+        )
+
+
+def signal_storm(hold: float) -> None:
+    """A 2 kHz timer signal whose handler calls run.log() while the loop logs: completes?"""
+    limit = max(5.0, 3 * hold + 5)
+    with Exporter() as ex:
+        p = subprocess.Popen(
+            [sys.executable, "-c", STORM, ex.socket, str(hold)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            out, err = p.communicate(timeout=limit)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+            print(
+                f"[signal_storm] NOT held: the trainer did not complete within {limit:.0f} s "
+                "(deadlocked in log() from its signal handler); killed"
+            )
+            return
+        if p.returncode != 0 or not out.strip():
+            tail = err.strip().splitlines()[-1:] or ["no output"]
+            print(f"[signal_storm] NOT held: the trainer failed (exit {p.returncode}): {tail[0]}")
+            return
+        loop, handler = (int(x) for x in out.split())
+        time.sleep(0.5)
+        applied = ex.metric('trainmon_train_steps_total{rank="0",run="storm"}')
+        print(
+            f"[signal_storm] held: completed in time; the loop logged {loop:,} steps and the "
+            f"2 kHz handler {handler:,}; exporter applied {applied}"
+        )
+
+
+ATTACKS = {
+    "idle": idle,
+    "http": http_half,
+    "flood": flood,
+    "multi_flood": multi_flood,
+    "scrapes": scrapes,
+    "series": series,
+    "hello_churn": hello_churn,
+    "api_memory": api_memory,
+    "ownership_churn": ownership_churn,
+    "squat": squat,
+    "signal_storm": signal_storm,
+}
 
 
 def main() -> int:

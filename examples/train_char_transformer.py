@@ -121,6 +121,20 @@ def evaluate(model: nn.Module, data: torch.Tensor, batch_size: int, seq_len: int
     return sum(losses) / len(losses)
 
 
+def trainmon_summary(run: trainmon_client.Run | None) -> str:
+    """One closing line: what trainmon sent, to which socket, and where to look at it."""
+    if run is None or (run.closed and run.sent == 0 and not any(run.dropped.values())):
+        return "trainmon: off"
+    dropped = sum(run.dropped.values())
+    line = (
+        f"trainmon: run {run.run_id!r} rank {run.rank}: {run.sent} records sent to "
+        f"{run.socket_path}, {dropped} dropped"
+    )
+    if run.sent == 0:
+        return line + " (no exporter listened there: start `trainmon-exporter` first)"
+    return line + "; see the exporter's status page (http://127.0.0.1:9478/) or `trainmon status`"
+
+
 def framework_parser(doc: str) -> argparse.ArgumentParser:
     """The flags the Hugging Face and Lightning examples share (model, data, trainmon)."""
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
@@ -239,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
             f"trainmon dropped {sum(run.dropped.values())} messages",
             flush=True,
         )
+        print(trainmon_summary(None if args.no_trainmon else run), flush=True)
     shutil.rmtree(ckpt_dir, ignore_errors=True)
     if world > 1:
         dist.destroy_process_group()

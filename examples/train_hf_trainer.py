@@ -24,7 +24,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback
 from trainmon_client.hf import TrainmonCallback  # trainmon (1/2)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_char_transformer import framework_parser, load_corpus
+from train_char_transformer import framework_parser, load_corpus, trainmon_summary
 
 
 class ByteBlocks(torch.utils.data.Dataset):  # type: ignore[type-arg]
@@ -117,6 +117,8 @@ def main(argv: list[str] | None = None) -> Trainer:
     callbacks = [] if args.no_trainmon else [TrainmonCallback(args.run)]  # trainmon (2/2)
     trainer = build(args, callbacks)
     trainer.train()
+    if trainer.is_world_process_zero():
+        print(trainmon_summary(callbacks[0].run if callbacks else None), flush=True)
     return trainer
 
 

@@ -24,7 +24,12 @@ import torch.nn.functional as F
 from trainmon_client.lightning import TrainmonCallback  # trainmon (1/2)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_char_transformer import ByteTransformer, framework_parser, load_corpus
+from train_char_transformer import (
+    ByteTransformer,
+    framework_parser,
+    load_corpus,
+    trainmon_summary,
+)
 
 
 class Windows(torch.utils.data.Dataset):  # type: ignore[type-arg]
@@ -125,6 +130,8 @@ def main(argv: list[str] | None = None) -> lightning.Trainer:
         )
     trainer, (module, train, val) = build(args, callbacks)
     trainer.fit(module, train, val if args.eval_every else None)
+    if trainer.global_rank == 0:
+        print(trainmon_summary(callbacks[0].run if callbacks else None), flush=True)
     return trainer
 
 

@@ -1,10 +1,12 @@
 """``make demo``: start the exporter, train the example model, show what the exporter sees.
 
-Usage: python scripts/demo.py [--steps N] [--ranks 2] [--keep] [--port P]
+Usage: python scripts/demo.py [--steps N] [--ranks 2] [--keep | --no-keep] [--port P]
 
 Prints where /metrics and the status page are, then live values read back from the
-exporter's JSON API while the real training run goes on, then a few /metrics lines.
-Ctrl-C stops the training cleanly (the run is reported as finished).
+exporter's JSON API while the real training run goes on, then a few /metrics lines. In a
+terminal the exporter then keeps serving those addresses until Ctrl-C; elsewhere (output to a
+pipe or a file, or CI set in the environment) the demo stops it and ends, and says so.
+Ctrl-C during training stops the training cleanly (the run is reported as finished).
 """
 
 from __future__ import annotations
@@ -48,13 +50,27 @@ def show(url: str) -> None:
             )
 
 
+def seen_a_step(url: str) -> bool:
+    """Whether the exporter has received a step from any rank yet."""
+    data = json.loads(get(url + "/api/v1/runs"))
+    return any(r["step"] is not None for run in data["runs"] for r in run["ranks"])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--steps", type=int, default=300, help="training steps (0: until Ctrl-C)")
     ap.add_argument("--ranks", type=int, default=1, help="processes (torchrun, gloo) if > 1")
     ap.add_argument("--port", type=int, default=9478)
-    ap.add_argument("--keep", action="store_true", help="keep the exporter up after training")
+    ap.add_argument(
+        "--keep",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="keep the exporter serving after training until Ctrl-C "
+        "(default: yes in a terminal, no when the output goes elsewhere or CI is set)",
+    )
     args = ap.parse_args()
+    interactive = sys.stdin.isatty() and sys.stdout.isatty() and not os.environ.get("CI")
+    keep = interactive if args.keep is None else args.keep
 
     exporter = LocalExporter(port=args.port)
     url, sock = exporter.url, exporter.socket
@@ -79,8 +95,13 @@ def main() -> int:
             ]
         print(f"training: {' '.join(cmd[1:])}\n", flush=True)
         trainer = subprocess.Popen(cmd, env=env)
+        first = True
         while trainer.poll() is None:
-            time.sleep(3)
+            # Every second until the first step arrives, then every 3 s.
+            time.sleep(1 if first else 3)
+            if first and not seen_a_step(url):
+                continue
+            first = False
             print("live values read back from the exporter:", flush=True)
             show(url)
         print("\nafter training:", flush=True)
@@ -103,10 +124,20 @@ def main() -> int:
             if ln.split("{", 1)[0] in wanted
         ]
         print("\nfrom /metrics:\n  " + "\n  ".join(lines), flush=True)
-        if args.keep:
-            print(f"\nthe exporter keeps serving {url}/ - Ctrl-C to stop", flush=True)
+        if keep:
+            print(
+                f"\ntraining finished; the exporter keeps serving {url}/ and {url}/metrics "
+                "until Ctrl-C",
+                flush=True,
+            )
             assert exporter.proc is not None
             exporter.proc.wait()
+        else:
+            print(
+                f"\ntraining finished; the exporter stops now, so {url}/ no longer answers "
+                "(in a terminal, or with --keep, it serves until Ctrl-C)",
+                flush=True,
+            )
         return 0 if trainer.returncode == 0 else 1
     except KeyboardInterrupt:
         print("\nstopping", flush=True)

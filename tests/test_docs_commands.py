@@ -27,8 +27,8 @@ BLOCK = re.compile(r"^```(?:sh|bash|shell|console)\n(.*?)^```", re.S | re.M)
 
 # Commands that cannot run on a CI machine, by the start of the command, with the reason.
 SKIP: dict[str, str] = {
-    "make demo": "runs until its training finishes (minutes); scripts/demo.py is run by "
-    "tests/integration with a step limit",
+    "make demo": "builds .venv-demo from the package index (network), then trains for minutes; "
+    "tests/test_demo.py runs scripts/demo.py with a step limit",
     "make test": "the test suite itself",
     "make bench": "every benchmark, minutes even with --smoke; tests/benchmarks runs each one "
     "in its --smoke mode",
@@ -41,6 +41,15 @@ SKIP: dict[str, str] = {
     "interfaces under /run (root); tests/integration starts real exporters on free ports",
     "sudo install -d -o 10001": "makes /run/trainmon as root; tests/integration/test_compose_up.py "
     "runs this line from the README before it brings the stack up",
+    "sudo useradd ": "creates a system user (root); the shared set-up's files are checked by "
+    "tests/deploy/test_systemd_files.py",
+    "sudo python3 -m venv /opt/": "installs into /opt (root)",
+    "sudo cp deploy/systemd/": "writes to /etc (root)",
+    "sudo systemd-tmpfiles ": "creates /run/trainmon (root); tests/deploy/test_systemd_files.py "
+    "runs the tmpfiles.d line into a scratch root",
+    "sudo systemctl ": "needs systemd as init (root)",
+    "sudo usermod ": "changes a user's groups (root)",
+    "sudo iptables ": "changes the host's firewall (root)",
     "sudo chgrp 65534 secrets/": "changes a file's group (root); tests/integration/"
     "test_compose_up.py runs the secrets commands and reads the files as nobody",
     "trainmon status": "reads an exporter on the default port 9478 (or another host); "
@@ -54,6 +63,8 @@ SKIP: dict[str, str] = {
     "torchrun --standalone --nproc_per_node=8": "eight training processes (a GPU node)",
     "kustomize ": "edits a kustomization for a registry that does not exist here",
     "kubectl apply": "needs a Kubernetes cluster; tests/deploy render and validate the manifests",
+    "kubectl create secret": "needs a Kubernetes cluster and the certificate files; "
+    "tests/integration/test_tls_scrape.py lays the Secrets out as their volumes would be",
     "cd deploy/kubernetes": "part of the Kubernetes block above",
     "cp deploy/slurm/": "writes to /etc/systemd (root)",
     "systemctl ": "needs systemd as init (root)",

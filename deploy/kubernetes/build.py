@@ -9,11 +9,16 @@
   ``deploy/grafana/dashboards/*.json``, labelled ``grafana_dashboard: "1"`` (the label the
   Grafana sidecar of kube-prometheus-stack and the Grafana operator's docs look for), with
   the JSON text unchanged under ``<name>.json``.
+- ``base/exporter/sample-limit.yaml``, ``base/sidecar/sample-limit.yaml`` and
+  ``examples/torchrun-job-sidecar/sample-limit.yaml``: strategic-merge patches that put one
+  value of :data:`SAMPLE_LIMITS` both into the exporter's ``TRAINMON_SCRAPE_SAMPLE_LIMIT`` and
+  into the ``sampleLimit`` of the PodMonitor that scrapes it, so the exporter never sends a
+  scrape its Prometheus refuses (it sheds series to stay under its limit instead).
 
-The rule files and dashboards stay the one source; ``tests/deploy/test_kubernetes.py`` fails
+The rule files, dashboards and :data:`SAMPLE_LIMITS` stay the one source; ``tests/deploy/test_kubernetes.py`` fails
 when the committed output differs from what this prints. Run it after changing either:
 
-    python deploy/kubernetes/build.py          # rewrite both files
+    python deploy/kubernetes/build.py          # rewrite every generated file
     python deploy/kubernetes/build.py --check  # exit 1 if they are stale
 """
 
@@ -36,6 +41,14 @@ LABELS = {"app.kubernetes.io/part-of": "trainmon"}
 MAX_CONFIGMAP_BYTES = 256 * 1024
 """Largest dashboard ConfigMap accepted: ``kubectl apply`` (client side) copies the object
 into its ``last-applied-configuration`` annotation, which Kubernetes caps at 256 KiB."""
+
+SAMPLE_LIMITS = {"exporter": 10_000, "sidecar": 5_000}
+"""Most samples per scrape of the node exporter (8 GPUs and 8 ranks with layers on one
+rank are about 3,400, docs/scaling.md#cardinality-budget) and of a training pod's sidecar
+(its own ranks, no GPU series). Each value becomes the PodMonitor's ``sampleLimit`` and the
+exporter's ``scrape_sample_limit``: past it Prometheus would fail the whole scrape, so the
+exporter sheds its least important series first (docs/exporter.md#the-sample-budget)."""
+SAMPLE_LIMIT_ENV = "TRAINMON_SCRAPE_SAMPLE_LIMIT"
 
 
 def rule_files() -> list[Path]:
@@ -120,11 +133,55 @@ def dashboard_configmaps() -> str:
     return _header("deploy/grafana/dashboards/*.json") + _dump(docs)
 
 
+def _env_patch(kind: str, name: str, path: str, container: str, limit: int) -> dict[str, Any]:
+    """A strategic-merge patch that sets the sample limit of one container of a workload.
+
+    ``path``: ``containers`` or ``initContainers`` (a native sidecar).
+    """
+    env = [{"name": SAMPLE_LIMIT_ENV, "value": str(limit)}]
+    api = "apps/v1" if kind == "DaemonSet" else "batch/v1"
+    return {
+        "apiVersion": api,
+        "kind": kind,
+        "metadata": {"name": name},
+        "spec": {"template": {"spec": {path: [{"name": container, "env": env}]}}},
+    }
+
+
+def _podmonitor_patch(name: str, limit: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": {"name": name},
+        "spec": {"sampleLimit": limit},
+    }
+
+
+def sample_limit_patches() -> dict[Path, str]:
+    """``{path: text}`` of the patches that render each of :data:`SAMPLE_LIMITS` twice."""
+    source = "SAMPLE_LIMITS in deploy/kubernetes/build.py"
+    node, sidecar = SAMPLE_LIMITS["exporter"], SAMPLE_LIMITS["sidecar"]
+    return {
+        HERE / "base" / "exporter" / "sample-limit.yaml": _header(source)
+        + _dump(
+            [
+                _env_patch("DaemonSet", "trainmon-exporter", "containers", "exporter", node),
+                _podmonitor_patch("trainmon-exporter", node),
+            ]
+        ),
+        HERE / "base" / "sidecar" / "sample-limit.yaml": _header(source)
+        + _dump([_podmonitor_patch("trainmon-sidecar", sidecar)]),
+        HERE / "examples" / "torchrun-job-sidecar" / "sample-limit.yaml": _header(source)
+        + _dump([_env_patch("Job", "llm-pretrain", "initContainers", "trainmon", sidecar)]),
+    }
+
+
 def render() -> dict[Path, str]:
     """``{output path: text}`` of every generated file."""
     return {
         OUT / "prometheusrules.yaml": prometheus_rules(),
         OUT / "dashboards.yaml": dashboard_configmaps(),
+        **sample_limit_patches(),
     }
 
 

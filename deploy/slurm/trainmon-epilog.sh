@@ -2,14 +2,15 @@
 # trainmon Slurm Epilog (slurm.conf: Epilog=/etc/slurm/trainmon-epilog.sh): undoes what
 # trainmon-prolog.sh did when a job ends on a node. Removes the job's id from every file of the
 # job map (and a file left empty), and takes the socket ACL entries of the job's user away once
-# none of that user's jobs on this node holds them, under the lock the prolog takes. Same
-# settings as the prolog; never fails.
+# none of that user's jobs on this node holds them, under the lock the prolog takes, and
+# removes the run's owner claim. Same settings as the prolog; never fails.
 
 [ -r "${TRAINMON_SLURM_DEFAULTS:=/etc/default/trainmon-slurm}" ] && . "$TRAINMON_SLURM_DEFAULTS"
 : "${TRAINMON_SOCKET:=/run/trainmon/trainmon.sock}"
 : "${TRAINMON_JOB_MAP_DIR=/run/trainmon-jobs}"
 : "${TRAINMON_SOCKET_ACL:=1}"
 : "${TRAINMON_SLURM_STATE:=/run/trainmon-slurm}"
+: "${TRAINMON_OWNER_CLAIMS=/run/trainmon-owners}"
 
 say() { logger -t trainmon-epilog -- "job ${SLURM_JOB_ID:-?}: $*" 2>/dev/null || echo "trainmon-epilog: $*" >&2; }
 
@@ -48,4 +49,11 @@ if [ "$TRAINMON_SOCKET_ACL" = 1 ] && [ -n "$uid" ] && [ -d "$TRAINMON_SLURM_STAT
     fi
   ) 9>>"$TRAINMON_SLURM_STATE/.lock"
 fi
+
+# The run's owner claim: slurm-<job id> is free again.
+case $job in
+  *[!0-9]*) ;;
+  *) [ -z "$TRAINMON_OWNER_CLAIMS" ] || [ -L "$TRAINMON_OWNER_CLAIMS" ] \
+    || rm -f "$TRAINMON_OWNER_CLAIMS/slurm-$job" ;;
+esac
 exit 0

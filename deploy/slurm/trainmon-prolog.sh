@@ -1,6 +1,6 @@
 #!/bin/sh
 # trainmon Slurm Prolog (slurm.conf: Prolog=/etc/slurm/trainmon-prolog.sh, PrologFlags=Alloc).
-# Runs as root on every node of a job when it starts there. It does two optional things:
+# Runs as root on every node of a job when it starts there. It does three optional things:
 #
 # 1. Job <-> GPU map in dcgm-exporter's --hpc-job-mapping-dir format: one file per GPU index
 #    (named after the index: 0, 1, ...; "3.1" for a MIG instance) holding the ids of the jobs
@@ -11,10 +11,14 @@
 #    a restart carries it too. The epilog removes them when the user's last job on the node
 #    ends. The socket's mode is unchanged (0660 by default): other local users still cannot
 #    connect.
+# 3. The run's owner: a file slurm-<job id> in TRAINMON_OWNER_CLAIMS (a directory of root's,
+#    mode 0755) holding the job's uid. The exporter reads it at each trainer's HELLO, so only
+#    that uid may write to the run slurm-<job id>, even if another user's process connects
+#    first. The epilog removes it.
 #
-# Both are reconciled first: an epilog that never ran (node crash, slurmd killed) would leave
+# All are reconciled first: an epilog that never ran (node crash, slurmd killed) would leave
 # its job in the map, so that dcgm-exporter emits the GPU's series a second time under that
-# job, and its user's grant on the socket, until reboot. Entries of jobs Slurm no longer runs
+# job, its user's grant on the socket, and its owner claim, until reboot. Entries of jobs Slurm no longer runs
 # on this node (TRAINMON_RUNNING_JOBS) are dropped, as their epilog would have. When Slurm
 # cannot tell, nothing is dropped. Grants and revocations of the prolog and the epilog take a
 # node-wide lock (flock), so a user's new job never loses access to the epilog of that user's
@@ -26,6 +30,8 @@
 #   TRAINMON_JOB_MAP_DIR   the job map directory; empty: no map          (/run/trainmon-jobs)
 #   TRAINMON_SOCKET_ACL    1: grant the job's user access; 0: leave the socket alone    (1)
 #   TRAINMON_SLURM_STATE   which jobs hold a grant, per user      (/run/trainmon-slurm)
+#   TRAINMON_OWNER_CLAIMS  the owner claims (the exporter's owner_claims_dir); empty: none
+#                          (/run/trainmon-owners)
 #   TRAINMON_RUNNING_JOBS  a command printing the ids of the jobs on this node, one a line;
 #                          empty: no reconciling
 #       (timeout 10 squeue --noheader --nodelist="$SLURMD_NODENAME" --states=CF,R,S,CG --format=%A)
@@ -38,6 +44,7 @@
 : "${TRAINMON_JOB_MAP_DIR=/run/trainmon-jobs}"
 : "${TRAINMON_SOCKET_ACL:=1}"
 : "${TRAINMON_SLURM_STATE:=/run/trainmon-slurm}"
+: "${TRAINMON_OWNER_CLAIMS=/run/trainmon-owners}"
 if [ -z "${TRAINMON_RUNNING_JOBS+set}" ]; then
   # $SLURMD_NODENAME is expanded when the command runs
   TRAINMON_RUNNING_JOBS='timeout 10 squeue --noheader --nodelist="$SLURMD_NODENAME" --states=CF,R,S,CG --format=%A'
@@ -47,6 +54,25 @@ say() { logger -t trainmon-prolog -- "job ${SLURM_JOB_ID:-?}: $*" 2>/dev/null ||
 
 job=${SLURM_JOB_ID:-}
 [ -n "$job" ] || { say "no SLURM_JOB_ID, nothing to do"; exit 0; }
+
+# The claims directory, root's and writable by root only (the exporter ignores it otherwise).
+# A marker made before Slurm is asked which jobs run here: a claim not older than it (the
+# prolog of a job Slurm had not listed yet) is never dropped as stale.
+claims=$TRAINMON_OWNER_CLAIMS
+if [ -n "$claims" ]; then
+  if [ -L "$claims" ]; then
+    say "$claims is a symbolic link: owner claims left out"
+    claims=
+  elif ! { mkdir -p "$claims" && chown 0:0 "$claims" && chmod 0755 "$claims"; }; then
+    say "cannot make $claims: owner claims left out"
+    claims=
+  fi
+fi
+marker=
+if [ -n "$claims" ]; then
+  marker=$claims/#listed.$$
+  : > "$marker" || marker=
+fi
 
 # The jobs Slurm runs on this node (this one included), one id a line; reconcile=0 when Slurm
 # cannot tell (no command, no node name, the command failed): then nothing is dropped.
@@ -152,4 +178,30 @@ if [ "$TRAINMON_SOCKET_ACL" = 1 ] && mkdir -p "$TRAINMON_SLURM_STATE/users"; the
     fi
   ) 9>>"$TRAINMON_SLURM_STATE/.lock"
 fi
+
+# 3. The owner claim of the run slurm-<job id>: written to a temporary name, then renamed, so
+# the exporter reads a whole claim or none.
+if [ -n "$claims" ]; then
+  if [ "$reconcile" = 1 ] && [ -n "$marker" ]; then
+    for f in "$claims"/slurm-*; do
+      [ -f "$f" ] || continue
+      j=${f##*/slurm-}
+      case $j in '' | *[!0-9]*) continue ;; esac
+      is_live "$j" && continue
+      [ "$marker" -nt "$f" ] || continue  # not older than the listing (same clock tick too)
+      rm -f "$f" && say "job $j no longer runs here: its owner claim dropped"
+    done
+  fi
+  numbers=1
+  case $job in '' | *[!0-9]*) numbers=0 ;; esac
+  case $uid in '' | *[!0-9]*) numbers=0 ;; esac
+  if [ "$numbers" = 0 ]; then
+    say "job '$job' or uid '$uid' is not a number: no owner claim"
+  else
+    tmp=$claims/#claim.$$
+    { echo "$uid" > "$tmp" && chmod 0644 "$tmp" && mv -f "$tmp" "$claims/slurm-$job"; } \
+      || { rm -f "$tmp"; say "cannot write $claims/slurm-$job"; }
+  fi
+fi
+[ -z "$marker" ] || rm -f "$marker"
 exit 0

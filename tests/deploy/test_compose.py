@@ -219,3 +219,15 @@ def test_config_files_mounted_exist_and_secrets_stay_out_of_git() -> None:
     assert any(v["target"] == "/etc/alertmanager/secrets" for v in alertmanager["volumes"])
     ignored = (ROOT / ".gitignore").read_text()
     assert "/secrets/*" in ignored
+
+
+@pytest.mark.parametrize(
+    "name", ["prometheus.yml", "prometheus-cluster.yml", "prometheus-agent.yml"]
+)
+def test_every_shipped_scrape_of_the_exporter_accepts_its_default_sample_limit(name: str) -> None:
+    """A scrape with a lower sample_limit than the exporter's would be refused whole."""
+    from trainmon_exporter.settings import Settings
+
+    prom = yaml.safe_load((ROOT / "deploy" / "prometheus" / name).read_text())
+    (job,) = [sc for sc in prom["scrape_configs"] if sc["job_name"] == "trainmon"]
+    assert job["sample_limit"] == Settings().scrape_sample_limit

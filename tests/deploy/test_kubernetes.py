@@ -36,7 +36,7 @@ from typing import Any
 import pytest
 import yaml
 
-from trainmon_exporter.settings import environment_names
+from trainmon_exporter.settings import Settings, environment_names
 
 from ..conftest import ROOT, child_env, free_port, require_tool, wait_for
 from ..helpers.cardinality import BUDGET
@@ -546,6 +546,29 @@ def test_trainers_and_exporters_share_one_socket() -> None:
             assert sock == "/run/trainmon/trainmon.sock", where
 
 
+def test_trainers_send_only_to_the_exporters_uid() -> None:
+    """Every trainer container of the shipped examples sets TRAINMON_EXPORTER_UID to the uid
+    its exporter runs as, so a listener planted first on the socket path gets nothing."""
+    exporter_uids = {
+        str(
+            c.get("securityContext", {}).get(
+                "runAsUser", spec.get("securityContext", {}).get("runAsUser")
+            )
+        )
+        for _, spec, c in exporter_containers()
+    }
+    assert exporter_uids == {"65532"}, exporter_uids
+    trainers = [
+        (where, c)
+        for where, spec in pod_specs()
+        for c in containers(spec)
+        if not is_exporter_image(str(c["image"])) and "TRAINMON_SOCKET" in env(c)
+    ]
+    assert trainers
+    for where, c in trainers:
+        assert env(c).get("TRAINMON_EXPORTER_UID", {}).get("value") == "65532", (where, c["name"])
+
+
 def test_the_run_id_comes_from_the_job_not_the_pod() -> None:
     """TRAINMON_RUN is built from the namespace and the job's name label (downward API)."""
     seen = 0
@@ -681,6 +704,84 @@ def test_sample_limits_leave_room_for_a_full_node() -> None:
     node = 8 * (BUDGET["rank"] + BUDGET["GPU"]) + BUDGET["node"] + 128 * BUDGET["layer"]
     pm = next(o for _, o in objects("PodMonitor") if o["metadata"]["name"] == "trainmon-exporter")
     assert node < pm["spec"]["sampleLimit"], node
+
+
+def test_each_exporter_sends_at_most_what_its_podmonitor_accepts() -> None:
+    """The scrape's sampleLimit and the exporter's scrape_sample_limit are one value.
+
+    Every exporter container a PodMonitor selects, in any rendered overlay or example, is
+    told the PodMonitor's sampleLimit, so it sheds series instead of sending a scrape
+    Prometheus refuses; both come from build.py's SAMPLE_LIMITS.
+    """
+    limits = generator().SAMPLE_LIMITS
+    monitors = {o["metadata"]["name"]: o["spec"] for _, o in objects("PodMonitor")}
+    assert {name: m["sampleLimit"] for name, m in monitors.items()} == {
+        "trainmon-exporter": limits["exporter"],
+        "trainmon-sidecar": limits["sidecar"],
+    }
+    checked = set()
+    for path, obj in objects():
+        template = (obj.get("spec") or {}).get("template")
+        if not isinstance(template, dict) or "spec" not in template:
+            continue
+        labels = template.get("metadata", {}).get("labels", {})
+        for name, m in monitors.items():
+            if not m["selector"]["matchLabels"].items() <= labels.items():
+                continue
+            for c in containers(template["spec"]):
+                if is_exporter_image(c["image"]) and "command" not in c:
+                    value = env(c)["TRAINMON_SCRAPE_SAMPLE_LIMIT"]["value"]
+                    assert int(value) == m["sampleLimit"], (path, name)
+                    checked.add(name)
+    assert checked == set(monitors)
+
+
+def test_the_exporters_default_is_the_node_exporters_limit() -> None:
+    """An exporter started without the setting (Compose, Slurm) uses the node's value."""
+    assert Settings().scrape_sample_limit == generator().SAMPLE_LIMITS["exporter"]
+
+
+def test_the_tls_overlay_is_the_daemonset_overlay_with_https_and_basic_auth() -> None:
+    """overlays/daemonset-tls changes only what HTTPS with basic auth needs: the web
+    configuration file from a Secret the pod's group reads, probes that need no credentials
+    and a PodMonitor that scrapes over TLS with a password (its scrape for real:
+    tests/integration/test_tls_scrape.py)."""
+    plain = {o["kind"]: o for o in copy.deepcopy(rendered(Path("overlays/daemonset")))}
+    tls = {o["kind"]: o for o in copy.deepcopy(rendered(Path("overlays/daemonset-tls")))}
+    assert set(plain) == set(tls)
+    spec = tls["DaemonSet"]["spec"]["template"]["spec"]
+    (c,) = spec["containers"]
+    web = Path(env(c)["TRAINMON_WEB_CONFIG_FILE"]["value"])
+    secrets = {v["name"]: v for v in spec["volumes"] if "secret" in v}
+    mounts = [m for m in c["volumeMounts"] if m["name"] in secrets]
+    assert {m["mountPath"]: secrets[m["name"]]["secret"]["secretName"] for m in mounts} == {
+        str(web.parent): "trainmon-exporter-web",
+        "/etc/trainmon/tls": "trainmon-exporter-tls",  # the paths docs/exporter.md's web.yml names
+    }
+    for m in mounts:
+        assert m["readOnly"] is True
+        assert secrets[m["name"]]["secret"]["defaultMode"] == 0o440
+    assert spec["securityContext"]["fsGroup"] == spec["securityContext"]["runAsGroup"]
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert c[probe]["tcpSocket"] == {"port": "metrics"} and "httpGet" not in c[probe]
+    endpoint = tls["PodMonitor"]["spec"]["podMetricsEndpoints"][0]
+    assert endpoint["scheme"] == "https"
+    assert endpoint["tlsConfig"]["ca"]["secret"] == {"name": "trainmon-scrape", "key": "ca.crt"}
+    assert endpoint["tlsConfig"]["serverName"] == "trainmon-exporter"
+    assert endpoint["basicAuth"]["password"] == {"name": "trainmon-scrape", "key": "password"}
+    # Everything else as in overlays/daemonset.
+    for key in ("scheme", "tlsConfig", "basicAuth"):
+        endpoint.pop(key)
+    c["env"].remove({"name": "TRAINMON_WEB_CONFIG_FILE", "value": str(web)})
+    for m in mounts:
+        c["volumeMounts"].remove(m)
+        spec["volumes"].remove(secrets[m["name"]])
+    spec["securityContext"].pop("fsGroup")
+    (p,) = plain["DaemonSet"]["spec"]["template"]["spec"]["containers"]
+    for container in (c, p):
+        container.pop("readinessProbe")
+        container.pop("livenessProbe")
+    assert tls == plain
 
 
 # --------------------------------------------------------------------------- permissions

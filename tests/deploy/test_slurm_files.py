@@ -20,6 +20,8 @@ from types import ModuleType
 
 import pytest
 
+from trainmon_exporter.claims import OwnerClaims
+
 from ..conftest import ROOT, require_tool
 
 SLURM = ROOT / "deploy" / "slurm"
@@ -157,10 +159,11 @@ class Node:
         os.chmod(self.sock_path, mode)
         self.map = tmp / "jobs"
         self.state = tmp / "state"
+        self.claims = tmp / "owners"
         self.defaults = tmp / "defaults"
         self.defaults.write_text(
             f"TRAINMON_SOCKET={self.sock_path}\nTRAINMON_JOB_MAP_DIR={self.map}\n"
-            f"TRAINMON_SLURM_STATE={self.state}\n"
+            f"TRAINMON_SLURM_STATE={self.state}\nTRAINMON_OWNER_CLAIMS={self.claims}\n"
         )
 
     def script(self, name: str, job: int, uid: int = 65534, **env: str) -> str:
@@ -186,6 +189,13 @@ class Node:
             for f in sorted(self.map.iterdir())
             if not f.name.startswith(".")
         }
+
+    def owners(self) -> dict[str, int | None]:
+        """Every claim in the directory, as the exporter reads it."""
+        reader = OwnerClaims(self.claims)
+        found = {f.name: reader.lookup(f.name) for f in sorted(self.claims.iterdir())}
+        assert not any(reader.invalid.values()), reader.invalid
+        return found
 
     def acl(self, path: Path) -> str:
         return subprocess.run(
@@ -262,6 +272,64 @@ def test_a_prolog_drops_the_jobs_whose_epilog_never_ran(node: Node) -> None:
         node.script("trainmon-epilog.sh", job, uid=uid)
     assert node.job_map() == {}
     assert not any(f"{u}" in node.acl(node.sock_path) for u in (65532, 65533, 65534))
+
+
+def test_the_prolog_claims_the_run_for_the_jobs_uid_and_the_epilog_frees_it(node: Node) -> None:
+    """The claim is what the exporter accepts: a directory and file of root's, writable by
+    root only, holding the job's uid; the exporter's own reader reads it back."""
+    node.script("trainmon-prolog.sh", 41)
+    node.script("trainmon-prolog.sh", 42, uid=65533)
+    node.script("trainmon-prolog.sh", 42, uid=65533)  # run twice: the same claim
+    assert node.owners() == {"slurm-41": 65534, "slurm-42": 65533}
+    st = node.claims.stat()
+    assert (st.st_uid, st.st_mode & 0o7777) == (0, 0o755)
+    for f in node.claims.iterdir():
+        assert (f.stat().st_uid, f.stat().st_mode & 0o777) == (0, 0o644)
+        assert f.read_text() == f"{node.owners()[f.name]}\n"
+    node.script("trainmon-epilog.sh", 41)
+    assert node.owners() == {"slurm-42": 65533}
+    node.script("trainmon-epilog.sh", 42, uid=65533)
+    assert node.owners() == {}
+
+
+def test_a_prolog_drops_the_claims_of_jobs_that_no_longer_run(node: Node) -> None:
+    """Job 41's epilog never ran: the next prolog drops its claim, keeps the live job 42's,
+    and keeps job 50's, written by a prolog running at the same moment after Slurm was asked
+    (here by the command that answers as squeue would)."""
+    node.script("trainmon-prolog.sh", 41)
+    node.script("trainmon-prolog.sh", 42, uid=65533)
+    (node.claims / "other-run").write_text("7\n")  # not a job's claim: left alone
+    for f in node.claims.iterdir():  # written a while ago (a claim as old as the listing stays)
+        os.utime(f, (f.stat().st_atime - 60, f.stat().st_mtime - 60))
+    later = f"echo 65531 > {node.claims}/slurm-50; printf '42\\n'"
+    node.script(
+        "trainmon-prolog.sh", 43, uid=65532, SLURMD_NODENAME="n1", TRAINMON_RUNNING_JOBS=later
+    )
+    assert node.owners() == {
+        "other-run": 7,
+        "slurm-42": 65533,
+        "slurm-43": 65532,
+        "slurm-50": 65531,
+    }
+    # Slurm cannot tell: nothing dropped.
+    node.script("trainmon-prolog.sh", 44, SLURMD_NODENAME="n1", TRAINMON_RUNNING_JOBS="exit 1")
+    assert set(node.owners()) == {"other-run", "slurm-42", "slurm-43", "slurm-44", "slurm-50"}
+
+
+def test_a_claims_directory_that_is_a_link_is_left_alone(tmp_path: Path, node: Node) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o777)
+    os.chmod(elsewhere, 0o777)
+    node.claims.symlink_to(elsewhere)
+    err = node.script("trainmon-prolog.sh", 41)
+    assert "symbolic link" in err or not err  # logged (to syslog when logger works)
+    node.script("trainmon-epilog.sh", 41)
+    assert list(elsewhere.iterdir()) == []
+    assert elsewhere.stat().st_mode & 0o777 == 0o777  # not made root's through the link
+    node.claims.unlink()
+    node.script("trainmon-prolog.sh", 42, SLURM_JOB_UID="")  # no uid: no claim, no failure
+    node.script("trainmon-prolog.sh", 43, SLURM_JOB_ID="43x")
+    assert node.owners() == {}
 
 
 def test_a_users_next_job_keeps_access_when_the_last_one_ends_at_that_moment(node: Node) -> None:

@@ -72,6 +72,6 @@ def test_the_docs_quote_the_estimate_and_the_node_total_the_budget_gives() -> No
         + LAYERS * BUDGET["layer"]
     )
     about = f"about {round(node, -2):,}"
-    for doc in ("docs/scaling.md", "deploy/kubernetes/base/exporter/podmonitor.yaml"):
+    for doc in ("docs/scaling.md", "deploy/kubernetes/build.py"):
         text = " ".join((ROOT / doc).read_text().split())
         assert f"layers on one rank are {about}" in text or f"on one, is {about}" in text, doc

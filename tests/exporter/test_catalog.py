@@ -26,7 +26,7 @@ NOT_IN_GOLDEN: dict[str, str] = {}
 session drives every collector, and families without samples still show HELP and TYPE)."""
 
 COLLECTORS = {"training", "health", "layers", "rank_gpu", "gpu", "exporter", "process"}
-INSTRUMENTS = {"ingest", "http", "log", "scrape"}
+INSTRUMENTS = {"ingest", "http", "log", "scrape", "exposition"}
 
 
 def test_rows_are_unique_and_named_after_their_family() -> None:

@@ -63,6 +63,7 @@ def test_port_in_use_is_one_actionable_line() -> None:
     assert list(d.iterdir()) == []  # the ingest socket it had created, and its lock, removed
 
 
+@pytest.mark.uid
 @pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
 def test_unwritable_socket_directory_non_root(tmp_path: Path) -> None:
     ro = tmp_path / "ro"

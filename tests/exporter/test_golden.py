@@ -6,7 +6,8 @@ NVML with two GPUs: two ranks of one run with standard and custom fields, an eva
 tracked operation, a checkpoint, watched layers, a NaN, a loss spike, a finish, a refused
 HELLO and an invalid record. Captured:
 
-- ``session.exposition.txt``: the ``/metrics`` text (the app's own formatter);
+- ``session.exposition.txt``: the ``/metrics`` text (the app's own formatter and sample
+  budget);
 - ``session.runs.json``: the ``/api/v1/runs`` response;
 - ``session.gpus.json``: the ``/api/v1/gpus`` response;
 - ``session.packets.hex``: the packets fed in, one per line.
@@ -36,6 +37,7 @@ from trainmon_exporter import Settings
 from trainmon_exporter.app import build_exporter
 from trainmon_exporter.exposition import TextExposition
 from trainmon_exporter.ingest import Connection
+from trainmon_exporter.shed import SampleBudget
 from trainmon_exporter.views.api import gpu_snapshot, snapshot
 
 from ..fakes.nvml_backend import FakeGpu, FakeNvmlBackend
@@ -186,7 +188,8 @@ def capture(clock: FakeClock, tmp: Path) -> dict[str, str]:
             ex.store.check_conditions()
         clock.advance(1.0)
         ex.store.check_conditions()
-        text = TextExposition().render(ex.registry).decode()
+        budget = SampleBudget(ex.registry, settings.scrape_sample_limit)
+        text = TextExposition().render(budget).decode()
         runs = snapshot(ex.store, ex.gpus.snapshot, settings.peak_flops)
         gpu_view = gpu_snapshot(ex.gpus.snapshot)
     finally:

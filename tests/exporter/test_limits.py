@@ -186,6 +186,7 @@ def test_idle_connections_beyond_the_fd_limit_leave_the_exporter_serving() -> No
     ex = ExporterProcess(d / "t.sock", free_port())
     cmd = [sys.executable, "-m", "trainmon_exporter", "--socket", ex.socket]
     cmd += ["--listen", f"127.0.0.1:{ex.port}", "--ingest-hello-timeout-seconds", "3"]
+    cmd += ["--ingest-max-connections-per-uid", "1024"]  # one uid here: only the cap applies
     ex.proc = subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,
@@ -247,18 +248,29 @@ while time.monotonic() < end:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("poll", ["0.1", "0"])
-def test_a_flooding_connection_starves_neither_trainers_nor_http(
-    exporter_process: Callable[..., ExporterProcess], poll: str
+@pytest.mark.parametrize(("poll", "n"), [("0.1", 1), ("0", 1), ("0.1", 4)])
+def test_flooding_connections_starve_neither_trainers_nor_http(
+    exporter_process: Callable[..., ExporterProcess], poll: str, n: int
 ) -> None:
     ex = exporter_process("--ingest-poll-interval-seconds", poll).start()
-    flooder = subprocess.Popen(
-        [sys.executable, "-c", FLOODER, ex.socket, "4", json.dumps(HELLO | {"run": "flood"})],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=child_env(),
-    )
-    assert flooder.stdout is not None and flooder.stdout.readline() == "flooding\n"
+    flooders = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                FLOODER,
+                ex.socket,
+                "4",
+                json.dumps(HELLO | {"run": "flood", "rank": i, "world_size": n}),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=child_env(),
+        )
+        for i in range(n)
+    ]
+    for flooder in flooders:
+        assert flooder.stdout is not None and flooder.stdout.readline() == "flooding\n"
     run = connect(ex, "normal", flush_interval=0.05)
     sent = [0]
 
@@ -273,7 +285,8 @@ def test_a_flooding_connection_starves_neither_trainers_nor_http(
     lat = healthz_latencies(lambda: http_status(ex.port, "/healthz"), 2.0)
     t.join()
     run.finish()
-    flooder.communicate(timeout=30)
+    for flooder in flooders:
+        flooder.communicate(timeout=30)
     print("LAT", sorted(round(x * 1000) for x in lat))
     assert_fast(lat)
     assert sum(run.dropped.values()) == 0
@@ -348,9 +361,11 @@ print(*codes)
 """
 
 
-def _fill(path: str, ranks: int, names: int) -> list[socket.socket]:
+def _fill(path: str, ranks: int, names: int, first: int = 0) -> list[socket.socket]:
+    """``ranks`` raw connections (runs ``r<first>``...): a HELLO and ``names`` NAMEs, then one
+    step with a value for each name."""
     socks = []
-    for r in range(ranks):
+    for r in range(first, first + ranks):
         s = raw_connect(path)
         ids = tuple(range(P.FIRST_CUSTOM_ID, P.FIRST_CUSTOM_ID + names))
         records = [hello(run=f"r{r}")] + [P.encode_name(i, f"metric_{i}") for i in ids]
@@ -421,6 +436,55 @@ def test_concurrent_and_unread_scrapes_are_bounded_and_ingest_keeps_applying(
             s.close()
 
 
+@pytest.mark.slow
+def test_unread_api_requests_are_bounded_and_their_slots_come_back(
+    exporter_process: Callable[..., ExporterProcess],
+) -> None:
+    ex = exporter_process(
+        "--http-max-concurrent-api",
+        "2",
+        "--http-write-timeout-seconds",
+        "1",
+        "--max-series-per-uid",  # one uid (this test's) opens every run
+        "50000",
+        "--max-ranks-per-uid",
+        "256",
+    ).start()
+    socks = _fill(ex.socket, 128, 250)
+    lazy: list[socket.socket] = []
+    try:
+        wait_for(lambda: len(ex.runs()["runs"]) == 128)
+        size = len(json.dumps(ex.runs()))
+        assert size > 600_000  # more than the socket buffers (2 x 256 KiB): the answers wait
+        for _ in range(20):  # request the JSON API and never read the answer
+            s = socket.socket()
+            lazy.append(s)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect(("127.0.0.1", ex.port))
+            s.sendall(b"GET /api/v1/runs HTTP/1.1\r\nHost: x\r\n\r\n")
+        time.sleep(0.3)
+        c = http.client.HTTPConnection("127.0.0.1", ex.port, timeout=10)
+        c.request("GET", "/api/v1/gpus")
+        r = c.getresponse()
+        r.read()
+        c.close()
+        assert r.status == 503 and r.getheader("Retry-After") == "1"
+        assert http_status(ex.port, "/") == 503  # the status page shares the gate
+        assert_fast(healthz_latencies(lambda: http_status(ex.port, "/healthz"), 0.5))
+        assert http_status(ex.port, "/metrics") == 200  # scrapes have their own gate
+        m = ex.metrics()
+        assert (sample(m, "trainmon_http_requests_refused_total", reason="api_limit") or 0) >= 20
+        # The unread answers are aborted after the write timeout and their slots come back.
+        wait_for(lambda: http_status(ex.port, "/api/v1/gpus") == 200, timeout=20)
+        m = ex.metrics()
+        assert (
+            sample(m, "trainmon_http_connections_closed_total", reason="write_timeout") or 0
+        ) >= 2
+    finally:
+        for s in socks + lazy:
+            s.close()
+
+
 # --------------------------------------------------------------------------- scrapes vs the lock
 
 
@@ -470,7 +534,16 @@ def test_the_series_budget_bounds_the_whole_exposition(
     make_exporter: Callable[..., InProcessExporter],
 ) -> None:
     ex = make_exporter(max_series=2000)
-    socks = _fill(ex.socket, 10, 250)  # 10 x (100 + 250) = 3,500 series wanted
+    socks: list[socket.socket] = []
+    for r in range(10):  # 10 x (100 + 250) = 3,500 series wanted, one trainer after another
+        socks += _fill(ex.socket, 1, 250, first=r)
+
+        def read(r: int = r) -> bool:  # its step applied, or its HELLO refused
+            m = ex.metrics()
+            steps = sample(m, "trainmon_ingest_messages_total", type="step") or 0
+            return steps + invalid(ex, "series_budget") >= r + 1
+
+        wait_for(read)
     m = wait_for(lambda: (m := ex.metrics()) and dropped(ex, "series_budget") > 0 and m)
     used = sample(m, "trainmon_exporter_series")
     assert used is not None and used <= 2000

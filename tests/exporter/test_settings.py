@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import SettingsError
 
+from trainmon_client._env import default_socket
 from trainmon_exporter import analytics, settings
 from trainmon_exporter.cli import describe_error, describe_settings_error, load_settings
 from trainmon_exporter.settings import Settings, environment_names, unknown_environment
@@ -22,10 +23,16 @@ from trainmon_exporter.settings import Settings, environment_names, unknown_envi
 from ..conftest import ROOT, ExporterProcess
 
 
-def test_defaults() -> None:
+@pytest.mark.uid
+def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TRAINMON_SOCKET", raising=False)
     s = load_settings([])
     assert (s.host, s.port) == ("127.0.0.1", 9478)
-    assert s.socket == Path("/run/trainmon/trainmon.sock")
+    # The socket follows the rule the client shares (tests/exporter/test_default_socket.py),
+    # which depends on who runs it: root always gets the node-wide path.
+    assert s.socket == Path(default_socket())
+    if os.geteuid() == 0:
+        assert s.socket == Path("/run/trainmon/trainmon.sock")
     assert s.collectors.training and s.collectors.exporter
 
 

@@ -65,13 +65,17 @@ def train(
 
 
 def test_trainer_reports_steps_eval_checkpoints_and_the_nan_the_filter_hides(
-    train: Callable[..., tuple[InProcessExporter, Any]],
+    train: Callable[..., tuple[InProcessExporter, Any]], capsys: pytest.CaptureFixture[str]
 ) -> None:
     ex, trainer = train(
         "hf-test",
         *("--steps", "12", "--logging-steps", "1", "--eval-steps", "6", "--save-steps", "6"),
         *("--inject-nan-at", "5"),
     )
+    # The example's closing line: what it sent, where, and where to look.
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("trainmon: run 'hf-test' rank 0: ") and ex.socket in last, last
+    assert ", 0 dropped; see the exporter's status page" in last, last
     logged = [h for h in trainer.state.log_history if "loss" in h]
     assert [h["step"] for h in logged] == list(range(1, 13))
     # The Trainer's own view: the NaN at step 5 was replaced by a running average.

@@ -52,6 +52,7 @@ def test_fit_reports_steps_validation_checkpoints_and_a_nan(
     make_exporter: Callable[..., InProcessExporter],
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     ex = no_gpu(make_exporter)
     monkeypatch.setenv("TRAINMON_SOCKET", ex.socket)
@@ -63,6 +64,10 @@ def test_fit_reports_steps_validation_checkpoints_and_a_nan(
         ]
     )
     assert trainer.global_step == 12
+    # The example's closing line: what it sent, where, and where to look.
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("trainmon: run 'pl-test' rank 0: ") and ex.socket in last, last
+    assert ", 0 dropped; see the exporter's status page" in last, last
     wait_for(lambda: ex.rank("pl-test", 0) and ex.rank("pl-test", 0)["status"] == "finished")
     m = ex.metrics()
     lbl = {"run": "pl-test", "rank": "0"}

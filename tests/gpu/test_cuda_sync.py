@@ -4,7 +4,7 @@
 raise (``.item()``, ``float()``, a copy to pageable host memory, ``torch.quantile``'s check,
 ``nonzero``...). The training loop below is itself sync-free, so any error comes from
 trainmon. The values that arrive must be the ones the loop computed. Skipped without CUDA; run
-on a lent GPU (docs/gpu-validation.md).
+on a machine with one (docs/gpu-validation.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """On a real NVIDIA GPU and driver: the sampler through the real libnvidia-ml, and the join.
 
-Skipped when NVML cannot be initialised (no driver, as on the CI VM). On a lent GPU it checks
+Skipped when NVML cannot be initialised (no driver, as on the CI VM). On a GPU node it checks
 what the fake library (tests/fakes/libnvml) can only assume: that every reading the sampler
 takes is there and plausible on real hardware, that the GPU's model is in the peak FLOP/s
 table, and that a CUDA process of this test is found by PID in NVML's process list (the

@@ -58,8 +58,9 @@ def _write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
     path.chmod(0o600)
 
 
-def make_pki(directory: Path) -> Pki:
-    """A CA, a server certificate (127.0.0.1, ::1, localhost) and a client certificate."""
+def make_pki(directory: Path, *dns_names: str) -> Pki:
+    """A CA, a server certificate (127.0.0.1, ::1, localhost and ``dns_names``) and a client
+    certificate."""
     now = datetime.datetime.now(datetime.timezone.utc)
     start, end = now - datetime.timedelta(hours=1), now + datetime.timedelta(days=1)
     ca_key = ec.generate_private_key(ec.SECP256R1())
@@ -120,6 +121,7 @@ def make_pki(directory: Path) -> Pki:
             x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
             x509.IPAddress(ipaddress.ip_address("::1")),
             x509.DNSName("localhost"),
+            *(x509.DNSName(name) for name in dns_names),
         ],
     )
     client, client_key = leaf("trainmon scraper", ExtendedKeyUsageOID.CLIENT_AUTH, [])

@@ -199,6 +199,30 @@ def test_prolog_writes_the_job_map_and_grants_the_socket(cluster: Cluster) -> No
         assert sorted(listing.stdout.split()) == [f"0:{job}", f"1:{job}"]
         acl = lab.on_node(node, "getfacl", "-cn", "/run/trainmon/trainmon.sock").stdout
         assert "user:65534:rw-" in acl and "mask::rw-" in acl, acl
+        # The run's owner claim, root's and writable by root only, as the exporter requires.
+        owners = lab.on_node(node, "stat", "-c", "%u %a", "/run/trainmon-owners").stdout.split()
+        claim = lab.on_node(node, "stat", "-c", "%u %a", f"/run/trainmon-owners/slurm-{job}")
+        assert (owners, claim.stdout.split()) == (["0", "755"], ["0", "644"])
+        assert lab.on_node(node, "cat", f"/run/trainmon-owners/slurm-{job}").stdout == "65534\n"
+
+
+# A root process on a node opens a run; prints the exporter's refusal, or None.
+OPEN_RUN = """
+import sys, time, trainmon_client
+r = trainmon_client.init(run=sys.argv[1], rank=0, world_size=1, local_rank=0,
+                         socket_path="/run/trainmon/trainmon.sock", flush_interval=0.0)
+for i in range(1, 60):
+    r.log(i, loss=1.0)
+    time.sleep(0.05)
+    if r.refused_reason:
+        break
+print(r.refused_reason)
+"""
+
+
+def open_run(lab: SlurmLab, node: str, run: str) -> str:
+    client = f"PYTHONPATH={ROOT / 'client' / 'src'}"
+    return lab.on_node(node, "env", client, sys.executable, "-c", OPEN_RUN, run).stdout.strip()
 
 
 def test_killing_one_nodes_trainers_pages_a_crash_naming_the_node(cluster: Cluster) -> None:
@@ -237,7 +261,8 @@ def test_killing_one_nodes_trainers_pages_a_crash_naming_the_node(cluster: Clust
         assert left == [".lock"], left
         acl = lab.on_node(node, "getfacl", "-cn", "/run/trainmon", "/run/trainmon/trainmon.sock")
         assert "65534" not in acl.stdout, acl.stdout
-    print(f"job {cluster.job} ended; job map and socket ACL cleared on both nodes")
+        assert lab.on_node(node, "ls", "-A", "/run/trainmon-owners").stdout.split() == []
+    print(f"job {cluster.job} ended; job map, socket ACL and owner claim cleared on both nodes")
 
 
 def test_a_prolog_drops_a_job_whose_epilog_never_ran(cluster: Cluster) -> None:
@@ -260,6 +285,9 @@ def test_a_prolog_drops_a_job_whose_epilog_never_ran(cluster: Cluster) -> None:
         )
         left = lab.on_node(node, "cat", "/run/trainmon-jobs/0").stdout.split()
         assert left == [stale], left
+        # The node's exporter reads the prolog's claim: the run is uid 65534's, though no
+        # trainer of it ever connected, so root connecting first is refused.
+        assert open_run(lab, node, f"slurm-{stale}") == "not_owner"
     job = lab.slurm(
         "sbatch", "--parsable", "-N2", "--gres=gpu:1", "--uid=nobody", f"--chdir={lab.dir}",
         f"--output={lab.dir}/out/%j.out", "--wrap", "sleep 1",
@@ -276,4 +304,6 @@ def test_a_prolog_drops_a_job_whose_epilog_never_ran(cluster: Cluster) -> None:
         assert "65534" not in acl.stdout, acl.stdout
         held = lab.on_node(node, "ls", "-A", "/run/trainmon-slurm/users").stdout.split()
         assert held == [], held
+        claims = lab.on_node(node, "ls", "-A", "/run/trainmon-owners").stdout.split()
+        assert claims == [], claims
     print(f"job {stale} (no epilog) dropped by the prolog of job {job} on both nodes")

@@ -39,6 +39,7 @@ __all__ = [
     "MAX_LAYER_NAMES",
     "Encoder",
     "as_step",
+    "carries_names",
 ]
 
 log = logging.getLogger("trainmon_client")
@@ -51,6 +52,19 @@ MAX_LAYER_NAMES = 1024
 """Room kept for watched layers' names beyond the custom names."""
 MAX_PLANS = 4096
 """Distinct key tuples whose plan is cached; beyond it a plan is built for each step."""
+
+
+def carries_names(packet: bytes) -> bool:
+    """Whether ``packet`` holds a NAME record: dropping it means announcing the names again.
+
+    A packet of steps alone does not: re-announcing every name after each of them would add up
+    to :data:`MAX_CUSTOM_NAMES` records to the next flush, the one a full socket buffer can
+    least afford. A packet that cannot be read counts as carrying names.
+    """
+    try:
+        return any(rtype == P.NAME for rtype, _ in P.iter_records(packet))
+    except P.ProtocolError:
+        return True
 
 
 def as_step(step: Any) -> int | None:

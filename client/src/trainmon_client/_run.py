@@ -3,13 +3,14 @@
 Design (see docs/client.md): ``log()`` keeps the keyword dict the call already built (after
 converting anything that is not a plain float or int, so a tensor changed later cannot change
 what was logged), appends it to a queue and returns: no encoding and no syscall, ever. A
-flusher thread, asleep between flushes, wakes every ``flush_interval`` seconds (and at once
-for a run's first step, a NaN or infinite value, or ``MAX_PENDING`` queued steps), encodes
-the queued steps as fixed-layout binary STEP records and sends them as ``SOCK_SEQPACKET``
-packets without blocking. It holds the GIL only while it encodes (tens of microseconds a
-flush), so it never competes with the training loop step by step. A failed send drops the
-packet and counts it; the socket reconnects lazily with exponential backoff. ``finish()``
-flushes in the caller's thread. Nothing in ``log()`` raises.
+flusher thread, asleep between flushes, wakes every ``flush_interval`` seconds (sooner when
+more than ``FLUSH_BURST_BYTES`` queue in one, and at once for a run's first step, a NaN or
+infinite value, or ``MAX_PENDING`` queued steps), encodes the queued steps as fixed-layout
+binary STEP records and sends them as ``SOCK_SEQPACKET`` packets without blocking. It holds
+the GIL only while it encodes (tens of microseconds a flush), so it never competes with the
+training loop step by step. A failed send drops the packet and counts it; the socket
+reconnects lazily with exponential backoff. ``finish()`` flushes in the caller's thread.
+Nothing in ``log()`` raises.
 
 :class:`Run` is the public API and the glue between the parts, each in its own module:
 
@@ -57,7 +58,7 @@ from typing import Any, TypeVar
 from trainmon_client import _lifecycle
 from trainmon_client import _protocol as P
 from trainmon_client._device import REFUSED, DeviceCopies, add_allocator_stats, torch_gpu_uuid
-from trainmon_client._encoder import Encoder, as_step
+from trainmon_client._encoder import Encoder, as_step, carries_names
 from trainmon_client._env import (
     default_socket,
     detect_ranks,
@@ -72,6 +73,13 @@ log = logging.getLogger("trainmon_client")
 
 MAX_PENDING = 256
 """Records queued by ``log()`` before a flush is forced, whatever the interval."""
+FLUSH_BURST_BYTES = 96 * 1024
+"""Bytes of packets one flush should hand the socket at most: a quarter of the smallest send
+buffer the client gets (``SO_SNDBUF``, see :mod:`~trainmon_client._transport`), so the exporter,
+reading every 0.1 s, empties it long before it fills. The flusher waits the time these take to
+queue at the rate of its last flush (within ``flush_interval``)."""
+MIN_FLUSH_WAIT_S = 0.02
+"""Shortest wait between two flushes that :data:`FLUSH_BURST_BYTES` makes."""
 DTYPES = ("bf16", "fp16", "fp8", "tf32", "fp32")
 """Values of ``init(dtype=...)``."""
 T = TypeVar("T")
@@ -803,30 +811,51 @@ class Run:
         """The flusher thread: sleep until woken or ``flush_interval`` passes, then flush.
 
         It sleeps on the wake lock (no GIL held) and ends once the run is closed. With a
-        ``flush_interval`` of 0 it only wakes when ``log()`` wakes it, once per step.
+        ``flush_interval`` of 0 it only wakes when ``log()`` wakes it, once per step. The next
+        sleep is the time :data:`FLUSH_BURST_BYTES` takes to queue at the rate of the last
+        flush (bytes over the time since the one before), within :data:`MIN_FLUSH_WAIT_S` and
+        ``flush_interval``: a trainer that logs many values a step sends them in bursts its
+        socket's send buffer holds between two reads of the exporter, and one that logs a few
+        still flushes once an interval.
         """
         wake = self._wake
-        timeout = self.flush_interval if self.flush_interval > 0.0 else -1
+        interval = self.flush_interval if self.flush_interval > 0.0 else -1
+        timeout = interval
+        last = _perf()
         while not self._closed:
             wake.acquire(True, timeout)
+            sent = 0
             with self._lock:
                 if self._closed:
                     return
                 cpu0 = time.thread_time()
+                now = _perf()
                 try:
-                    self._flush(_perf())
+                    sent = self._flush(now)
                 except Exception:
                     self._internal_errors += 1
                     log.debug("trainmon_client: flush failed internally", exc_info=True)
                 self._flush_seconds += time.thread_time() - cpu0
+            if interval > 0:
+                # The wait that lets FLUSH_BURST_BYTES queue at the rate of the last flush.
+                timeout = interval
+                if sent > 0 and now > last:
+                    timeout = (now - last) * FLUSH_BURST_BYTES / sent
+                    timeout = min(interval, max(MIN_FLUSH_WAIT_S, timeout))
+            last = now
 
     # ------------------------------------------------------------------------- flush path
 
-    def _flush(self, now: float) -> None:
-        """Encode what is pending and send it (or drop and count it). Never raises OSError."""
+    def _flush(self, now: float) -> int:
+        """Encode what is pending and send it (or drop and count it); its bytes, sent or not.
+
+        Never raises OSError.
+        """
         packets = self._prepare(now)
-        if packets:
-            self._send_packets(packets, now)
+        if not packets:
+            return 0
+        self._send_packets(packets, now)
+        return sum(len(packet) for packet, _ in packets)
 
     def _send_now(self, record: bytes, now: float) -> None:
         """Queue ``record`` after every pending step and flush at once (rare records)."""
@@ -921,7 +950,8 @@ class Run:
             return True
         if result.outcome is Outcome.BACKPRESSURE:
             self._dropped_backpressure += n
-            self._resend_names = True  # the packet may have carried NAME records
+            if not self._resend_names:  # a dropped NAME leaves its values unreadable
+                self._resend_names = carries_names(packet)
             return True
         self._dropped_in_flight += result.in_flight
         self._dropped_disconnected += n

@@ -12,7 +12,7 @@ Drop semantics, by :class:`Outcome` of :meth:`Transport.send`:
   confirms before each flush from the socket's unread byte count (``SIOCOUTQ``).
 - ``BACKPRESSURE``: the socket buffer was full (``EAGAIN``, ``ENOBUFS``, ``EMSGSIZE``), or
   ``finish()`` waited for room until its deadline. The packet is dropped and the connection
-  kept. The packet may have carried NAME records, so the run announces every name again.
+  kept. If the packet carried NAME records, the run announces every name again.
 - ``DISCONNECTED``: no connection, or the send failed for good (the connection is then
   closed). The packet is dropped. :meth:`connect` makes one lazily, at the next send after
   the backoff (0.1 s, doubling to 2 s after each failure): no listener, a missing directory,
@@ -78,6 +78,14 @@ FINISH_TIMEOUT_S = 1.0
 """Total time (s) ``finish()`` may wait for socket buffer space to deliver what is left and its
 FINISH record, however many packets that is, and then for the exporter to read them; what
 does not fit in time is dropped and counted (``backpressure``, ``in_flight``)."""
+SEND_BUFFER_BYTES = 256 * 1024
+"""``SO_SNDBUF`` the client asks for on each connection. Linux doubles it for its own
+bookkeeping, within twice ``net.core.wmem_max`` (212,992 by default): 416 KiB to 512 KiB of
+queued packets, against ``net.core.wmem_default``'s 208 KiB. That holds the first flush of
+the busiest documented trainer (1,024 custom metrics at 43 steps a second queue about 220 KB
+per 0.5 s, before the flusher knows the pace) and four of its later, paced ones
+(``FLUSH_BURST_BYTES``), while the exporter reads every 0.1 s; measured in
+docs/performance.md."""
 _SEND_FLAGS = getattr(socket, "MSG_DONTWAIT", 0) | getattr(socket, "MSG_NOSIGNAL", 0)
 _WAIT_FLAGS = _SEND_FLAGS & ~getattr(socket, "MSG_DONTWAIT", 0)
 _OUTQ = getattr(termios, "TIOCOUTQ", 0x5411)  # SIOCOUTQ: bytes the peer has not read yet
@@ -159,7 +167,7 @@ class SendResult(NamedTuple):
 
     @property
     def resend_names(self) -> bool:
-        """Whether the names must be announced again (a dropped packet may have held some)."""
+        """Whether the dropped packet may have held names (the run checks: ``carries_names``)."""
         return self.outcome is Outcome.BACKPRESSURE
 
 
@@ -202,6 +210,15 @@ def _check_listener(sock: socket.socket, expected: int) -> None:
     uid = int.from_bytes(raw[4:8], sys.byteorder)
     if uid != expected:
         raise OSError(errno.EPERM, f"it runs as uid {uid}, not TRAINMON_EXPORTER_UID={expected}")
+
+
+def _grow_send_buffer(sock: socket.socket) -> None:
+    """Ask for :data:`SEND_BUFFER_BYTES` of send buffer; keep the default if it is refused."""
+    try:
+        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) < 2 * SEND_BUFFER_BYTES:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
+    except OSError:  # not permitted or not supported: the default buffer still works
+        pass
 
 
 class Transport:
@@ -253,6 +270,7 @@ class Transport:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             sock.setblocking(False)
+            _grow_send_buffer(sock)
             sock.connect(self.path)
             if self.exporter_uid is not None:
                 _check_listener(sock, self.exporter_uid)

@@ -16,7 +16,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,14 +27,16 @@ from prometheus_client import CollectorRegistry, disable_created_metrics
 from prometheus_client.exposition import choose_encoder, generate_latest
 
 from trainmon_exporter import __version__
+from trainmon_exporter.claims import OwnerClaims
 from trainmon_exporter.collectors import CollectorContext, ScrapeCollector, build_collectors
 from trainmon_exporter.exposition import TextExposition
-from trainmon_exporter.httplimits import GatedResponse, HttpStats, ScrapeGate
+from trainmon_exporter.httplimits import GatedResponse, HttpStats, RequestGate
 from trainmon_exporter.ingest import IngestMetrics, IngestServer, connection_cap
 from trainmon_exporter.logsetup import LogMetrics, report_pending
 from trainmon_exporter.nvml import NvmlBackend, PynvmlBackend
 from trainmon_exporter.sampler import FAILED, NOT_STARTED, GpuSampler, GpuSnapshot
 from trainmon_exporter.settings import Settings
+from trainmon_exporter.shed import SampleBudget
 from trainmon_exporter.sockfile import IngestSocket
 from trainmon_exporter.state import Store
 from trainmon_exporter.views.api import GpusResponse, RunsResponse, gpu_snapshot, snapshot
@@ -62,7 +64,8 @@ class Exporter:
     started: float
     gpus: GpuSampler | None = None
     http_stats: HttpStats | None = None
-    scrape_gate: ScrapeGate | None = None
+    scrape_gate: RequestGate | None = None
+    api_gate: RequestGate | None = None
     auth_stats: AuthStats | None = None
 
 
@@ -94,6 +97,8 @@ def build_exporter(
         max_series_per_uid=settings.max_series_per_uid,
         retention_s=settings.rank_retention_seconds,
     )
+    if settings.owner_claims_dir is not None:
+        store.claims = OwnerClaims(settings.owner_claims_dir)
     registry = CollectorRegistry(auto_describe=False)
     metrics = IngestMetrics(registry)
     registry.register(LogMetrics())  # type: ignore[arg-type]
@@ -111,6 +116,7 @@ def build_exporter(
         )
     scrape = ScrapeCollector(build_collectors(CollectorContext(settings, store, gpus)))
     registry.register(scrape)  # type: ignore[arg-type]
+    cap = connection_cap(settings.ingest_max_connections, settings.http_limit_concurrency)
     ingest = IngestServer(
         settings.socket,
         store,
@@ -121,16 +127,26 @@ def build_exporter(
         allowed_uids=settings.allowed_uids,
         allowed_gids=settings.allowed_gids,
         listener=listener,
-        max_connections=connection_cap(
-            settings.ingest_max_connections, settings.http_limit_concurrency
-        ),
+        max_connections=cap,
+        max_connections_per_uid=settings.connections_per_uid(cap),
         hello_timeout=settings.ingest_hello_timeout_seconds,
         idle_timeout=settings.ingest_idle_timeout_seconds,
         max_bytes_per_second=settings.ingest_max_bytes_per_second,
     )
-    gate = ScrapeGate(settings.http_max_concurrent_scrapes, http_stats)
+    gate = RequestGate(settings.http_max_concurrent_scrapes, http_stats, "scrape_limit")
+    api_gate = RequestGate(settings.http_max_concurrent_api, http_stats, "api_limit")
     return Exporter(
-        settings, store, registry, ingest, scrape, time.time(), gpus, http_stats, gate, auth_stats
+        settings,
+        store,
+        registry,
+        ingest,
+        scrape,
+        time.time(),
+        gpus,
+        http_stats,
+        gate,
+        api_gate,
+        auth_stats,
     )
 
 
@@ -220,6 +236,8 @@ def create_app(
     assert gate is not None
     text = TextExposition()
     text_lock = threading.Lock()
+    budget = SampleBudget(ex.registry, settings.scrape_sample_limit)
+    app.state.sample_budget = budget
 
     def render_text(registry: Any) -> bytes:
         with text_lock:  # one cache: concurrent scrapes take turns formatting
@@ -230,7 +248,9 @@ def create_app(
         """Prometheus exposition (text 0.0.4, or OpenMetrics when asked for).
 
         Collected in a worker thread; at most ``http_max_concurrent_scrapes`` at once (503
-        past it), each holding its slot until its body is written. The text format comes from
+        past it), each holding its slot until its body is written; never more than
+        ``scrape_sample_limit`` samples (:class:`SampleBudget` sheds the least important
+        series first). The text format comes from
         :class:`TextExposition` (prometheus-client's bytes, each series' label text kept
         between scrapes); OpenMetrics from prometheus-client.
         """
@@ -244,7 +264,7 @@ def create_app(
             encoder, content_type = choose_encoder(request.headers.get("accept", ""))
             if encoder is generate_latest:
                 encoder = render_text
-            body = await anyio.to_thread.run_sync(encoder, ex.registry)
+            body = await anyio.to_thread.run_sync(encoder, budget)
         except BaseException:
             gate.leave()
             raise
@@ -275,19 +295,50 @@ def create_app(
         }
         return JSONResponse(body, status_code=200 if ready else 503)
 
+    api_gate = ex.api_gate
+    assert api_gate is not None
+    builder: list[anyio.CapacityLimiter] = []  # made on first use, inside the event loop
+
+    async def gated(build: Callable[[], bytes], media_type: str) -> Response:
+        """Build a body in a worker thread under the API gate (503 when it is full)."""
+        assert api_gate is not None
+        if not api_gate.enter():
+            return PlainTextResponse(
+                "too many concurrent API requests (http_max_concurrent_api)\n",
+                status_code=503,
+                headers={"Retry-After": "1"},
+            )
+        try:
+            if not builder:
+                # One body built at a time (the GIL runs one anyway): one worker thread's
+                # allocator arena holds the garbage of a build, not one per concurrent request.
+                builder.append(anyio.CapacityLimiter(1))
+            body = await anyio.to_thread.run_sync(build, limiter=builder[0])
+        except BaseException:
+            api_gate.leave()
+            raise
+        return GatedResponse(api_gate, body, media_type=media_type)
+
     @app.get("/api/v1/runs", response_model=RunsResponse)
-    def runs() -> RunsResponse:
-        """Every run and rank the exporter knows, with last values, health and MFU."""
-        return snapshot(ex.store, _gpus(ex), settings.peak_flops)
+    async def runs() -> Response:
+        """Every run and rank the exporter knows, with last values, health and MFU.
+
+        Built in a worker thread; at most ``http_max_concurrent_api`` API and status-page
+        requests at once (503 past it), each holding its slot until its body is written.
+        """
+        return await gated(
+            lambda: snapshot(ex.store, _gpus(ex), settings.peak_flops).model_dump_json().encode(),
+            "application/json",
+        )
 
     @app.get("/api/v1/gpus", response_model=GpusResponse)
-    def gpus() -> GpusResponse:
+    async def gpus() -> Response:
         """Every GPU of the node from the last NVML sample, or why there is none."""
-        return gpu_snapshot(_gpus(ex))
+        return await gated(
+            lambda: gpu_snapshot(_gpus(ex)).model_dump_json().encode(), "application/json"
+        )
 
-    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
-    def status_page() -> str:
-        """A small human-readable status page (refreshes every 5 s)."""
+    def status_body() -> bytes:
         gpus = _gpus(ex)
         page = StatusPage(
             runs=snapshot(ex.store, gpus, settings.peak_flops),
@@ -297,7 +348,12 @@ def create_app(
             collectors=dict(ex.scrape.last_success),
             gpu_state=None if ex.gpus is None else gpus.state,
         )
-        return render_status(page)
+        return render_status(page).encode()
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def status_page() -> Response:
+        """A small human-readable status page (refreshes every 5 s; gated like the API)."""
+        return await gated(status_body, "text/html; charset=utf-8")
 
     if web is None and settings.web_config_file is not None:
         web = load_web_config(settings.web_config_file)

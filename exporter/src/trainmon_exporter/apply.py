@@ -252,12 +252,17 @@ class Applier:
         """Apply one packet's records in order; never raises.
 
         Returns:
-            True when the connection must close (its HELLO was refused; the records after
-            it in the packet are counted as ``no_hello``, not applied).
+            True when the connection must close (its HELLO was refused, or its rank was
+            taken away for its run's owner claim; the records after that in the packet are
+            counted as ``no_hello``, not applied).
         """
         invalid = self._invalid
         counts: dict[int, int] = {}
-        close = False
+        # A rank its run's owner claim took away (Store.attach): the connection closes, its
+        # records counted as no_hello.
+        close = link.state is not None and link.state.revoked
+        if close:
+            link.refusal = "not_owner"
         applied, data_records = Outcome.APPLIED, P.DATA_RECORDS
         with self.store.lock:
             try:
@@ -381,7 +386,16 @@ class Applier:
                 rewritten,
             )
             self.drop("label_rewritten", rewritten)
+        before = self.store.run_state(hello.run)
         result = self.store.attach(hello.model_dump(), link.peer_uid, link.peer_pid)
+        if before is not None and before.revoked:
+            log.warning(
+                "run %s: its owner claim names uid %s; the ranks uid %s opened before it were "
+                "dropped",
+                hello.run,
+                link.peer_uid,
+                before.owner_uid,
+            )
         link.refusal = result if isinstance(result, str) else None
         if isinstance(result, str):
             if result == "not_owner":

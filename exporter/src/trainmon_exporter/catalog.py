@@ -50,7 +50,7 @@ class Family:
     its meaning-and-source text (Markdown). ``collector`` is what emits the family: a
     collector's settings toggle (``training``, ``health``, ``layers``, ``rank_gpu``, ``gpu``,
     ``exporter``, ``process``) or an instrument that is always on (``ingest``, ``http``,
-    ``log``, ``scrape``).
+    ``log``, ``scrape``, ``exposition``).
     """
 
     name: str
@@ -2058,6 +2058,30 @@ INGEST_HELLOS_REFUSED = Family(
     ),
 )
 
+OWNER_CLAIMS_INVALID = Family(
+    "trainmon_owner_claims_invalid",
+    COUNTER,
+    (
+        "Owner claims ignored at a HELLO, by problem: unsafe_dir (the claims directory or its "
+        "path could be changed by another user, or is a symbolic link), unsafe_file (a "
+        "symbolic link, not a regular file, or writable by another user), malformed (not one "
+        "decimal uid), unreadable. The run is then first come, first served."
+    ),
+    ("problem",),
+    unit="claims",
+    collector="exporter",
+    doc=(
+        "Owner claims (`owner_claims_dir`, written by the Slurm prolog) ignored at a HELLO, by "
+        "problem: `unsafe_dir` (the directory, or a directory on its path, is a symbolic link "
+        "or belongs to a user other than root or the exporter's, or could be written by "
+        "another user), `unsafe_file` (the claim is a symbolic link, not a regular file, or "
+        "belongs to or may be written by another user), `malformed` (not one decimal uid), "
+        "`unreadable` (an I/O error). Each is logged; the run is then first come, first "
+        "served, as without a claim. Counted at each look-up, so a trainer retrying counts "
+        "again."
+    ),
+)
+
 # ---------- ingest: the socket server's instruments (trainmon_exporter.ingest.IngestMetrics)
 
 INGEST_PACKETS = Family(
@@ -2181,10 +2205,11 @@ INGEST_CONNECTIONS_REFUSED = Family(
     COUNTER,
     (
         "Trainer connections refused or closed by the exporter, by reason: max_connections "
-        "(ingest_max_connections open: accepted and closed at once), fd_limit (accept() failed "
-        "for lack of file descriptors or memory, per attempt; accepting pauses), hello_timeout "
-        "(no HELLO within ingest_hello_timeout_seconds), idle_timeout (silent for "
-        "ingest_idle_timeout_seconds)."
+        "(ingest_max_connections open: accepted and closed at once), uid_quota (the "
+        "connecting uid holds ingest_max_connections_per_uid: accepted and closed at once), "
+        "fd_limit (accept() failed for lack of file descriptors or memory, per attempt; "
+        "accepting pauses), hello_timeout (no HELLO within ingest_hello_timeout_seconds), "
+        "idle_timeout (silent for ingest_idle_timeout_seconds)."
     ),
     ("reason",),
     unit="1",
@@ -2192,10 +2217,12 @@ INGEST_CONNECTIONS_REFUSED = Family(
     doc=(
         "Trainer connections refused or closed by the exporter: `max_connections` (the cap was "
         "reached: accepted and closed at once, the client sees EOF and retries with back-off), "
-        "`fd_limit` (one failed `accept()` for lack of descriptors or memory — EMFILE, ENFILE, "
-        "ENOBUFS, ENOMEM; accepting pauses 50 ms, doubling to 1 s), `hello_timeout` (no HELLO "
-        "within `ingest_hello_timeout_seconds`), `idle_timeout` (silent for "
-        "`ingest_idle_timeout_seconds`, off by default)."
+        "`uid_quota` (the connecting uid, from `SO_PEERCRED`, already holds "
+        "`ingest_max_connections_per_uid` connections: accepted and closed at once; other uids "
+        "still get in), `fd_limit` (one failed `accept()` for lack of descriptors or memory — "
+        "EMFILE, ENFILE, ENOBUFS, ENOMEM; accepting pauses 50 ms, doubling to 1 s), "
+        "`hello_timeout` (no HELLO within `ingest_hello_timeout_seconds`), `idle_timeout` "
+        "(silent for `ingest_idle_timeout_seconds`, off by default)."
     ),
 )
 
@@ -2243,14 +2270,17 @@ HTTP_REQUESTS_REFUSED = Family(
     COUNTER,
     (
         "HTTP requests answered 503 at once, by reason: scrape_limit (more than "
-        "http_max_concurrent_scrapes /metrics requests in progress)."
+        "http_max_concurrent_scrapes /metrics requests in progress), api_limit (more than "
+        "http_max_concurrent_api JSON API and status page requests in progress)."
     ),
     ("reason",),
     unit="1",
     collector="http",
     doc=(
-        "Requests answered 503 at once: `scrape_limit` (more than `http_max_concurrent_scrapes` "
-        "`/metrics` requests in progress)."
+        "Requests answered 503 at once, with `Retry-After: 1`: `scrape_limit` (more than "
+        "`http_max_concurrent_scrapes` `/metrics` requests in progress), `api_limit` (more than "
+        "`http_max_concurrent_api` `/api/v1/*` and status page requests in progress). A request "
+        "holds its slot until the client has read its body."
     ),
 )
 
@@ -2319,6 +2349,55 @@ SCRAPE_COLLECTOR_SUCCESS = Family(
         "0 when the collector failed: a known condition is one log line and shows on `/readyz` "
         "under `collector_errors`; anything else logs a traceback. The other collectors still "
         "report. No NVML is not a collector failure (see `trainmon_gpu_nvml_available`)."
+    ),
+)
+
+# ---------- exposition: the sample budget of /metrics (shed.SampleBudget)
+
+EXPORTER_SAMPLE_LIMIT = Family(
+    "trainmon_exporter_sample_limit",
+    GAUGE,
+    "Most samples one scrape of /metrics carries (scrape_sample_limit, the scrape's sample_limit).",
+    (),
+    unit="samples",
+    collector="exposition",
+    doc=(
+        "`scrape_sample_limit`: the most samples one exposition carries, the value the shipped "
+        "PodMonitors and Prometheus configuration scrape with (`sampleLimit`, `sample_limit`)."
+    ),
+)
+
+EXPORTER_SAMPLES = Family(
+    "trainmon_exporter_samples",
+    GAUGE,
+    "Samples in this scrape's exposition, these included (every histogram bucket, _sum and "
+    "_count counted).",
+    (),
+    unit="samples",
+    collector="exposition",
+    doc=(
+        "Samples this exposition carries after shedding, its own included; at most "
+        "`trainmon_exporter_sample_limit`."
+    ),
+)
+
+EXPORTER_SERIES_SHED = Family(
+    "trainmon_exporter_series_shed",
+    GAUGE,
+    "Series left out of this scrape to stay under scrape_sample_limit, by shed class (layer, "
+    "custom, evaluation, operation first; rank and node only when those do not suffice).",
+    ("class",),
+    unit="series",
+    collector="exposition",
+    doc=(
+        "Series left out of this exposition so that it stays under `scrape_sample_limit` "
+        "(Prometheus would otherwise fail the whole scrape), by class, the first shed first: "
+        "`layer` (per-layer series), `custom` (custom metrics), `evaluation` (named `Run.eval` "
+        "values), `operation` (tracked operations); then `rank` (whole ranks) and `node` "
+        "(the node's own families), reached only when a node's ranks and GPUs alone pass the "
+        "limit. Run health, the crash and non-finite counters and GPU telemetry are shed only "
+        "in `rank` or `node`. Every class is exported at 0 from the first scrape "
+        "(`TrainmonExporterSheddingSeries`)."
     ),
 )
 
@@ -2545,6 +2624,7 @@ EXPORTER_TABLE: tuple[Family, ...] = (
     EXPORTER_RANKS_EVICTED,
     EXPORTER_SERIES,
     INGEST_HELLOS_REFUSED,
+    OWNER_CLAIMS_INVALID,
     INGEST_CONNECTIONS,
     INGEST_OPEN_CONNECTIONS,
     INGEST_MAX_CONNECTIONS,
@@ -2560,6 +2640,9 @@ EXPORTER_TABLE: tuple[Family, ...] = (
     EXPORTER_LOG_MESSAGES_SUPPRESSED,
     SCRAPE_COLLECTOR_DURATION_SECONDS,
     SCRAPE_COLLECTOR_SUCCESS,
+    EXPORTER_SAMPLE_LIMIT,
+    EXPORTER_SAMPLES,
+    EXPORTER_SERIES_SHED,
     PROCESS_CPU_SECONDS,
     PROCESS_RESIDENT_MEMORY_BYTES,
     PROCESS_VIRTUAL_MEMORY_BYTES,

@@ -18,10 +18,12 @@ subclass of uvicorn's own h11 protocol:
   capped too (:data:`SEND_BUFFER_BYTES`).
 
 Each close is counted in ``trainmon_http_connections_closed_total{reason}``. Concurrent
-``/metrics`` requests are bounded separately (:class:`ScrapeGate`): past ``max_scrapes`` a
-request gets 503 at once, counted in ``trainmon_http_requests_refused_total{reason}``; a
-scrape holds its slot until its body is written (or the connection dies), so the bodies held
-in memory are bounded too.
+requests that build a large body are bounded separately (:class:`RequestGate`): ``/metrics``
+by ``http_max_concurrent_scrapes``, the JSON API (``/api/v1/*``) and the status page by
+``http_max_concurrent_api``. Past its limit a request gets 503 with ``Retry-After: 1`` at
+once, counted in ``trainmon_http_requests_refused_total{reason}``; a request holds its slot
+until its body is written (or the write timeout aborts the connection), so the bodies held in
+memory, and the worker threads building them, are bounded too.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ log = logging.getLogger("trainmon_exporter.http")
 
 CLOSE_REASONS = ("header_timeout", "evicted", "write_timeout")
 """``reason`` values of ``trainmon_http_connections_closed_total``."""
-REFUSE_REASONS = ("scrape_limit",)
+REFUSE_REASONS = ("scrape_limit", "api_limit")
 """``reason`` values of ``trainmon_http_requests_refused_total``."""
 SEND_BUFFER_BYTES = 256 * 1024
 """Kernel send buffer of each HTTP connection (``SO_SNDBUF``, which also stops Linux growing
@@ -195,18 +197,24 @@ def protocol_class(
     return LimitedH11Protocol
 
 
-class ScrapeGate:
-    """At most ``limit`` ``/metrics`` requests in progress (event-loop thread only)."""
+class RequestGate:
+    """At most ``limit`` requests of one kind in progress (event-loop thread only).
 
-    def __init__(self, limit: int, stats: HttpStats) -> None:
+    ``reason``: what a refusal is counted as (one of :data:`REFUSE_REASONS`).
+    """
+
+    def __init__(self, limit: int, stats: HttpStats, reason: str = "scrape_limit") -> None:
+        if reason not in REFUSE_REASONS:
+            raise ValueError(f"unknown refusal reason {reason!r}")
         self.limit = limit
         self.stats = stats
+        self.reason = reason
         self.active = 0
 
     def enter(self) -> bool:
         """Take a slot; False (and counted) when all are taken."""
         if self.active >= self.limit:
-            self.stats.refuse("scrape_limit")
+            self.stats.refuse(self.reason)
             return False
         self.active += 1
         return True
@@ -216,16 +224,41 @@ class ScrapeGate:
         self.active -= 1
 
 
-class GatedResponse(Response):
-    """A response that gives its :class:`ScrapeGate` slot back once its body is written."""
+BODY_CHUNK_BYTES = 64 * 1024
+"""Size of the pieces a gated body is sent in. uvicorn waits, before each piece, while the
+client is not reading (the transport is over its high-water mark), so a slot is held until
+the client has taken its body (or the write timeout aborts the connection), and the memory an
+unread answer pins is bounded by the gate, not by the number of requests."""
 
-    def __init__(self, gate: ScrapeGate, *args: Any, **kwargs: Any) -> None:
+
+class GatedResponse(Response):
+    """A response that gives its :class:`RequestGate` slot back once its body is written.
+
+    The body goes out in :data:`BODY_CHUNK_BYTES` pieces: sent whole, it would be handed to
+    the transport at once and the slot given back while the body still waits in memory for a
+    client that does not read.
+    """
+
+    def __init__(self, gate: RequestGate, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.gate = gate
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Send, then release the slot (also when the client went away)."""
+        """Send in pieces, then release the slot (also when the client went away)."""
         try:
-            await super().__call__(scope, receive, send)
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": self.status_code,
+                    "headers": self.raw_headers,
+                }
+            )
+            body = self.body
+            n = len(body)
+            for i in range(0, max(n, 1), BODY_CHUNK_BYTES):
+                end = i + BODY_CHUNK_BYTES
+                await send(
+                    {"type": "http.response.body", "body": body[i:end], "more_body": end < n}
+                )
         finally:
             self.gate.leave()

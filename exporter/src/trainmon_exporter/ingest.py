@@ -1,8 +1,9 @@
 """The Unix-socket ingest server: accepts trainer connections and reads their packets.
 
-Why this module is one module of about 600 lines: it is the socket server, whose parts (the
-connection cap, the HELLO and idle deadlines, the EMFILE back-off, the fair drain and the token
-bucket) share the server's connection table and event loop, and are only correct together.
+Why this module is one module of about 670 lines: it is the socket server, whose parts (the
+connection cap and per-uid quota, the HELLO and idle deadlines, the EMFILE back-off, the fair
+drain and the token bucket) share the server's connection table and event loop, and are only
+correct together.
 Everything about what a packet means is in :mod:`trainmon_exporter.apply`.
 
 ``asyncio.start_unix_server`` only speaks ``SOCK_STREAM``; trainmon uses ``SOCK_SEQPACKET``
@@ -11,17 +12,24 @@ sockets directly (polled, or with ``loop.add_reader``).
 
 Limits (each a setting, each refusal counted in ``trainmon_ingest_connections_refused_total``):
 at most ``max_connections`` open connections (more are accepted and closed at once, so the
-listen queue drains and the exporter keeps file descriptors for HTTP); a HELLO within
+listen queue drains and the exporter keeps file descriptors for HTTP), and at most
+``max_connections_per_uid`` of them from one uid (``SO_PEERCRED``), so one user cannot take
+every slot from the others; a HELLO within
 ``hello_timeout`` seconds of connecting; optionally an idle timeout; and when ``accept()`` fails
 for lack of file descriptors (EMFILE, ENFILE) or memory, accepting pauses with an exponential
 back-off instead of spinning on a listening socket that stays readable.
 
-Fair draining: one turn reads at most ``_TURN_PACKETS`` packets or ``_TURN_BYTES`` bytes from a
-connection, then moves on to the next one and yields to the event loop (HTTP) at least every
-``_SLICE_S`` seconds; each connection may also deliver at most ``max_bytes_per_second`` (a token
-bucket). One connection sending valid packets flat out therefore costs a bounded share of the
-loop and never delays other trainers or ``/healthz``; what it cannot deliver stays in its own
-socket buffer (its client counts the drops).
+Fair draining: the drain works in rounds, and a round gives every open connection one turn,
+whether or not its socket had data at its previous turn. A turn reads at most
+``_TURN_PACKETS`` packets, and bytes up to a budget that the connections of one uid share
+(``_TURN_BYTES`` per uid, at least ``_MIN_TURN_BYTES`` each); the drain yields to the event loop
+(HTTP) at least every ``_SLICE_S`` seconds, and each connection may also deliver at most
+``max_bytes_per_second`` (a token bucket). Connections sending valid packets flat out, one or
+many, therefore cost a bounded share of the loop and never delay other trainers' packets by
+more than a round, nor ``/healthz``; what they cannot deliver stays in their own socket
+buffers (their clients count the drops). Accepting works in slices too: a new connection's
+first packet (its HELLO) is read at once and the rest in the rounds, and a burst of accepts
+yields to the event loop after ``_SLICE_S`` seconds.
 
 The server only moves bytes: each packet read goes to :class:`~trainmon_exporter.apply.Applier`,
 which applies its records to the :class:`~trainmon_exporter.state.Store`. Bad input never
@@ -32,6 +40,7 @@ raises out of here: every refused packet, record or value increments
 from __future__ import annotations
 
 import asyncio
+import collections
 import errno
 import logging
 import resource
@@ -61,6 +70,8 @@ _TURN_PACKETS = 16
 _TURN_BYTES = 128 * 1024
 """Bytes read from one connection per turn (about 10 ms of decoding at the ~80 ns per byte that
 benchmarks/ingest.py measures)."""
+_MIN_TURN_BYTES = 8 * 1024
+"""Smallest byte budget of a turn, however many connections its uid shares a round with."""
 _SLICE_S = 0.005
 """Longest run of turns (s) before the drain yields to the event loop."""
 _ACCEPT_BACKOFF_MIN_S = 0.05
@@ -109,11 +120,13 @@ new name (custom metric, evaluation value, operation, layer) refused because the
 series budget ``max_series`` is spent; ``bad_counter`` a cumulative total of a STEP (tokens,
 samples, client overhead) that was NaN, infinite, negative or lower than the previous one
 without a client restart: the total keeps its previous value."""
-CONNECTION_REFUSALS = ("max_connections", "fd_limit", "hello_timeout", "idle_timeout")
+CONNECTION_REFUSALS = ("max_connections", "uid_quota", "fd_limit", "hello_timeout", "idle_timeout")
 """``reason`` values of ``trainmon_ingest_connections_refused_total``: ``max_connections``
-(accepted and closed at once: the cap was reached), ``fd_limit`` (one failed ``accept()``:
-EMFILE, ENFILE, ENOBUFS or ENOMEM; accepting pauses), ``hello_timeout`` (closed: no HELLO in
-time), ``idle_timeout`` (closed: nothing received for ``ingest_idle_timeout_seconds``)."""
+(accepted and closed at once: the cap was reached), ``uid_quota`` (accepted and closed at
+once: the connecting uid already holds ``max_connections_per_uid``), ``fd_limit`` (one failed
+``accept()``: EMFILE, ENFILE, ENOBUFS or ENOMEM; accepting pauses), ``hello_timeout``
+(closed: no HELLO in time), ``idle_timeout`` (closed: nothing received for
+``ingest_idle_timeout_seconds``)."""
 RECORD_TYPES = P.RECORD_NAMES
 
 
@@ -166,14 +179,25 @@ class Connection(Link):
         "sock",
     )
 
-    def __init__(self, sock: socket.socket) -> None:
-        super().__init__(*peer_credentials(sock))
+    def __init__(
+        self, sock: socket.socket, creds: tuple[int | None, int | None, int | None] | None = None
+    ) -> None:
+        super().__init__(*(creds if creds is not None else peer_credentials(sock)))
         self.sock = sock
         self.fd = sock.fileno()
         self.opened_mono = self.last_mono = self.refilled_mono = time.monotonic()
         self.allowance = float(_TURN_BYTES)  # bytes it may still deliver (token bucket)
         self.paused = False  # reader mode: over its rate, not registered with the loop
         self.closed = False
+
+
+def turn_bytes(uid_connections: int) -> int:
+    """Byte budget of one turn of a connection whose uid has ``uid_connections`` open.
+
+    A uid's connections share :data:`_TURN_BYTES` per round (at least :data:`_MIN_TURN_BYTES`
+    each), so a round costs about ``_TURN_BYTES`` per uid plus one small turn per connection.
+    """
+    return max(_MIN_TURN_BYTES, _TURN_BYTES // max(1, uid_connections))
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int | None, int | None, int | None]:
@@ -262,6 +286,10 @@ class IngestServer:
             :meth:`start`.
         max_connections: open connections at most; more are accepted and closed at once
             (``max_connections``).
+        max_connections_per_uid: open connections of one uid (``SO_PEERCRED`` at connect)
+            at most; more of that uid are accepted and closed at once (``uid_quota``). Every
+            uid counts, root included (in containers without user namespaces, every root
+            trainer is uid 0); a peer whose uid is unknown counts as one uid. None: no quota.
         hello_timeout: seconds a connection may stay open without a HELLO
             (``hello_timeout``).
         idle_timeout: seconds a connection with a HELLO may stay silent before it is closed
@@ -283,6 +311,7 @@ class IngestServer:
         allowed_gids: Iterable[int] = (),
         listener: IngestSocket | None = None,
         max_connections: int = 1024,
+        max_connections_per_uid: int | None = None,
         hello_timeout: float = 10.0,
         idle_timeout: float = 0.0,
         max_bytes_per_second: float = 4 * 2**20,
@@ -294,6 +323,8 @@ class IngestServer:
         self._listener = listener
         self.poll_interval = poll_interval
         self.max_connections = max_connections
+        self.max_connections_per_uid = max_connections_per_uid or max_connections
+        self._per_uid: collections.Counter[int | None] = collections.Counter()
         self.hello_timeout = hello_timeout
         self.idle_timeout = idle_timeout
         self.rate = max_bytes_per_second
@@ -362,8 +393,16 @@ class IngestServer:
     # --------------------------------------------------------------------------- I/O
 
     def _accept(self) -> None:
+        """Accept up to :data:`_ACCEPT_BURST` connections, for at most :data:`_SLICE_S` s.
+
+        The listening socket stays readable while connections wait, so the event loop calls
+        this again after serving whatever else is ready (HTTP among it).
+        """
         assert self._sock is not None and self._loop is not None
+        end = time.perf_counter() + _SLICE_S
         for _ in range(_ACCEPT_BURST):
+            if time.perf_counter() >= end:
+                return
             try:
                 sock, _addr = self._sock.accept()
             except (BlockingIOError, InterruptedError):
@@ -383,15 +422,30 @@ class IngestServer:
                     len(self._conns),
                 )
                 continue
+            creds = peer_credentials(sock)
+            uid = creds[1]
+            if self._per_uid[uid] >= self.max_connections_per_uid:
+                sock.close()  # the client sees EOF at once and retries with back-off
+                self.metrics._refused["uid_quota"].inc()
+                log.warning(
+                    "refused a trainer connection of uid %s: it holds %d connections "
+                    "(ingest_max_connections_per_uid)",
+                    uid,
+                    self._per_uid[uid],
+                )
+                continue
             sock.setblocking(False)
-            conn = Connection(sock)
+            conn = Connection(sock, creds)
             conn.admitted = self._allowed(conn)  # the peer is fixed at connect()
             self._conns[conn.fd] = conn
+            self._per_uid[conn.peer_uid] += 1
             self.metrics.connections_total.inc()
             self.metrics.connections.inc()
             if self.poll_interval <= 0:
                 self._loop.add_reader(conn.fd, self._on_readable, conn)
-            self._drain(conn)  # the HELLO is usually there already
+            # The HELLO is usually there already: read that one packet now, the rest in the
+            # drain's rounds, so a burst of accepts costs the event loop one packet each.
+            self._drain(conn, _MIN_TURN_BYTES, packets=1)
 
     def _pause_accepting(self, exc: OSError) -> None:
         """Out of descriptors: stop watching the listening socket for a while (no busy loop)."""
@@ -454,26 +508,33 @@ class IngestServer:
             await self._drain_all()
 
     async def _drain_all(self) -> None:
-        """Round-robin turns over every connection until each is empty or out of allowance.
+        """Drain in rounds until a round finds nothing more to read.
 
-        Yields to the event loop every :data:`_SLICE_S` seconds of work, so HTTP requests are
-        served in between however much data is waiting.
+        A round gives every open connection (those accepted meanwhile included) one turn, in
+        order, whatever the others still hold: a connection whose socket was empty at its turn
+        is read again next round, so one that sends without pause cannot keep the others
+        waiting for more than one round. The bytes of a turn are shared per uid
+        (:func:`turn_bytes`), so a uid with many connections gets one uid's share of a round,
+        not one share per connection. Yields to the event loop every :data:`_SLICE_S` seconds
+        of work, so HTTP requests are served in between however much data is waiting.
         """
-        pending = list(self._conns.values())
         slice_end = time.perf_counter() + _SLICE_S
-        while pending:
-            again = []
-            for conn in pending:
+        while True:
+            conns = list(self._conns.values())
+            per_uid = collections.Counter(c.peer_uid for c in conns)
+            more = False
+            for conn in conns:
                 try:
-                    if self._drain(conn):
-                        again.append(conn)
+                    if self._drain(conn, turn_bytes(per_uid[conn.peer_uid])):
+                        more = True
                 except Exception:  # one bad connection must not stop the others
                     log.exception("ingest failed on a connection")
                     self._close(conn, record=True)
                 if time.perf_counter() >= slice_end:
                     await asyncio.sleep(0)
                     slice_end = time.perf_counter() + _SLICE_S
-            pending = again
+            if not more:
+                return
 
     def _on_readable(self, conn: Connection) -> None:
         """Reader mode (``poll_interval`` 0): one turn per readable event."""
@@ -494,8 +555,13 @@ class IngestServer:
             conn.paused = False
             self._loop.add_reader(conn.fd, self._on_readable, conn)
 
-    def _drain(self, conn: Connection) -> bool:
-        """One turn: read and apply at most :data:`_TURN_PACKETS` / :data:`_TURN_BYTES`.
+    def _drain(
+        self, conn: Connection, turn: int = _TURN_BYTES, packets: int = _TURN_PACKETS
+    ) -> bool:
+        """One turn: read and apply at most ``packets`` packets or ``turn`` bytes.
+
+        The turn reads at least one packet when one is waiting and the connection is within
+        its rate, whatever ``turn`` is.
 
         Returns True when the turn ended on its budget with allowance left (more may wait);
         False when the socket is empty, closed, or the connection is over its rate.
@@ -503,10 +569,10 @@ class IngestServer:
         now = time.monotonic()
         conn.allowance = min(self.burst, conn.allowance + (now - conn.refilled_mono) * self.rate)
         conn.refilled_mono = now
-        budget = min(float(_TURN_BYTES), conn.allowance)
+        budget = min(float(turn), conn.allowance)
         got = False
         on_budget = True  # the turn ended on its budget, not on an empty socket
-        for _ in range(_TURN_PACKETS):
+        for _ in range(packets):
             if conn.closed:
                 return False
             if budget <= 0:
@@ -554,6 +620,9 @@ class IngestServer:
             self._loop.remove_reader(conn.fd)
         conn.sock.close()
         self._conns.pop(conn.fd, None)
+        self._per_uid[conn.peer_uid] -= 1
+        if self._per_uid[conn.peer_uid] <= 0:
+            del self._per_uid[conn.peer_uid]
         self.metrics.connections.dec()
         if conn.state is not None:
             with self.store.lock:

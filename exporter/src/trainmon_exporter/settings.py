@@ -254,6 +254,14 @@ class Settings(BaseSettings):
         description="If set (with allowed_uids), processes whose primary or supplementary "
         "group (names or numbers) is listed may send data.",
     )
+    owner_claims_dir: Path | None = Field(
+        Path("/run/trainmon-owners"),
+        description="Directory of owner claims: a file per run id holding the uid that alone "
+        "may write to that run (the Slurm prolog writes slurm-<job id> before the job starts). "
+        "Read at each HELLO; ignored (trainmon_owner_claims_invalid_total) unless the directory "
+        "and the file belong to root or the exporter's user and are writable by no one else. "
+        "Absent: no claims; empty: off.",
+    )
     ingest_poll_interval_seconds: float = Field(
         0.1,
         ge=0,
@@ -269,6 +277,16 @@ class Settings(BaseSettings):
         description="Most trainer connections open at once; more are accepted and closed at "
         'once (trainmon_ingest_connections_refused_total{reason="max_connections"}). '
         "Lowered at start to fit the open-file limit, keeping descriptors for HTTP.",
+    )
+    ingest_max_connections_per_uid: int | None = Field(
+        None,
+        ge=1,
+        le=1_000_000,
+        description="Most trainer connections one uid may hold open at once (SO_PEERCRED at "
+        "connect); more from that uid are accepted and closed at once "
+        '(trainmon_ingest_connections_refused_total{reason="uid_quota"}) while other uids '
+        "still get in. Default: a quarter of ingest_max_connections, at least 64 (8 GPUs x 8 "
+        "processes) or all of it when it is smaller. At most ingest_max_connections.",
     )
     ingest_hello_timeout_seconds: float = Field(
         10.0,
@@ -356,6 +374,14 @@ class Settings(BaseSettings):
         '(trainmon_http_auth_failures_total{reason="check_limit"}). Credentials already '
         "verified are not checked again.",
     )
+    http_max_concurrent_api: int = Field(
+        8,
+        ge=1,
+        le=256,
+        description="Most JSON API (/api/v1/*) and status page requests in progress at once "
+        "(each builds its body in a worker thread and holds it until written); more get 503 "
+        'at once (trainmon_http_requests_refused_total{reason="api_limit"}).',
+    )
     series_ttl_seconds: float = Field(
         600.0,
         gt=0,
@@ -434,6 +460,17 @@ class Settings(BaseSettings):
         "past it is refused (uid_series_quota), a new name dropped (series_budget). A quarter "
         "of max_series, above max_ranks_per_uid x 120 so a uid can reach its rank quota; "
         "capped at max_series.",
+    )
+    scrape_sample_limit: int = Field(
+        10_000,
+        ge=1000,
+        le=5_000_000,
+        description="Most samples one scrape of /metrics carries, every histogram bucket and "
+        "the exporter's own series counted: set it to the sample_limit (PodMonitor "
+        "sampleLimit) Prometheus scrapes this exporter with, which fails a whole scrape past "
+        "it. Past it the exporter leaves out per-layer series first, then custom metrics, "
+        "evaluation values and operations, never run health, crash or non-finite counters or "
+        "GPU series while the ranks and GPUs fit (trainmon_exporter_series_shed).",
     )
     layer_ranks: str = Field(
         "0",
@@ -527,6 +564,15 @@ class Settings(BaseSettings):
         _gid(value)
         return value
 
+    @field_validator("owner_claims_dir", mode="before")
+    @classmethod
+    def _claims_dir(cls, value: Any) -> Any:
+        if value is None or (isinstance(value, str) and value.strip() == ""):
+            return None
+        if not Path(value).is_absolute():
+            raise ValueError("must be an absolute path")
+        return value
+
     @field_validator("allowed_uids", mode="before")
     @classmethod
     def _uids(cls, value: Any) -> Any:
@@ -544,6 +590,28 @@ class Settings(BaseSettings):
         if value not in ("critical", "error", "warning", "info", "debug"):
             raise ValueError(f"unknown log level {value!r}")
         return value
+
+    @model_validator(mode="after")
+    def _check_uid_quota(self) -> Settings:
+        per_uid = self.ingest_max_connections_per_uid
+        if per_uid is not None and per_uid > self.ingest_max_connections:
+            raise ValueError(
+                f"ingest_max_connections_per_uid ({per_uid}) must be at most "
+                f"ingest_max_connections ({self.ingest_max_connections})"
+            )
+        return self
+
+    def connections_per_uid(self, cap: int) -> int:
+        """Connections one uid may hold when at most ``cap`` are open in all.
+
+        ``cap`` is ``ingest_max_connections`` as lowered to fit the open-file limit; the
+        quota is :attr:`ingest_max_connections_per_uid` if set, else ``cap // 4`` but at least
+        ``min(64, cap)``; never more than ``cap``.
+        """
+        per_uid = self.ingest_max_connections_per_uid
+        if per_uid is None:
+            per_uid = max(min(64, cap), cap // 4)
+        return max(1, min(per_uid, cap))
 
     @field_validator("step_duration_buckets")
     @classmethod
@@ -702,7 +770,7 @@ STATUS_VARIABLES = frozenset({"TRAINMON_STATUS_PASSWORD"})
 
 
 def environment_names() -> frozenset[str]:
-    """Every ``TRAINMON_*`` variable the exporter, the client or ``trainmon status`` reads (upper case)."""
+    """Every ``TRAINMON_*`` variable the exporter, the client or ``trainmon status`` reads."""
     names = set(CLIENT_VARIABLES | STATUS_VARIABLES)
     for name, field in Settings.model_fields.items():
         names.add(f"TRAINMON_{name.upper()}")

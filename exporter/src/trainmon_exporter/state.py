@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 from trainmon_client import _protocol as P
 from trainmon_exporter.analytics import RankAnalytics, RunAnalytics
 from trainmon_exporter.analytics.goodput import Goodput
+from trainmon_exporter.claims import OwnerClaims
 from trainmon_exporter.settings import AnalyticsSettings
 
 NONFINITE_FIELDS = ("loss", "grad_norm", "lr", "custom")
@@ -159,6 +160,7 @@ class RankState:
     analytics: RankAnalytics
     peer_pid: int | None = None  # SO_PEERCRED: the client's PID in the exporter's namespace
     owner_uid: int | None = None  # SO_PEERCRED uid of the connection that opened the run
+    revoked: bool = False  # dropped for its run's owner claim (Store.attach): its link closes
     connected: bool = True
     status: str = "running"
     connected_mono: float = field(default_factory=time.monotonic)
@@ -530,6 +532,9 @@ class Store:
         self._owner_runs: dict[int | None, OrderedDict[str, None]] = {}
         self.max_owner_records = 4 * self.max_ranks_per_uid
         self.hellos_refused: dict[tuple[str, str], int] = {}
+        # The owner claims consulted at every HELLO (a run's uid, registered by a privileged
+        # process such as the Slurm prolog); None: no claims.
+        self.claims: OwnerClaims | None = None
         self.max_custom_metrics = max_custom_metrics
         self.max_layers = max_layers
         self.layer_ranks = layer_ranks  # ranks whose layers are exported as series
@@ -725,7 +730,10 @@ class Store:
         return next(iter(ranks.values())) if ranks else None
 
     def owner_of(self, run: str) -> int | None:
-        """The uid that owns ``run`` now (from its ranks, or its owner record), or None."""
+        """The uid that owns ``run`` now (its owner claim, its ranks, its owner record), or None."""
+        claimed = self.claims.lookup(run) if self.claims is not None else None
+        if claimed is not None:
+            return claimed
         holder = self.run_state(run)
         if holder is not None:
             return holder.owner_uid
@@ -756,12 +764,19 @@ class Store:
         key = (run, hello["rank"])
         state = self.ranks.get(key)
         holder = state if state is not None else self.run_state(run)
+        claimed = self.claims.lookup(run) if self.claims is not None else None
+        if claimed is not None:
+            if claimed != uid:
+                return "not_owner"
+            if holder is not None and holder.owner_uid != uid:
+                self._revoke(run)  # opened by another uid before the claim: a squatter
+                state = holder = None
         if holder is not None and holder.owner_uid != uid:
             return "not_owner"
         now = time.monotonic()
         if holder is None and run in self.owners:
             owner, lapse = self.owners[run]
-            if lapse > now and owner != uid:
+            if lapse > now and owner != uid and claimed is None:
                 return "not_owner"  # its ranks were evicted; the id is still its owner's
             self._forget_owner(run)
         if state is not None and not state.connected and state.status == "finished":
@@ -800,6 +815,17 @@ class Store:
         state.peer_pid = pid
         self._add(state)
         return state
+
+    def _revoke(self, run: str) -> None:
+        """Forget every rank of ``run``, whose owner is not the uid its claim names.
+
+        Each is marked :attr:`RankState.revoked`, so a connection still bound to it is closed
+        (refused ``not_owner``, counted by its uid) at its next packet.
+        """
+        for state in list(self._runs.get(run, {}).values()):
+            self._remove(state, remember=False)
+            state.revoked = True
+            self.count_refused_hello("not_owner", state.owner_uid)
 
     def _make_room(self, uid: int | None, now: float) -> str | None:
         """Make room for a new rank of ``uid`` and take its series; or say why not.

@@ -14,7 +14,7 @@ from trainmon_exporter.collectors import CollectorContext, register
 
 @register("exporter")
 class ExporterCollector:
-    """``trainmon_build_info``, ranks (tracked, expired, evicted), series, refused HELLOs."""
+    """``trainmon_build_info``, ranks, series, refused HELLOs, ignored owner claims."""
 
     name = "exporter"
 
@@ -31,6 +31,8 @@ class ExporterCollector:
             evicted = dict(self.store.evicted)
             series = self.store.series_used
             refused = dict(self.store.hellos_refused)
+            claims = self.store.claims
+            bad_claims = dict(claims.invalid) if claims is not None else {}
         ranks = catalog.EXPORTER_RANKS.gauge()
         ranks.add_metric([], float(n))
         exp = catalog.EXPORTER_RANKS_EXPIRED.counter()
@@ -43,4 +45,7 @@ class ExporterCollector:
         hellos = catalog.INGEST_HELLOS_REFUSED.counter()
         for (reason, uid), count in sorted(refused.items()):
             hellos.add_metric([reason, uid], float(count))
-        return [info, ranks, exp, ev, used, hellos]
+        invalid = catalog.OWNER_CLAIMS_INVALID.counter()
+        for problem, count in bad_claims.items():
+            invalid.add_metric([problem], float(count))
+        return [info, ranks, exp, ev, used, hellos, invalid]

@@ -1,0 +1,152 @@
+"""Fair draining: a connection that never runs dry cannot keep the others from being read.
+
+The server is the real :class:`~trainmon_exporter.ingest.IngestServer` on a real socket, driven
+by hand on an event loop. The flooders are made "faster than the exporter" exactly: each packet
+the server applies from one of them is replaced at once by another, so their sockets are never
+empty, whatever the speed of the machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+
+from prometheus_client import CollectorRegistry
+
+from trainmon_exporter.ingest import (
+    _MIN_TURN_BYTES,
+    _TURN_BYTES,
+    _TURN_PACKETS,
+    Connection,
+    IngestMetrics,
+    IngestServer,
+    turn_bytes,
+)
+
+from ..conftest import short_tmpdir
+from ..helpers.exporter import hello, pkt, step, store_of
+
+FLOOD_PACKETS = 3000
+"""Packets the flooders send in all before they stop (the drain ends only then)."""
+
+
+class Recording(IngestServer):
+    """The server, recording which run each applied packet belonged to, and refilling the
+    flooders' sockets as it reads them."""
+
+    def __init__(self, *args: object, **kw: object) -> None:
+        super().__init__(*args, **kw)  # type: ignore[arg-type]
+        self.order: list[str] = []
+        self.refill: dict[str, socket.socket] = {}
+        self.on_first_flood: list[socket.socket] = []
+
+    def handle_packet(self, conn: Connection, data: bytes) -> None:
+        super().handle_packet(conn, data)
+        run = conn.state.run if conn.state is not None else "?"
+        self.order.append(run)
+        if run.startswith("flood"):
+            if self.order.count(run) > _TURN_PACKETS:
+                # The healthy trainer sends in the flooder's second turn, after its own first
+                # turn found its socket empty.
+                while self.on_first_flood:
+                    self.on_first_flood.pop().send(pkt(step(1)))
+            if self.order.count(run) < FLOOD_PACKETS:
+                self.refill[run].send(pkt(step(2), step(3)))
+
+
+async def _drain_with_flooders(n_flooders: int) -> list[str]:
+    d = short_tmpdir()
+    try:
+        server = Recording(
+            d / "t.sock",
+            store_of(max_ranks=16),
+            IngestMetrics(CollectorRegistry()),
+            poll_interval=5.0,  # the test drains by hand
+            max_bytes_per_second=1e12,  # no token bucket: only the rounds are fair
+        )
+        server.start()
+        socks = []
+        for i in range(n_flooders):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            s.connect(str(server.path))
+            s.send(pkt(hello(run=f"flood{i}")))
+            for _ in range(8):
+                s.send(pkt(step(2), step(3)))
+            server.refill[f"flood{i}"] = s
+            socks.append(s)
+        healthy = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        healthy.connect(str(server.path))
+        healthy.send(pkt(hello(run="healthy")))
+        socks.append(healthy)
+        await asyncio.sleep(0.2)  # accepts (each reads its HELLO, the flooders a first turn)
+        server.order.clear()
+        server.on_first_flood.append(healthy)
+        await asyncio.wait_for(server._drain_all(), timeout=60)
+        server.close()
+        for s in socks:
+            s.close()
+        return server.order
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_never_empty_connection_does_not_hold_a_quiet_one_past_one_round() -> None:
+    order = asyncio.run(_drain_with_flooders(1))
+    assert order.count("flood0") >= FLOOD_PACKETS - 1  # it did flood to the end
+    # The healthy step arrived in the second round, after its own empty turn: read at its next
+    # turn (two flooder turns in all), not when the flood ended.
+    assert "healthy" in order
+    assert order.index("healthy") <= 3 * _TURN_PACKETS, order[:100]
+
+
+def test_many_flooding_connections_of_one_uid_still_leave_every_connection_a_turn() -> None:
+    order = asyncio.run(_drain_with_flooders(6))
+    assert all(order.count(f"flood{i}") >= FLOOD_PACKETS - 1 for i in range(6))
+    assert "healthy" in order
+    # Read in the second round: about two turns of each flooder before it.
+    assert order.index("healthy") <= 3 * 6 * _TURN_PACKETS, order[:200]
+
+
+def test_the_connections_of_one_uid_share_a_turns_bytes() -> None:
+    assert turn_bytes(1) == _TURN_BYTES
+    assert turn_bytes(4) == _TURN_BYTES // 4
+    assert turn_bytes(10_000) == _MIN_TURN_BYTES
+    assert turn_bytes(0) == _TURN_BYTES
+
+
+async def _accept_burst(n: int) -> tuple[int, int]:
+    """``n`` connections that each queued a HELLO and 10 packets of steps before the server
+    accepted them; one call of the accept handler. Returns (accepted, packets read)."""
+    d = short_tmpdir()
+    try:
+        server = Recording(
+            d / "t.sock",
+            store_of(max_ranks=64),
+            IngestMetrics(CollectorRegistry()),
+            poll_interval=5.0,
+        )
+        server.start()
+        socks = []
+        for i in range(n):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            s.connect(str(server.path))
+            s.send(pkt(hello(run=f"queued{i}")))
+            for k in range(10):
+                s.send(pkt(*(step(k) for _ in range(100))))
+            socks.append(s)
+        server._accept()  # what the event loop calls when the listening socket is readable
+        accepted = len(server._conns)
+        read = len(server.order)
+        server.close()
+        for s in socks:
+            s.close()
+        return accepted, read
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_accepting_reads_one_packet_per_connection_and_leaves_the_rest_to_the_rounds() -> None:
+    accepted, read = asyncio.run(_accept_burst(20))
+    assert accepted == 20
+    assert read == accepted  # each HELLO; their 200 packets of steps wait for the drain
