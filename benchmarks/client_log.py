@@ -3,7 +3,9 @@
 Both are timed inside a real training loop (the example's byte transformer on stdlib text),
 right after ``optimizer.step()``, where caches are cold, alternating step by step (ABAB) so
 both see the same conditions. A real exporter listens on the socket, so flushes really send.
-For reference it also times a naive design: ``json.dumps`` + one Unix datagram per step.
+For reference it also times a naive design: ``json.dumps`` + one Unix datagram per step, and
+``Run.log()`` of a step whose batch came through ``Run.timed()`` (it adds ``data_time``), and
+the cost ``Run.timed()`` adds to each item of a loop.
 
     python benchmarks/client_log.py [--steps 1500]
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import socket
@@ -76,15 +79,19 @@ def main() -> int:
         t_log: list[float] = []
         t_gauge: list[float] = []
         t_naive: list[float] = []
+        t_timed: list[float] = []
+        batches = run.timed(iter(int, 1))  # an endless iterable: each item is a "batch"
         step_times: list[float] = []
         prev = time.perf_counter()
         for step in range(args.steps):
             loss, gn = train_step(model, opt, data, B, T)
             lv, gv = loss.item(), gn.item()
             vals = (lv, 1e-3, gv, B * T, B, 0.1, 0.2, 0.3, 0.4, 0.5)
-            which = step % 3
+            which = step % 4
+            if which == 3:
+                next(batches)  # outside the timing: the wait timed() measures
             t0 = time.perf_counter()
-            if which == 0:
+            if which == 0 or which == 3:
                 run.log(
                     step,
                     loss=lv,
@@ -98,7 +105,7 @@ def main() -> int:
                     m4=0.4,
                     m5=0.5,
                 )
-                t_log.append(time.perf_counter() - t0)
+                (t_log if which == 0 else t_timed).append(time.perf_counter() - t0)
             elif which == 1:
                 for g, v in zip(gauges, vals, strict=True):
                     g.set(v)
@@ -121,6 +128,18 @@ def main() -> int:
         run.finish()
         skip = min(30, len(t_log) // 4)  # warm-up
         t_log, t_gauge, t_naive = t_log[skip:], t_gauge[skip:], t_naive[skip:]
+        t_timed = t_timed[skip:]
+        items = list(range(200_000))
+        t_plain = t_wrapped = math.inf
+        for _ in range(5):  # best of 5: the per-item cost of timed() in a tight loop
+            t0 = time.perf_counter()
+            for _item in items:
+                pass
+            t_plain = min(t_plain, time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            for _item in run.timed(items):
+                pass
+            t_wrapped = min(t_wrapped, time.perf_counter() - t0)
         print(
             f"in-situ timing over {args.steps} real training steps "
             f"(median step {pct(step_times, 0.5) / 1e3:.1f} ms), torch threads "
@@ -131,6 +150,7 @@ def main() -> int:
             ("trainmon Run.log(), 10 scalars", t_log),
             ("baseline: 10 x prometheus_client Gauge.set", t_gauge),
             ("naive: json.dumps + one datagram per step", t_naive),
+            ("trainmon Run.log(), 10 scalars + timed()", t_timed),
         ]
         for name, xs in rows:
             print(
@@ -142,6 +162,10 @@ def main() -> int:
             f"p50 ratio log()/baseline: {ratio:.2f}x (goal <= 0.5x); "
             f"p99 ratio {pct(t_log, 0.99) / pct(t_gauge, 0.99):.2f}x (goal <= 1.0x); "
             f"dropped {sum(run.dropped.values())}"
+        )
+        print(
+            f"Run.timed(): {(t_wrapped - t_plain) / len(items) * 1e6:.3f} us per item over a "
+            f"plain for loop ({len(items)} items, best of 5)"
         )
         return 0
     finally:

@@ -39,10 +39,12 @@ def show(url: str) -> None:
             loss = r["values"].get("loss")
             tps = r["tokens_per_second"]
             ovh = r["client_overhead_ratio"]
+            good = (r.get("goodput") or {}).get("ratio")
             print(
                 f"  [{run['run']} rank {r['rank']}] {r['status']:8s} step {r['step']!s:>5}  "
                 f"loss {'-' if loss is None else f'{loss:.3f}'}  "
                 f"tokens/s {'-' if tps is None else f'{tps:,.0f}'}  "
+                f"goodput {'-' if good is None else f'{good * 100:.0f}%'}  "
                 f"client overhead {'-' if ovh is None else f'{ovh * 100:.3f}%'}",
                 flush=True,
             )

@@ -78,6 +78,11 @@ ALERT_COPIES = [
         [DEFAULTS.gain_drift_factor],
     ),
     (
+        "TrainmonInputBound",
+        rf"more than {NUMBER} % of its step time",
+        [100 * DEFAULTS.input_bound_ratio],
+    ),
+    (
         "TrainmonOverfitting",
         rf"by more than {NUMBER} %",
         [100 * DEFAULTS.eval_overfit_gap],
@@ -98,6 +103,7 @@ def test_alerts_read_the_exporters_verdicts_not_copies_of_its_thresholds() -> No
     assert "trainmon_train_throughput_dropped == 1" in rules["TrainmonThroughputDrop"]["expr"]
     assert "trainmon_train_straggling == 1" in rules["TrainmonStragglerRank"]["expr"]
     assert rules["TrainmonTrainingHung"]["expr"] == "trainmon_train_hung == 1"
+    assert rules["TrainmonInputBound"]["expr"] == "trainmon_train_input_bound == 1"
     for name, rule in rules.items():
         ratio = re.search(r"trainmon_train_(throughput|straggler)_ratio\s*[<>]", rule["expr"])
         assert not ratio, f"{name} compares a ratio with a copy of its threshold"

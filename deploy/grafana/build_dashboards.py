@@ -104,12 +104,16 @@ def panel(
     h: int = 8,
     description: str = "",
     log_scale: bool = False,
+    stacked: bool = False,
 ) -> dict[str, Any]:
     custom: dict[str, Any] = {}
     if kind == "timeseries":
         custom = {"lineWidth": 1, "fillOpacity": 0, "showPoints": "never"}
         if log_scale:
             custom["scaleDistribution"] = {"type": "log", "log": 10}
+        if stacked:
+            custom["fillOpacity"] = 60
+            custom["stacking"] = {"mode": "normal", "group": "A"}
     p: dict[str, Any] = {
         "type": kind,
         "id": lay.id(),
@@ -290,6 +294,35 @@ def training() -> dict[str, Any]:
                 (f"trainmon_train_straggler_ratio{{{SEL}}}", rank_legend),
             ],
             w=8,
+        ),
+        row(lay, "Where the time goes"),
+        panel(
+            lay,
+            "Badput by kind (share of the ranks' wall-clock)",
+            [
+                (
+                    f"sum by ({FLEET}, run, kind) (rate(trainmon_train_badput_seconds_total{{{SEL}}}"
+                    "[$__rate_interval])) / on (cluster, namespace, run) group_left () "
+                    f"count by ({FLEET}, run) (trainmon_train_productive_seconds_total{{{SEL}}})",
+                    "{{run}} {{kind}}",
+                ),
+            ],
+            unit="percentunit",
+            stacked=True,
+            description="Seconds per second of each badput kind, over the selected ranks: "
+            "startup, data loading, checkpoint save and restore, evaluation, hang, wasted "
+            "progress, recovery, other (docs/goodput.md). What is left of 100 % trained.",
+        ),
+        panel(
+            lay,
+            "Goodput",
+            [
+                (f"run:trainmon_train_goodput:ratio{{{RUN}}}", "{{run}} over its life"),
+                (f"run:trainmon_train_goodput:ratio_1h{{{RUN}}}", "{{run}} last hour"),
+            ],
+            unit="percentunit",
+            description="Productive plus uncheckpointed step time over all the wall-clock "
+            "accounted, the run's ranks summed (recording rules; docs/goodput.md).",
         ),
         row(lay, "Events (counted at every step)"),
         panel(

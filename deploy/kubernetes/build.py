@@ -44,7 +44,7 @@ into its ``last-applied-configuration`` annotation, which Kubernetes caps at 256
 
 SAMPLE_LIMITS = {"exporter": 10_000, "sidecar": 5_000}
 """Most samples per scrape of the node exporter (8 GPUs and 8 ranks with layers on one
-rank are about 3,300, docs/scaling.md#cardinality-budget) and of a training pod's sidecar
+rank are about 3,400, docs/scaling.md#cardinality-budget) and of a training pod's sidecar
 (its own ranks, no GPU series). Each value becomes the PodMonitor's ``sampleLimit`` and the
 exporter's ``scrape_sample_limit``: past it Prometheus would fail the whole scrape, so the
 exporter sheds its least important series first (docs/exporter.md#the-sample-budget)."""

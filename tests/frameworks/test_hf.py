@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,10 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-from ..conftest import ROOT, InProcessExporter, sample, wait_for
+from trainmon_client import _protocol as P
+
+from ..conftest import ROOT, InProcessExporter, sample, short_tmpdir, wait_for
+from ..helpers.client import Listener
 
 pytestmark = [
     pytest.mark.slow,
@@ -97,6 +101,12 @@ def test_trainer_reports_steps_eval_checkpoints_and_the_nan_the_filter_hides(
     assert sample(m, "trainmon_checkpoint_last_step", **lbl) == 12
     duration = sample(m, "trainmon_checkpoint_last_duration_seconds", **lbl)
     assert duration is not None and 0 < duration < 60
+    # Where the time went: the batch fetches, the saves and the evaluations, each in its kind.
+    for kind in ("data_loading", "checkpoint_save", "evaluation", "startup"):
+        seconds = sample(m, "trainmon_train_badput_seconds_total", kind=kind, **lbl)
+        assert seconds is not None and seconds > 0, kind
+    assert (sample(m, "trainmon_train_productive_seconds_total", **lbl) or 0) > 0
+    assert sample(m, "trainmon_train_uncheckpointed_seconds", **lbl) == 0  # finished cleanly
     rank = ex.rank("hf-test", 0)
     assert rank is not None and rank["world_size"] == 1
     assert rank["dtype"] == "fp32"  # use_cpu, no bf16: judged against the fp32 peak
@@ -115,3 +125,41 @@ def test_gradient_accumulation_loss_matches_the_trainers(
     assert sample(m, "trainmon_train_steps_total", **lbl) == 4
     assert sample(m, "trainmon_train_samples_total", **lbl) == 4 * 3 * 8
     assert sample(m, "trainmon_train_loss", **lbl) == pytest.approx(logged[-1]["loss"], rel=1e-5)
+
+
+def test_a_resumed_trainer_reports_the_checkpoint_as_a_restore(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from trainmon_client.hf import TrainmonCallback
+
+    ex = example()
+    sockdir = short_tmpdir()
+    small = ["--dim", "32", "--layers", "1", "--heads", "2", "--seq-len", "32"]
+    small += ["--corpus-bytes", "60000", "--output-dir", str(tmp_path), "--eval-steps", "0"]
+    listener = Listener(sockdir / "t.sock")
+    monkeypatch.setenv("TRAINMON_SOCKET", str(listener.path))
+    try:
+        first = ex.parse([*small, "--run", "hf-resume", "--steps", "6", "--save-steps", "6"])
+        ex.build(first, [TrainmonCallback("hf-resume")]).train()
+        listener.accept()
+        records = listener.records()
+        assert not [r for t, r in records if t == P.CHECKPOINT and r.restore]
+        assert listener.conn is not None
+        listener.conn.close()  # the first process's connection; the resumed one is next
+        again = ex.parse([*small, "--run", "hf-resume", "--steps", "9", "--save-steps", "6"])
+        ex.build(again, [TrainmonCallback("hf-resume")]).train(
+            resume_from_checkpoint=str(tmp_path / "checkpoint-6")
+        )
+        listener.accept()
+        records = listener.records()
+    finally:
+        listener.close()
+        shutil.rmtree(sockdir, ignore_errors=True)
+    restores = [r for t, r in records if t == P.CHECKPOINT and r.restore]
+    assert [r.step for r in restores] == [6]
+    steps = [r for t, r in records if t == P.STEP]
+    first_step = steps[0].header.step
+    assert first_step == 7  # the resumed run goes on after the checkpoint
+    assert all(
+        dict(zip(s.ids, s.values, strict=True)).get(P.FIELD_DATA_TIME, -1.0) >= 0 for s in steps
+    )

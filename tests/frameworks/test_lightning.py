@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -19,7 +20,10 @@ import pytest
 
 pytest.importorskip("lightning")
 
-from ..conftest import ROOT, InProcessExporter, child_env, sample, wait_for
+from trainmon_client import _protocol as P
+
+from ..conftest import ROOT, InProcessExporter, child_env, sample, short_tmpdir, wait_for
+from ..helpers.client import Listener
 
 pytestmark = [
     pytest.mark.slow,
@@ -84,6 +88,10 @@ def test_fit_reports_steps_validation_checkpoints_and_a_nan(
     assert sample(m, "trainmon_checkpoints_total", **lbl) == 2
     assert sample(m, "trainmon_checkpoint_last_step", **lbl) == 12
     assert len(list(tmp_path.glob("*.ckpt"))) == 2
+    for kind in ("data_loading", "checkpoint_save", "evaluation", "startup"):
+        seconds = sample(m, "trainmon_train_badput_seconds_total", kind=kind, **lbl)
+        assert seconds is not None and seconds > 0, kind
+    assert (sample(m, "trainmon_train_productive_seconds_total", **lbl) or 0) > 0
     assert sample(m, "trainmon_client_dropped_messages_total", reason="disconnected", **lbl) == 0
 
 
@@ -154,3 +162,40 @@ def test_two_ddp_ranks_agree_on_the_run_id(
     for r in ("0", "1"):
         # 2 micro-batches of 8 per step (DistributedSampler halves the data, not the batch)
         assert sample(m, "trainmon_train_samples_total", run=runs[0]["run"], rank=r) == 6 * 2 * 8
+
+
+def test_a_resumed_fit_reports_the_checkpoint_as_a_restore(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from trainmon_client.lightning import TrainmonCallback
+
+    ex = example()
+    sockdir = short_tmpdir()
+    listener = Listener(sockdir / "t.sock")
+    monkeypatch.setenv("TRAINMON_SOCKET", str(listener.path))
+    small = [*SMALL, "--eval-every", "0", "--checkpoint-every", "6"]
+    small += ["--output-dir", str(tmp_path), "--run", "pl-resume"]
+    try:
+        trainer, (module, train, _) = ex.build(
+            ex.parse([*small, "--steps", "6"]), [TrainmonCallback("pl-resume")]
+        )
+        trainer.fit(module, train)
+        listener.accept()
+        assert not [r for t, r in listener.records() if t == P.CHECKPOINT and r.restore]
+        assert listener.conn is not None
+        listener.conn.close()  # the first fit's connection; the resumed one is next
+        (ckpt,) = tmp_path.glob("*.ckpt")
+        trainer, (module, train, _) = ex.build(
+            ex.parse([*small, "--steps", "9"]), [TrainmonCallback("pl-resume")]
+        )
+        trainer.fit(module, train, ckpt_path=str(ckpt))
+        listener.accept()
+        records = listener.records()
+    finally:
+        listener.close()
+        shutil.rmtree(sockdir, ignore_errors=True)
+    assert [r.step for t, r in records if t == P.CHECKPOINT and r.restore] == [6]
+    steps = [r for t, r in records if t == P.STEP]
+    assert [s.header.step for s in steps] == [7, 8, 9]
+    waits = [dict(zip(s.ids, s.values, strict=True)).get(P.FIELD_DATA_TIME) for s in steps]
+    assert all(w is not None and w >= 0 for w in waits), waits

@@ -9,6 +9,7 @@ from typing import Any
 
 from trainmon_exporter.views.api import (
     EventView,
+    GoodputView,
     GpusResponse,
     GpuView,
     RankView,
@@ -76,8 +77,23 @@ def rank(rank: int = 0, **kw: Any) -> RankView:
         "crashes": 0,
         "health": [],
         "events": [],
+        "goodput": goodput(),
     }
     return RankView(**(fields | kw))
+
+
+def goodput(**kw: Any) -> GoodputView:
+    """91.2 % goodput over an hour, data loading the largest badput."""
+    fields: dict[str, Any] = {
+        "ratio": 0.912,
+        "productive_seconds": 3000.0,
+        "uncheckpointed_seconds": 283.2,
+        "badput_seconds": {"startup": 90.0, "data_loading": 166.8, "checkpoint_save": 60.0},
+        "largest_badput": "data_loading",
+        "data_loading_share": 0.05,
+        "input_bound": False,
+    }
+    return GoodputView(**(fields | kw))
 
 
 def runs(*ranks: RankView, run: str = "gpt2-medium-finetune") -> RunsResponse:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.server
+import re
 import subprocess
 import sys
 import threading
@@ -87,7 +88,9 @@ def test_status_once_and_live_view(
     assert r0["status"] == "running" and r0["step"] == "29" and r0["gpu"] == "0"
     assert r0["gpu_util"].endswith("%") and r0["mfu"].endswith("%")
     assert r0["anomalies"] == "ok"
+    assert re.fullmatch(r"\d+\.\d% \(startup\)", r0["goodput"]), r0  # its first step so far
     assert r1["loss"] == "NaN/Inf" and "nonfinite_loss" in r1["anomalies"]
+    print(out.stdout)  # docs/status.md shows this capture
     assert [g["gpu"] for g in gpu_table] == ["0", "1"]
     assert gpu_table[1]["slowdown"] == "hw_thermal_slowdown" and gpu_table[1]["xids"] == "1"
     assert gpu_table[0]["name"] == "NVIDIA H100 80GB HBM3"

@@ -36,7 +36,11 @@ A packet is at most :data:`MAX_PACKET_BYTES` bytes. Record types:
     :data:`TRACK_BODY`: a monitoring operation (``Run.track``): its NAME id, whether it is
     running now, and its cumulative seconds and count.
 ``CHECKPOINT`` (7)
-    :data:`CHECKPOINT_BODY`: step, time it completed (Unix s), seconds it took (NaN unknown).
+    :data:`CHECKPOINT_BODY`: step, time it completed (Unix s), seconds it took (NaN unknown);
+    a restore (a checkpoint loaded) adds one byte of :data:`CHECKPOINT_FLAGS`
+    (:data:`CHECKPOINT_RESTORE`). A save is sent without it, as before, so only restores
+    need an exporter that knows the byte (one that predates it counts the record
+    ``truncated`` and applies the rest of the packet): upgrade exporters before clients.
 ``LAYERS`` (8)
     :data:`LAYERS_HEADER` then ``n_stats`` stat codes (u8), ``n_layers`` layer NAME ids (u16)
     and ``n_layers x n_stats`` values (f64, row per layer): one ``Run.watch`` check.
@@ -152,6 +156,10 @@ TRACK_BODY: Final = struct.Struct("<HBdQ")
 """TRACK payload: name id u16, active u8 (1 while the operation runs), seconds_total f64
 (cumulative wall time of finished runs of it), count u64 (finished runs)."""
 CHECKPOINT_BODY: Final = struct.Struct("<Qdd")
+CHECKPOINT_FLAGS: Final = struct.Struct("<B")
+"""Optional byte after :data:`CHECKPOINT_BODY`; absent means 0 (a save)."""
+CHECKPOINT_RESTORE: Final = 1
+"""Flag: the checkpoint of ``step`` was loaded (the run resumes from it), not saved."""
 STAT_GRAD_NORM: Final = 1
 STAT_GRAD_MEAN: Final = 2
 STAT_GRAD_STD: Final = 3
@@ -221,6 +229,7 @@ FIELD_MEM_RESERVED: Final = 8
 FIELD_MEM_PEAK: Final = 9
 FIELD_ALLOC_RETRIES: Final = 10
 FIELD_OOMS: Final = 11
+FIELD_DATA_TIME: Final = 12
 STANDARD_FIELDS: Final[dict[str, int]] = {
     "loss": FIELD_LOSS,
     "lr": FIELD_LR,
@@ -233,6 +242,7 @@ STANDARD_FIELDS: Final[dict[str, int]] = {
     "mem_peak": FIELD_MEM_PEAK,
     "alloc_retries": FIELD_ALLOC_RETRIES,
     "ooms": FIELD_OOMS,
+    "data_time": FIELD_DATA_TIME,
 }
 """Field ids of the standard scalars. ``tokens`` and ``samples`` are not fields: the client
 adds them to the cumulative totals in the STEP header."""
@@ -453,11 +463,12 @@ def encode_track(field_id: int, active: bool, seconds_total: float, count: int) 
     )
 
 
-def encode_checkpoint(step: int, when: float, seconds: float) -> bytes:
-    """Encode a CHECKPOINT record (record header included)."""
-    return RECORD_HEADER.pack(CHECKPOINT, CHECKPOINT_BODY.size) + CHECKPOINT_BODY.pack(
-        step, when, seconds
-    )
+def encode_checkpoint(step: int, when: float, seconds: float, restore: bool = False) -> bytes:
+    """Encode a CHECKPOINT record (record header included); ``restore``: a load, not a save."""
+    body = CHECKPOINT_BODY.pack(step, when, seconds)
+    if restore:
+        body += CHECKPOINT_FLAGS.pack(CHECKPOINT_RESTORE)
+    return RECORD_HEADER.pack(CHECKPOINT, len(body)) + body
 
 
 def encode_layers(
@@ -532,11 +543,15 @@ class Track(NamedTuple):
 
 
 class Checkpoint(NamedTuple):
-    """A decoded CHECKPOINT: step, when it completed (Unix s), seconds it took (NaN: unknown)."""
+    """A decoded CHECKPOINT: step, completion time (Unix s), seconds (NaN: unknown), restore.
+
+    ``restore``: the checkpoint was loaded (the run resumes from ``step``), not saved.
+    """
 
     step: int
     time: float
     seconds: float
+    restore: bool = False
 
 
 class LayersHeader(NamedTuple):
@@ -684,17 +699,21 @@ def decode_track(payload: memoryview) -> Track:
 
 
 def decode_checkpoint(payload: memoryview) -> Checkpoint:
-    """Decode a CHECKPOINT payload to ``(step, time, seconds)``; seconds may be NaN.
+    """Decode a CHECKPOINT payload to ``(step, time, seconds, restore)``; seconds may be NaN.
 
     Raises:
         ProtocolError: ``truncated`` or ``malformed`` (time not finite, negative seconds).
     """
-    if len(payload) != CHECKPOINT_BODY.size:
+    n = len(payload)
+    if n != CHECKPOINT_BODY.size and n != CHECKPOINT_BODY.size + CHECKPOINT_FLAGS.size:
         raise ProtocolError("truncated", "CHECKPOINT")
     step, when, seconds = CHECKPOINT_BODY.unpack_from(payload, 0)
-    if not math.isfinite(when) or seconds < 0:
+    flags = 0
+    if n > CHECKPOINT_BODY.size:
+        flags = CHECKPOINT_FLAGS.unpack_from(payload, CHECKPOINT_BODY.size)[0]
+    if not math.isfinite(when) or seconds < 0 or flags & ~CHECKPOINT_RESTORE:
         raise ProtocolError("malformed", "CHECKPOINT")
-    return Checkpoint(int(step), float(when), float(seconds))
+    return Checkpoint(int(step), float(when), float(seconds), bool(flags & CHECKPOINT_RESTORE))
 
 
 def decode_layers(payload: memoryview) -> Layers:

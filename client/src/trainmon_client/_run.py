@@ -51,9 +51,9 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from trainmon_client import _lifecycle
 from trainmon_client import _protocol as P
@@ -82,6 +82,7 @@ MIN_FLUSH_WAIT_S = 0.02
 """Shortest wait between two flushes that :data:`FLUSH_BURST_BYTES` makes."""
 DTYPES = ("bf16", "fp16", "fp8", "tf32", "fp32")
 """Values of ``init(dtype=...)``."""
+T = TypeVar("T")
 _perf = time.perf_counter
 _wall = time.time
 _NAN = math.nan
@@ -208,6 +209,7 @@ class Run:
         self._resend_names = False
         # The run's cumulative counts (see dropped, sent, refused, overhead_seconds).
         self._overhead = 0.0  # seconds inside log() and the other calls (caller's thread)
+        self._data_wait = 0.0  # seconds timed() waited for items since the last log()
         self._flush_seconds = 0.0  # CPU seconds of the flusher thread's flushes
         self._sent_total = 0
         self._dropped_disconnected = 0
@@ -254,7 +256,9 @@ class Run:
                 norm, before clipping); ``tokens`` and ``samples`` (processed in *this* step;
                 the client sends running totals); ``batch_size`` (samples per step; counts as
                 ``samples`` when ``samples`` is not given); ``seq_len`` (tokens per sample;
-                with ``batch_size`` counts as ``tokens`` when ``tokens`` is not given). Any other
+                with ``batch_size`` counts as ``tokens`` when ``tokens`` is not given);
+                ``data_time`` (seconds this step waited for its input; :meth:`timed` fills it
+                in when the loop does not pass it). Any other
                 name is a custom metric: 1 to 128 of letters, digits and ``_ . : / -``, starting
                 with a letter or ``_``. NaN and infinities are data and are sent as such.
                 CUDA tensors are never read in this call: they are copied to pinned host
@@ -278,6 +282,9 @@ class Run:
         if self._closed:
             return
         try:
+            if self._data_wait:  # what timed() measured since the last step
+                metrics.setdefault("data_time", self._data_wait)
+                self._data_wait = 0.0
             # The common case (plain floats and ints) reads as few attributes as it can: each
             # is a cache miss right after optimizer.step().
             # A Python loop over __class__ beats _PLAIN.issuperset(map(type, values)) here:
@@ -427,12 +434,19 @@ class Run:
         """
         return Operation(self, name)
 
-    def checkpoint(self, step: int, /, *, seconds: float | None = None) -> None:
+    def checkpoint(
+        self, step: int, /, *, seconds: float | None = None, restore: bool = False
+    ) -> None:
         """Record that a checkpoint of ``step`` was written, taking ``seconds``. Never raises.
+
+        With ``restore=True``: the checkpoint of ``step`` was loaded (the run resumes after
+        ``step``), taking ``seconds``. The exporter counts the time as checkpoint restore and
+        the step time logged after ``step`` before the restore as wasted (docs/goodput.md).
 
         Example:
             >>> run = init(run="doc", socket_path="/nonexistent/x.sock")
             >>> run.checkpoint(5000, seconds=12.5)
+            >>> run.checkpoint(5000, seconds=30.0, restore=True)  # after loading it
         """
         if self._closed:
             return
@@ -449,13 +463,37 @@ class Run:
             if s is None or sec is REFUSED or sec < 0:
                 self._refused += 1
                 return
-            self._send_now(P.encode_checkpoint(s, _wall(), sec), now)
+            self._send_now(P.encode_checkpoint(s, _wall(), sec, bool(restore)), now)
         except Exception:
             self._internal_errors += 1
             log.debug("trainmon_client: checkpoint() failed internally", exc_info=True)
         finally:
             self._leave()
             self._overhead += _perf() - now
+
+    def timed(self, iterable: Iterable[T]) -> Iterator[T]:
+        """Yield the items of ``iterable``, timing how long each took to arrive.
+
+        The wait for each item (``time.perf_counter`` around its ``next()``: no system call)
+        is added up, and the next :meth:`log` sends the sum as ``data_time`` (seconds), unless
+        it is given one. The exporter counts it as data-loading time and judges the rank
+        input-bound when it exceeds a share of the step time (docs/goodput.md). Exceptions of
+        the iterable propagate unchanged; after :meth:`finish` the items still pass through.
+
+        Example:
+            >>> run = init(run="doc", socket_path="/nonexistent/x.sock")
+            >>> for step, batch in enumerate(run.timed([[1, 2], [3, 4]])):
+            ...     run.log(step, loss=0.5)
+        """
+        it = iter(iterable)
+        while True:
+            t0 = _perf()
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+            self._data_wait += _perf() - t0
+            yield item
 
     def watch(
         self,

@@ -27,7 +27,13 @@ metrics under their names without the prefix, through :meth:`Run.eval`. The eval
 timed as the operation ``evaluation`` (first ``on_prediction_step`` to ``on_evaluate``), so
 the exporter does not call the rank hung meanwhile. Checkpoints: ``on_save`` sends
 :meth:`Run.checkpoint` with the seconds since the previous Trainer event, which is the save
-itself. Ranks, local ranks and the world size come from ``TrainingArguments``
+itself. Data loading: each step carries as ``data_time`` the time from the Trainer's last
+event (the previous step's end, a log, an evaluation or a save) to the start of the step,
+which is when the Trainer fetches its batches. A resumed run (``resume_from_checkpoint``)
+reports the checkpoint it resumed from at ``on_train_begin`` as a restore
+(``Run.checkpoint(step, restore=True)``; its duration is unknown to a callback, so the
+exporter counts the load as start-up). Ranks, local ranks and the world size come from
+``TrainingArguments``
 (``process_index``, ``local_process_index``, ``world_size``). ``flops_per_token`` defaults to
 ``6 * model.num_parameters(exclude_embeddings=True)`` (Kaplan et al. 2020, §2.1) and the dtype
 to ``bf16``, ``fp16``, ``tf32`` or ``fp32`` from the arguments, so the exporter can compute MFU.
@@ -87,6 +93,7 @@ class TrainmonCallback(TrainerCallback):  # type: ignore[misc]
         self._evaluation: Operation | None = None  # running while an evaluation runs
         self._world = 1
         self._t_event = time.perf_counter()
+        self._data_time: float | None = None  # the wait before the step that runs now
 
     # ----------------------------------------------------------------------------- setup
 
@@ -109,6 +116,8 @@ class TrainmonCallback(TrainerCallback):  # type: ignore[misc]
         self._world = args.world_size if getattr(args, "average_tokens_across_devices", 0) else 1
         if model is not None and self._hook is None:
             self._hook = model.register_forward_hook(self._forward, with_kwargs=True)
+        if state.global_step > 0 and self.run is not None:  # resumed from a checkpoint
+            self.run.checkpoint(state.global_step, restore=True)
         self._event()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -170,6 +179,9 @@ class TrainmonCallback(TrainerCallback):  # type: ignore[misc]
         if self._tokens:
             metrics["tokens"] = self._tokens
             metrics["samples"] = self._samples
+        if self._data_time is not None:
+            metrics["data_time"] = self._data_time
+            self._data_time = None
         self._pending = (state.global_step, metrics)
         self._reset_step()
         self._event()
@@ -198,7 +210,8 @@ class TrainmonCallback(TrainerCallback):  # type: ignore[misc]
     # ----------------------------------------------------------------------------- evaluation
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Send a step still held (a step with neither a log nor an evaluation after it)."""
+        """Send a step still held; the time since the last event was the batch's loading."""
+        self._data_time = time.perf_counter() - self._t_event
         self._emit()
         self._event()
 

@@ -24,10 +24,15 @@ Validation, outside the sanity check, is timed as the operation ``validation``. 
 ``trainer.callback_metrics`` whose names start with ``val`` are sent through
 :meth:`Run.eval`: ``val_loss`` or ``val/loss`` as ``val_loss``, and the others without the
 prefix. A checkpoint is reported at the first hook after ``on_save_checkpoint``. That hook
-runs before the file is written, so the seconds in between are the write. Ranks come from
-``trainer.global_rank``, ``local_rank`` and ``world_size``. Rank 0's run id is broadcast in
-``setup``, so every rank agrees on it whatever the launcher. An exception in ``fit`` finishes
-the run as failed.
+runs before the file is written, so the seconds in between are the write. Data loading: each
+step carries as ``data_time`` the time from the previous hook (the start of training, the
+previous micro-batch's end, a validation, a checkpoint) to each of its micro-batches' start,
+which is when Lightning fetches the batch. A fit resumed from a checkpoint (``ckpt_path``)
+reports it at ``on_load_checkpoint`` as a restore (``Run.checkpoint(step, restore=True)``;
+the load's duration is not seen by a callback, so the exporter counts it as start-up). Ranks
+come from ``trainer.global_rank``, ``local_rank`` and ``world_size``. Rank 0's run id is
+broadcast in ``setup``, so every rank agrees on it whatever the launcher. An exception in
+``fit`` finishes the run as failed.
 
 The callback uses the public :class:`~trainmon_client.Run` API only. A failure in its own hooks
 is caught, so that the training step goes on, and counted with
@@ -91,6 +96,8 @@ class TrainmonCallback(Callback):  # type: ignore[misc]
         self._validation: Operation | None = None
         self._checkpoint: tuple[int, float] | None = None
         self._params: list[Any] | None = None
+        self._t_event: float | None = None  # the last hook that ended other work
+        self._data_time = 0.0  # batch fetches of the step in progress
 
     # ----------------------------------------------------------------------------- lifecycle
 
@@ -125,8 +132,26 @@ class TrainmonCallback(Callback):  # type: ignore[misc]
     # ----------------------------------------------------------------------------- steps
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, idx: int) -> None:
-        """A checkpoint written since the last hook is reported now."""
+        """A checkpoint written since the last hook is reported now; the rest was the fetch."""
         self._checkpoint_written()
+        if self._t_event is not None:
+            self._data_time += time.perf_counter() - self._t_event
+            self._t_event = None
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        """The first batch is fetched from here (after a restore, mid-epoch too)."""
+        self._t_event = time.perf_counter()
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        """The epoch's first batch is fetched from here (a new data loader iterator)."""
+        self._t_event = time.perf_counter()
+
+    def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Any) -> None:
+        """Report the checkpoint the fit resumes from as a restore."""
+        step = checkpoint.get("global_step") if isinstance(checkpoint, Mapping) else None
+        if self.run is not None and isinstance(step, int):
+            self.run.checkpoint(step, restore=True)
+            self._global_step = step
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         """Read the learning rate, and the gradient norm before clipping (on the device)."""
@@ -151,6 +176,7 @@ class TrainmonCallback(Callback):  # type: ignore[misc]
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         """Add the micro-batch; after an optimizer step, send the step."""
+        self._t_event = time.perf_counter()
         run = self.run
         if run is None:
             return
@@ -181,6 +207,9 @@ class TrainmonCallback(Callback):  # type: ignore[misc]
             metrics["samples"] = self._samples
         if self._tokens:
             metrics["tokens"] = self._tokens
+        if self._data_time:
+            metrics["data_time"] = self._data_time
+            self._data_time = 0.0
         run.log(step, **metrics)
         self._loss = self._norm = None
         self._samples = self._tokens = 0
@@ -196,6 +225,8 @@ class TrainmonCallback(Callback):  # type: ignore[misc]
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         """Stop the timing and send the ``val*`` callback metrics."""
+        if self._t_event is not None:
+            self._t_event = time.perf_counter()  # the next fetch is timed from here
         run = self.run
         if run is None or trainer.sanity_checking:
             return
@@ -225,7 +256,10 @@ class TrainmonCallback(Callback):  # type: ignore[misc]
         if self._checkpoint is not None and self.run is not None:
             step, t0 = self._checkpoint
             self._checkpoint = None
-            self.run.checkpoint(step, seconds=time.perf_counter() - t0)
+            now = time.perf_counter()
+            self.run.checkpoint(step, seconds=now - t0)
+            if self._t_event is not None:
+                self._t_event = now  # a fetch waited for comes after the write
 
 
 def _first_tensor(batch: Any) -> torch.Tensor | None:

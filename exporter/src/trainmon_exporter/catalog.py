@@ -1071,6 +1071,87 @@ CHECKPOINTS = Family(
     doc="Checkpoints reported.",
 )
 
+TRAIN_PRODUCTIVE_SECONDS = Family(
+    "trainmon_train_productive_seconds",
+    COUNTER,
+    (
+        "Step time that advanced the run and was not lost: the time between log() calls less "
+        "every badput kind, counted once a checkpoint, a clean finish or a resume past its step "
+        "keeps it (exporter monotonic clock; definitions: docs/goodput.md)."
+    ),
+    RANK,
+    unit="s",
+    collector="health",
+    doc=(
+        "Step time that advanced the run and was not lost later: the time between two `log()` "
+        "calls less the badput inside it, counted once a checkpoint of a later step, a clean "
+        "finish, or a restart or rollback that resumes past the step keeps it. Until then it is "
+        "`trainmon_train_uncheckpointed_seconds`. Productive plus every badput kind plus the "
+        "uncheckpointed time is the rank's wall-clock since `init()` "
+        "([docs/goodput.md](goodput.md))."
+    ),
+)
+
+TRAIN_BADPUT_SECONDS = Family(
+    "trainmon_train_badput_seconds",
+    COUNTER,
+    (
+        "Wall-clock time that did not train, by kind: startup (init to the first step), "
+        "data_loading (Run.timed waits, data_time), checkpoint_save, checkpoint_restore, "
+        "evaluation (tracked validation, eval()), hang (while a hang was open), wasted_progress "
+        "(step time a crash or rollback threw away), recovery (crash to the restarted "
+        "process's init), other. Never overlapping (docs/goodput.md)."
+    ),
+    (*RANK, "kind"),
+    unit="s",
+    collector="health",
+    doc=(
+        "Wall-clock seconds that did not train, by `kind`: `startup` (from `init()` to each "
+        "process's first step), `data_loading` (the waits `Run.timed()` measured, or "
+        "`data_time` as logged), `checkpoint_save` and `checkpoint_restore` "
+        "(`Run.checkpoint(seconds=...)`, `restore=True`), `evaluation` (a tracked `validation` "
+        "or `eval` operation, and the time from a step to the `Run.eval()` after it), `hang` "
+        "(once a hang is judged: from one usual step time after the last step to the next "
+        "step), `wasted_progress` (the step time a crash "
+        "or a rollback threw away, and the step in progress at a crash), `recovery` (from a "
+        "crash to the restarted process's `init()`), `other` (the rest: after the last step to "
+        "a finish). An instant is in one kind only ([docs/goodput.md](goodput.md))."
+    ),
+)
+
+TRAIN_UNCHECKPOINTED_SECONDS = Family(
+    "trainmon_train_uncheckpointed_seconds",
+    GAUGE,
+    (
+        "Step time not yet kept by a checkpoint, a clean finish or a resume past its step: "
+        "productive when kept, wasted_progress if a crash or rollback loses it."
+    ),
+    RANK,
+    unit="s",
+    collector="health",
+    doc=(
+        "Step time since the last checkpoint (more precisely: of steps no checkpoint, clean "
+        "finish or resume has kept yet). It moves to `trainmon_train_productive_seconds_total` "
+        'when kept, to `badput_seconds_total{kind="wasted_progress"}` when a crash or a '
+        "rollback loses it. The goodput recording rules count it as good until then."
+    ),
+)
+
+TRAIN_INPUT_BOUND = Family(
+    "trainmon_train_input_bound",
+    GAUGE,
+    (
+        "1 while the rank is judged input-bound: data loading above input_bound_ratio of step "
+        "time over the rate window, else 0."
+    ),
+    RANK,
+    unit="0/1",
+    collector="health",
+    doc="1 while the exporter judges the rank input-bound: data waits (`Run.timed()`, "
+    "`data_time`) above `input_bound_ratio` of the step time between `log()` calls over the "
+    "rate window. `TrainmonInputBound` reads this verdict, so the alert follows the setting.",
+)
+
 TRAIN_LOSS_SPIKES = Family(
     "trainmon_train_loss_spikes",
     COUNTER,
@@ -1947,7 +2028,7 @@ EXPORTER_SERIES = Family(
     unit="series",
     collector="exporter",
     doc=(
-        "Estimated series of every rank in the exposition (108 per rank, 1 per custom metric or "
+        "Estimated series of every rank in the exposition (120 per rank, 1 per custom metric or "
         "evaluation value, 3 per operation, 15 per exported layer), held under `max_series`."
     ),
 )
@@ -2515,6 +2596,10 @@ HEALTH_TABLE: tuple[Family, ...] = (
     CHECKPOINT_LAST_DURATION_SECONDS,
     CHECKPOINT_LAST_STEP,
     CHECKPOINTS,
+    TRAIN_PRODUCTIVE_SECONDS,
+    TRAIN_BADPUT_SECONDS,
+    TRAIN_UNCHECKPOINTED_SECONDS,
+    TRAIN_INPUT_BOUND,
 )
 LAYER_TABLE: tuple[Family, ...] = (
     LAYER_GRAD_NORM,

@@ -14,6 +14,7 @@ are the detectors' (:mod:`trainmon_exporter.analytics`); here they are only read
 from __future__ import annotations
 
 import math
+import time
 from bisect import bisect_right
 from collections.abc import Mapping
 from typing import NamedTuple, Protocol, TypeVar
@@ -30,6 +31,7 @@ __all__ = [
     "Rates",
     "SampledGpu",
     "findings",
+    "input_bound",
     "mfu",
     "over_budget",
     "overdue_ratio",
@@ -166,6 +168,20 @@ def overfitting(a: RankAnalytics) -> bool | None:
 def over_budget(monitoring_ratio: float, cfg: AnalyticsSettings) -> bool:
     """Whether monitoring costs more than ``monitoring_budget_ratio`` of wall time."""
     return monitoring_ratio > cfg.monitoring_budget_ratio
+
+
+def input_bound(state: RankState, window_s: float, cfg: AnalyticsSettings) -> bool | None:
+    """Whether the rank waits for its input above ``input_bound_ratio`` of its step time.
+
+    Over the steps of the last ``window_s`` seconds (the rate window), from the waits
+    ``Run.timed()`` measured or ``data_time`` reported (:meth:`Goodput.data_share
+    <trainmon_exporter.analytics.goodput.Goodput.data_share>`). False for a rank that
+    :func:`stopped`; None before two steps with a data wait fall in the window.
+    """
+    if stopped(state):
+        return False
+    share = state.goodput.data_share(time.monotonic(), window_s)
+    return None if share is None else share > cfg.input_bound_ratio
 
 
 def findings(state: RankState, m: Mfu) -> list[str]:

@@ -131,6 +131,9 @@ class AnalyticsSettings(BaseModel):
     straggler_ratio: float = Field(
         1.5, gt=1, le=1000, description="straggler ratio above: a straggler (an episode is counted)"
     )
+    input_bound_ratio: float = Field(
+        0.6, gt=0, lt=1, description="data-loading share of step time above: input-bound"
+    )
     update_ratio_high: float = Field(
         0.1, gt=0, le=1e6, description="a layer's update ratio ||dw||/||w|| above this is too high"
     )
@@ -406,7 +409,7 @@ class Settings(BaseSettings):
         le=65536,
         description="Most (run, rank) pairs tracked at once. A new one evicts a disconnected "
         "pair past rank_retention_seconds (its own uid's first), else it is refused "
-        "(too_many_ranks). 256 x 108 series per rank fits max_series with room for custom "
+        "(too_many_ranks). 256 x 120 series per rank fits max_series with room for custom "
         "metrics and layers.",
     )
     max_ranks_per_uid: int = Field(
@@ -455,7 +458,7 @@ class Settings(BaseSettings):
         le=5_000_000,
         description="One uid's share of max_series (its ranks' series together): a new rank "
         "past it is refused (uid_series_quota), a new name dropped (series_budget). A quarter "
-        "of max_series, above max_ranks_per_uid x 108 so a uid can reach its rank quota; "
+        "of max_series, above max_ranks_per_uid x 120 so a uid can reach its rank quota; "
         "capped at max_series.",
     )
     scrape_sample_limit: int = Field(

@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 from trainmon_client import _protocol as P
 from trainmon_exporter.analytics import RankAnalytics, RunAnalytics
+from trainmon_exporter.analytics.goodput import Goodput
 from trainmon_exporter.claims import OwnerClaims
 from trainmon_exporter.settings import AnalyticsSettings
 
@@ -35,9 +36,9 @@ NONFINITE_FIELDS = ("loss", "grad_norm", "lr", "custom")
 """``field`` label values of ``trainmon_train_nonfinite_values_total``; ``custom`` sums every
 custom metric, so each series exists at 0 from a rank's first message."""
 STATUSES = ("running", "finished", "failed", "crashed")
-SERIES_PER_RANK = 108
+SERIES_PER_RANK = 120
 """Series one rank costs in the exposition before any custom metric, operation, evaluation
-value or layer: the rank budget of docs/scaling.md#cardinality-budget (111, measured with every
+value or layer: the rank budget of docs/scaling.md#cardinality-budget (123, measured with every
 feature and one tracked operation) less that operation's 3."""
 SERIES_PER_LAYER = len(P.LAYER_STATS) + len(P.LAYER_QUANTILES)
 """Series one exported layer costs at most (each statistic and gradient quantile)."""
@@ -60,6 +61,8 @@ LAYER_STAT_CODES = frozenset(
 )
 """Stat codes a LAYERS record may carry; values under any other code are dropped
 (``unknown_stat``), never stored."""
+_FIELD_DATA_TIME = P.FIELD_DATA_TIME
+"""Field id of a step's input wait (s), for the time accounting (:mod:`.analytics.goodput`)."""
 WATCH_OPERATION = "watch"
 """Operation name of a rank's ``Run.watch`` checks (from its LAYERS records)."""
 
@@ -69,6 +72,31 @@ Drop = Callable[[str, int], None]
 
 def ignore_drops(reason: str, n: int) -> None:
     """A :data:`Drop` that forgets what it is told."""
+
+
+_OFFSET_EVERY_S = 1.0
+"""How often :func:`wall_offset` reads the wall clock again (s of monotonic time)."""
+_offset = [-math.inf, 0.0]  # [monotonic time it was read, wall minus monotonic]
+
+
+def wall_offset(mono: float) -> float:
+    """Wall-clock minus monotonic time, read again at most every :data:`_OFFSET_EVERY_S`.
+
+    It maps a client's wall-clock time (same host) onto the monotonic clock the time
+    accounting uses (:mod:`trainmon_exporter.analytics.goodput`). Reading both clocks costs
+    about 2 us where they are not in the vDSO (some VMs): once a second, not once a step.
+    """
+    cache = _offset
+    if mono - cache[0] >= _OFFSET_EVERY_S or mono < cache[0]:
+        now = time.monotonic()
+        cache[0], cache[1] = now, time.time() - now
+    return cache[1]
+
+
+def clock() -> tuple[float, float]:
+    """Now on ``time.monotonic()``, and :func:`wall_offset`."""
+    mono = time.monotonic()
+    return mono, wall_offset(mono)
 
 
 @dataclass(slots=True)
@@ -175,6 +203,8 @@ class RankState:
     eval_values: dict[str, float | None] = field(default_factory=dict)
     layers: dict[str, dict[int, float]] = field(default_factory=dict)  # layer -> stat code -> v
     eval_step: int | None = None
+    goodput: Goodput = field(default_factory=lambda: Goodput(time.monotonic()))
+    """Where the rank's time went (:mod:`trainmon_exporter.analytics.goodput`)."""
 
     def __post_init__(self) -> None:
         self.hist_counts = [0] * (len(self.buckets) + 1)
@@ -219,7 +249,7 @@ class RankState:
         new_tokens = tokens if restarted else tokens - self.tokens_total
         self.step = step
         self.last_step_time = when
-        self.last_step_mono = time.monotonic()
+        self.last_step_mono = mono = time.monotonic()
         self.steps_total = steps
         self.tokens_total = tokens
         self.samples_total = samples
@@ -238,7 +268,7 @@ class RankState:
         while len(win) > 2 and win[1].time <= horizon:
             win.popleft()
         unknown = capped = 0
-        loss = grad_norm = mem = None
+        loss = grad_norm = mem = data_time = None
         std = P.STANDARD_NAMES
         f_loss, f_grad_norm, f_mem = P.FIELD_LOSS, P.FIELD_GRAD_NORM, P.FIELD_MEM_ALLOCATED
         for fid, v in zip(ids, values, strict=True):
@@ -251,6 +281,8 @@ class RankState:
                     grad_norm = v
                 elif fid == f_mem:
                     mem = v
+                elif fid == _FIELD_DATA_TIME:
+                    data_time = v
                 if (name == "loss" or name == "grad_norm" or name == "lr") and not math.isfinite(v):
                     self.nonfinite[name] += 1
                     self.analytics.observe_nonfinite(step, name, v)
@@ -268,6 +300,15 @@ class RankState:
                 self.analytics.observe_nonfinite(step, "custom", v)
         self.analytics.observe_step(step, loss, grad_norm, step_time, new_tokens, mem, stride)
         self.history.append(HistoryPoint(step, when, loss, tokens, restarted or rolled_back))
+        self.goodput.step(
+            step,
+            when - wall_offset(mono),
+            mono,
+            data_time,
+            restarted=restarted,
+            rolled_back=rolled_back,
+            unseen_before=steps > 1 and self.goodput.phase == "startup",
+        )
         if unknown:
             drop("unknown_field", unknown)
         if capped:
@@ -382,9 +423,13 @@ class RankState:
             drop("unknown_stat", stats)
 
     def observe_checkpoint(self, record: P.Checkpoint) -> None:
-        """Apply a CHECKPOINT record."""
-        self.checkpoint = record
-        self.checkpoints_total += 1
+        """Apply a CHECKPOINT record: a save (counted), or a restore (``restore`` set)."""
+        restore = record.restore
+        if not restore:
+            self.checkpoint = record
+            self.checkpoints_total += 1
+        mono, offset = clock()
+        self.goodput.checkpoint(record.step, record.time - offset, record.seconds, mono, restore)
 
     def ops_seconds(self) -> float:
         """Cumulative seconds of every tracked operation."""
@@ -397,6 +442,7 @@ class RankState:
     def finish(self, status: int) -> None:
         """Apply a FINISH record."""
         self.status = "finished" if status == P.FINISH_OK else "failed"
+        self.goodput.finish(time.monotonic(), self.status == "finished")
         if self.status == "failed":
             self.crashes += 1
             self.analytics.event("failed")
@@ -406,6 +452,7 @@ class RankState:
         self.connected = False
         self.disconnected_mono = self.left_mono = time.monotonic()
         if not finished:
+            self.goodput.crash(self.disconnected_mono)
             self.status = "crashed"
             self.crashes += 1
             self.analytics.event("crash")
@@ -420,6 +467,7 @@ class RankState:
         """
         self.connected = False
         self.left_mono = time.monotonic()
+        self.goodput.closed(self.left_mono)
         if idle:
             self.disconnected_mono = self.left_mono
         if self.on_gone is not None:
@@ -748,6 +796,8 @@ class Store:
             state.connections += 1
             for op in state.ops.values():
                 op.active = False  # a new process runs no operation yet
+            same = hello["pid"] == state.pid and hello["started_at"] == state.started_at
+            state.goodput.reconnect(hello["started_at"], now, time.time() - now, same)
             for k in _RESUMED_FIELDS:
                 setattr(state, k, hello[k])
             state.peer_pid = pid
@@ -759,6 +809,7 @@ class Store:
             **{k: hello[k] for k in P.HELLO_FIELDS},
             buckets=self.buckets,
             analytics=RankAnalytics(self.analytics),
+            goodput=Goodput.start(hello["started_at"], now, time.time() - now),
         )
         state.owner_uid = uid
         state.peer_pid = pid
@@ -862,6 +913,8 @@ class Store:
             else:
                 drop("series_budget", 1)
         state.eval_step = record.step
+        mono, offset = clock()
+        state.goodput.evaluation(record.time - offset, mono)
         if val_loss is not None:
             values["val_loss"] = val_loss
         state.analytics.observe_eval(val_loss)
@@ -891,6 +944,7 @@ class Store:
         A new name needs room under ``max_operations`` (``operation_cap``) and in the series
         budget (``series_budget``).
         """
+        state.goodput.operation(name, seconds_total, time.monotonic())
         op = state.ops.get(name)
         if op is not None:
             op.seconds_total, op.runs_total, op.active = seconds_total, runs_total, active
@@ -958,4 +1012,10 @@ class Store:
         """
         with self.lock:
             now_mono = time.monotonic() if now_mono is None else now_mono
-            return self.judge.check(list(self.ranks.values()), now_mono, rates=rates)
+            ranks = list(self.ranks.values())
+            started = self.judge.check(ranks, now_mono, rates=rates)
+            for s in ranks:
+                if s.analytics.hung and s.connected:
+                    # a hang is accounted as it lasts, from where the step should have ended
+                    s.goodput.hung(now_mono, s.analytics.median_interval())
+            return started

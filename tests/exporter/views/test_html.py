@@ -40,7 +40,8 @@ def test_a_rank_row_shows_every_cell() -> None:
     rows = cells(render_status(page(runs=v.runs(rank))))
     assert rows[0] == [
         *["gpt2-medium-finetune", "3/8", "gpu-node-10.cluster.example.org", "running", "1499"],
-        *["NaN/Inf", "", "0.0003", "1.25", "123,456", "", "41.7 %", "3", "812.5", "0.123", "0.5"],
+        *["NaN/Inf", "", "0.0003", "1.25", "123,456", "", "41.7 %", "91.2 % (data_loading)"],
+        *["3", "812.5", "0.123", "0.5"],
         "loss spike · last event: loss_spike at step 100 x3 to step 120",
     ]
 
@@ -60,7 +61,8 @@ def test_missing_values_are_dashes_and_mfu_says_why() -> None:
     )
     row = cells(render_status(page(runs=v.runs(rank))))[0]
     assert row[4:] == [
-        *["", "–", "", "–", "–", "–", "", "– (GPU peak unknown)", "–", "–", "–", "–", "ok"]
+        *["", "–", "", "–", "–", "–", "", "– (GPU peak unknown)", "91.2 % (data_loading)"],
+        *["–", "–", "–", "–", "ok"],
     ]
 
 

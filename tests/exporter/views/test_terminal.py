@@ -127,11 +127,11 @@ def test_once_writes_every_cell_of_the_view_model() -> None:
     assert rows[1] == list(terminal.RANK_COLUMNS)
     assert rows[2] == [
         *["gpt2-medium-finetune", "0/8", "gpu-node-7.cluster.example.org", "running", "1499"],
-        *["2.346", "2.568", "123456", "41.7%", "0", "93.0%", "-", "ok"],
+        *["2.346", "2.568", "123456", "41.7%", "91.2% (data_loading)", "0", "93.0%", "-", "ok"],
     ]
     assert rows[3] == [
         *["gpt2-medium-finetune", "1/8", "-", "crashed", "-", "NaN/Inf", "-", "-"],
-        *["-", "-", "-", "-", "crashed; last event crash at step 12"],
+        *["-", "91.2% (data_loading)", "-", "-", "-", "crashed; last event crash at step 12"],
     ]
     assert rows[4] == [""]
     assert rows[5] == ["# gpus (driver 550.54.15, 1 lost)"]

@@ -63,6 +63,7 @@ _GAUGES: tuple[tuple[Family, _Getter], ...] = (
         catalog.CHECKPOINT_LAST_STEP,
         lambda s, a: None if s.checkpoint is None else float(s.checkpoint.step),
     ),
+    (catalog.TRAIN_UNCHECKPOINTED_SECONDS, lambda s, a: s.goodput.uncheckpointed),
 )
 
 _COUNTERS: tuple[tuple[Family, Callable[[RankState, RankAnalytics], float]], ...] = (
@@ -77,6 +78,7 @@ _COUNTERS: tuple[tuple[Family, Callable[[RankState, RankAnalytics], float]], ...
     (catalog.TRAIN_STRAGGLER_EPISODES, lambda s, a: a.straggler_episodes),
     (catalog.EVAL_EVALUATIONS, lambda s, a: a.eval_total),
     (catalog.CHECKPOINTS, lambda s, a: s.checkpoints_total),
+    (catalog.TRAIN_PRODUCTIVE_SECONDS, lambda s, a: s.goodput.productive),
 )
 
 
@@ -112,6 +114,8 @@ class HealthCollector:
         op_count = catalog.MONITORING_OPERATIONS.counter()
         op_active = catalog.MONITORING_ACTIVE.gauge()
         eval_value = catalog.EVAL_VALUE.gauge()
+        badput = catalog.TRAIN_BADPUT_SECONDS.counter()
+        input_bound = catalog.TRAIN_INPUT_BOUND.gauge()
         for s in self.store.iter_ranks():
             a = s.analytics
             labels = [s.run, str(s.rank)]
@@ -136,8 +140,12 @@ class HealthCollector:
             for name, v in s.eval_values.items():
                 if v is not None and name != "val_loss":
                     eval_value.add_metric([*labels, name], v)
+            for kind, seconds in s.goodput.badput.items():
+                badput.add_metric([*labels, kind], seconds)
+            bound = derive.input_bound(s, self.window_s, self.cfg)
+            input_bound.add_metric(labels, 1.0 if bound else 0.0)
         out: list[Metric] = [fam for fam, _ in gauges]
         out += [fam for fam, _ in counters]
         out += [loss_spikes, grad_spikes, mon_ratio, over_budget]
-        out += [op_seconds, op_count, op_active, eval_value]
+        out += [op_seconds, op_count, op_active, eval_value, badput, input_bound]
         return out

@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 if TYPE_CHECKING:
     from trainmon_exporter import derive
     from trainmon_exporter.sampler import GpuSample, GpuSnapshot
+    from trainmon_exporter.settings import AnalyticsSettings
     from trainmon_exporter.state import RankState, Store
 
 
@@ -60,6 +61,23 @@ class TrendView(BaseModel):
     marks: list[TrendMark] = Field(default=[], description="by point index")
 
 
+class GoodputView(BaseModel):
+    """Where a rank's wall-clock went since its ``init()`` (seconds; docs/goodput.md)."""
+
+    ratio: float | None = Field(
+        description="(productive + uncheckpointed) / everything accounted: the share that "
+        "trained, counting uncheckpointed step time as good until a crash loses it"
+    )
+    productive_seconds: float = Field(description="step time kept by a checkpoint or a finish")
+    uncheckpointed_seconds: float = Field(description="step time not yet kept")
+    badput_seconds: dict[str, float] = Field(description="seconds by badput kind")
+    largest_badput: str | None = Field(description="the badput kind with the most seconds")
+    data_loading_share: float | None = Field(
+        description="data waits over step time in the rate window (0..1)"
+    )
+    input_bound: bool | None = Field(description="data_loading_share above input_bound_ratio")
+
+
 class RankView(BaseModel):
     """One rank as the API shows it. Times are Unix seconds; rates are per second."""
 
@@ -98,6 +116,9 @@ class RankView(BaseModel):
     crashes: int
     health: list[str] = Field(description="human-readable problems seen on this rank")
     events: list[EventView] = Field(description="recent detector firings, oldest first")
+    goodput: GoodputView | None = Field(
+        default=None, description="where the rank's time went (null from older exporters)"
+    )
     trend: TrendView = Field(
         default_factory=TrendView, description="recent steps for the views' sparklines"
     )
@@ -111,6 +132,13 @@ class RunView(BaseModel):
     owner_uid: int | None = Field(
         description="uid of the process that opened the run (SO_PEERCRED, in the exporter's "
         "user namespace); only that uid may add or resume its ranks"
+    )
+    goodput_ratio: float | None = Field(
+        default=None,
+        description="the ranks' (productive + uncheckpointed) seconds over all they accounted",
+    )
+    largest_badput: str | None = Field(
+        default=None, description="the badput kind with the most seconds"
     )
     ranks: list[RankView]
 
@@ -134,6 +162,7 @@ def _rank_view(
     gpus: dict[str, GpuSample],
     pids: dict[int, float],
     override: float | None,
+    cfg: AnalyticsSettings,
 ) -> RankView:
     from trainmon_exporter import derive
 
@@ -177,6 +206,7 @@ def _rank_view(
         refused_values=s.refused_values,
         crashes=s.crashes,
         health=derive.findings(s, m),
+        goodput=_goodput_view(s, window_s, cfg),
         events=[
             EventView(
                 kind=e.kind,
@@ -188,6 +218,40 @@ def _rank_view(
             )
             for e in s.analytics.events
         ],
+    )
+
+
+def _goodput_view(s: RankState, window_s: float, cfg: AnalyticsSettings) -> GoodputView:
+    from trainmon_exporter import derive
+
+    g = s.goodput
+    largest = g.largest_badput()
+    return GoodputView(
+        ratio=g.optimistic_ratio(),
+        productive_seconds=g.productive,
+        uncheckpointed_seconds=g.uncheckpointed,
+        badput_seconds=dict(g.badput),
+        largest_badput=None if largest is None else largest[0],
+        data_loading_share=g.data_share(time.monotonic(), window_s),
+        input_bound=derive.input_bound(s, window_s, cfg),
+    )
+
+
+def _run_goodput(ranks: list[RankView]) -> tuple[float | None, str | None]:
+    """A run's goodput ratio and largest badput kind, its ranks' seconds summed."""
+    good = total = 0.0
+    kinds: dict[str, float] = {}
+    for r in ranks:
+        g = r.goodput
+        if g is None:
+            continue
+        good += g.productive_seconds + g.uncheckpointed_seconds
+        total += g.productive_seconds + g.uncheckpointed_seconds + sum(g.badput_seconds.values())
+        for k, v in g.badput_seconds.items():
+            kinds[k] = kinds.get(k, 0.0) + v
+    largest = max(kinds, key=kinds.__getitem__) if kinds else None
+    return (good / total if total > 0 else None), (
+        largest if largest is not None and kinds[largest] > 0 else None
     )
 
 
@@ -224,7 +288,7 @@ def snapshot(
     owners: dict[str, int | None] = {}
     copied: list[tuple[RankView, derive.TrendInput]] = []
     for s in store.iter_ranks():
-        view = _rank_view(s, now, store.window_s, by_uuid, pids, peak_flops)
+        view = _rank_view(s, now, store.window_s, by_uuid, pids, peak_flops, store.analytics)
         runs.setdefault(s.run, []).append(view)
         copied.append((view, derive.trend_input(s)))  # a copy: the trend is drawn unlocked
         owners.setdefault(s.run, s.owner_uid)
@@ -239,9 +303,12 @@ def snapshot(
                 run=r,
                 world_size=max(v.world_size for v in ranks),
                 owner_uid=owners[r],
+                goodput_ratio=goodput[0],
+                largest_badput=goodput[1],
                 ranks=ranks,
             )
             for r, ranks in sorted(runs.items())
+            for goodput in (_run_goodput(ranks),)
         ],
     )
 

@@ -156,6 +156,14 @@ class Cells:
             return self.missing
         return f"{self.missing}{self.gap}({mfu_reason(reason)[0]})"
 
+    def goodput(self, rank: RankView) -> str:
+        """The rank's goodput as a percentage and its largest badput (``91.2% (data_loading)``)."""
+        g = rank.goodput
+        if g is None or g.ratio is None:
+            return self.missing
+        text = self.percent(g.ratio)
+        return f"{text} ({g.largest_badput})" if g.largest_badput else text
+
     def throughput(self, rank: RankView, fmt: str) -> str:
         """The rank's tokens/s; the missing mark once it no longer runs."""
         return self.missing if stopped(rank) else self.number(rank.tokens_per_second, fmt)

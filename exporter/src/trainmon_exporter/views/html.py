@@ -79,6 +79,7 @@ def _rank_rows(page: StatusPage) -> str:
                 f"<td>{c.throughput(r, ',.0f')}</td>"
                 f"<td class='spark'>{_spark(r, 'tokens_per_second')}</td>"
                 f"<td{mfu_title}>{e(c.mfu(r))}</td>"
+                f"<td>{e(c.goodput(r))}</td>"
                 f"<td>{c.missing if r.gpu is None else r.gpu}</td>"
                 f"<td>{c.number(scale(r.step_time_mean_seconds, 1e3), '.1f')}</td>"
                 f"<td>{c.number(scale(r.client_overhead_ratio, 100), '.3f')}</td>"
@@ -86,7 +87,7 @@ def _rank_rows(page: StatusPage) -> str:
                 f"<td>{e(health)}</td>"
                 "</tr>"
             )
-    return "\n".join(rows) or "<tr><td colspan='17'>No trainer has connected yet.</td></tr>"
+    return "\n".join(rows) or "<tr><td colspan='18'>No trainer has connected yet.</td></tr>"
 
 
 def _gpu_rows(gpus: GpusResponse) -> str:
@@ -181,7 +182,8 @@ svg.spark{{display:block}} .range{{font-size:75%;color:#555}}
 {_legend()}
 <table class='ranks'><thead><tr><th>run</th><th>rank</th><th>host</th><th>status</th><th>step</th>
 <th>loss</th><th>loss, recent steps</th><th>lr</th><th>grad norm</th><th>tokens/s</th>
-<th>tokens/s, recent steps</th><th>MFU</th><th>GPU</th><th>step ms</th>
+<th>tokens/s, recent steps</th><th>MFU</th><th>goodput (largest badput)</th><th>GPU</th>
+<th>step ms</th>
 <th>client overhead %</th><th>s since step</th><th>health</th></tr></thead>
 <tbody>
 {_rank_rows(page)}
