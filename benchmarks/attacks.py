@@ -10,14 +10,15 @@ Each attack runs against a fresh exporter subprocess while a prober GETs ``/heal
   logs 100 steps/s; how many of the trainer's steps the exporter applied.
 - ``multi_flood``: 8 connections of one uid send valid STEP packets flat out while a trainer
   of another uid logs 100 steps/s: its applied/sent steps, ``/healthz`` p50/p99.
-- ``scrapes``: 64 ranks with 256 custom metrics each; 4 threads read ``/metrics`` in a loop
+- ``scrapes``: 64 ranks with 256 custom metrics each (one uid; its quotas and the scrape sample
+  limit raised so the whole exposition is served); 4 threads read ``/metrics`` in a loop
   and 4 connections request it without reading the answer, while a trainer logs 100 steps/s.
 - ``series``: one client within every per-rank cap (256 runs x (256 custom metrics + 128
   layers)) plus 100,000 ``Run.track`` operation names: exposition size, scrape time, RSS.
 - ``hello_churn``: the rank table full (``--max-ranks 64``) of live ranks; short connections
   send new HELLOs flat out: HELLOs/s, exporter CPU, ``/healthz`` p50, live ranks kept.
-- ``api_memory``: 60 ``/api/v1/runs`` requests (128 ranks) never read: RSS before, during,
-  after.
+- ``api_memory``: 60 ``/api/v1/runs`` requests (128 ranks of one uid, its quotas raised to
+  admit them) never read: RSS before, during, after.
 - ``ownership_churn``: a victim's rank crashes; another uid makes short connections flat out
   (HELLOs of new runs and of the victim's run): is the crashed rank still the victim's, and
   can the victim reconnect?
@@ -308,7 +309,10 @@ def _send_records(s: socket.socket, recs: list[bytes]) -> None:
 
 def scrapes(hold: float) -> None:
     ranks = fd_budget(64 + 8, "scrapes") - 8  # 8: the scrapers' and lazy readers' sockets
-    with Exporter() as ex:
+    # One uid holds the 64 ranks and the trainer: its rank and series quotas and the scrape's
+    # sample limit are raised so the whole exposition is served and the trainer gets in.
+    quotas = ("--max-ranks-per-uid", "128", "--max-series-per-uid", "50000")
+    with Exporter(*quotas, "--scrape-sample-limit", "100000") as ex:
         conns = _fill(ex.socket, ranks, 256)
         time.sleep(1.0)
         size = len(get(ex.port, "/metrics", timeout=60)[1])
@@ -482,7 +486,7 @@ held = 0
 for s in socks:
     s.settimeout(0.001)
     try:
-        held += s.recv(16) != b""
+        s.recv(16)  # a REFUSED record or end of file: the exporter turned it away
     except TimeoutError:
         held += 1
     except OSError:
@@ -491,7 +495,7 @@ print(held, flush=True)
 sys.stdin.readline()
 """
 """``n`` HELLO-only connections (ranks of run ``squat``), held until stdin has a line; prints
-how many the exporter kept open (refused ones read EOF)."""
+how many the exporter kept open (refused ones read a REFUSED record or end of file)."""
 
 VICTIM = """
 import os, sys, time
@@ -586,7 +590,9 @@ def hello_churn(hold: float) -> None:
 def api_memory(hold: float) -> None:
     """60 requests for /api/v1/runs that are never read: RSS before, during and after."""
     ranks = fd_budget(128 + 60, "api_memory") - 60
-    with Exporter("--http-write-timeout-seconds", str(max(1.0, hold))) as ex:
+    # One uid opens the 128 runs: its rank and series quotas are raised to admit them all.
+    quotas = ("--max-ranks-per-uid", "256", "--max-series-per-uid", "50000")
+    with Exporter("--http-write-timeout-seconds", str(max(1.0, hold)), *quotas) as ex:
         conns = _fill(ex.socket, ranks, 256)
         time.sleep(1.0)
         size = len(get(ex.port, "/api/v1/runs", timeout=60)[1])
@@ -710,6 +716,7 @@ def squat(hold: float) -> None:
         time.sleep(0.5)
         applied = ex.metric('trainmon_train_steps_total{rank="0",run="normal"}')
         refused = ex.metric('trainmon_ingest_connections_refused_total{reason="uid_quota"}')
+        ranks = ex.metric('trainmon_ingest_messages_invalid_total{reason="uid_rank_quota"}')
         sq.communicate("\n", timeout=30)
         prober.stop()
         ok = applied == sent and dropped == 0
@@ -720,7 +727,8 @@ def squat(hold: float) -> None:
             cpu0,
             t0,
             f"uid {UID_A} opened {n} idle connections, {held} kept (refused uid_quota "
-            f"{refused}); trainer of uid {UID_B} sent {sent}, client-dropped {dropped}, "
+            f"{refused}, HELLOs refused uid_rank_quota {ranks}); trainer of uid {UID_B} sent "
+            f"{sent}, client-dropped {dropped}, "
             f"exporter applied {applied}: {'held' if ok else 'NOT held'}",
         )
 
