@@ -511,7 +511,7 @@ os._exit(0)  # crashes: no finish()
 """
 
 STORM = """
-import signal, sys, time
+import json, signal, sys, time
 import trainmon_client
 r = trainmon_client.init(run="storm", rank=0, world_size=1, socket_path=sys.argv[1])
 hold = float(sys.argv[2])
@@ -529,7 +529,7 @@ while time.monotonic() < end:
     r.log(n[0], loss=1.0, lr=1e-3, tokens=100)
 signal.setitimer(signal.ITIMER_REAL, 0, 0)
 r.finish()
-print(n[0], n[1], flush=True)
+print(n[0], n[1], r.sent, json.dumps(r.dropped), flush=True)
 """
 """A trainer whose 2 kHz timer signal handler calls ``run.log()`` while the loop logs too."""
 
@@ -757,12 +757,17 @@ def signal_storm(hold: float) -> None:
             tail = err.strip().splitlines()[-1:] or ["no output"]
             print(f"[signal_storm] NOT held: the trainer failed (exit {p.returncode}): {tail[0]}")
             return
-        loop, handler = (int(x) for x in out.split())
-        time.sleep(0.5)
-        applied = ex.metric('trainmon_train_steps_total{rank="0",run="storm"}')
+        loop_s, handler_s, sent_s, dropped_s = out.split(maxsplit=3)
+        loop, handler, sent = int(loop_s), int(handler_s), int(sent_s)
+        dropped: dict[str, int] = json.loads(dropped_s)
+        logged = loop + handler
+        accounted = sent + sum(dropped.values())
+        why = ", ".join(f"{k} {v:,}" for k, v in sorted(dropped.items()) if v) or "none"
+        verdict = "held" if accounted >= logged else "NOT held (steps unaccounted for)"
         print(
-            f"[signal_storm] held: completed in time; the loop logged {loop:,} steps and the "
-            f"2 kHz handler {handler:,}; exporter applied {applied}"
+            f"[signal_storm] {verdict}: completed in time; the loop logged {loop:,} steps and "
+            f"the 2 kHz handler {handler:,}; the client sent {sent:,} and dropped ({why}), "
+            f"{accounted:,} of {logged:,} accounted for"
         )
 
 
