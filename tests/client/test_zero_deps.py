@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import venv
@@ -52,7 +53,10 @@ def test_client_installs_alone_in_a_bare_venv(tmp_path: Path) -> None:
         "print('extra distributions:', others)\n"
         "assert not others, others\n"
     )
-    out = subprocess.run([py, "-c", code], capture_output=True, text=True, check=False)
+    # The bare environment alone: no PYTHONPATH of the calling shell (a source tree on it
+    # would show its packages' metadata as installed).
+    bare = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([py, "-c", code], capture_output=True, text=True, check=False, env=bare)
     assert out.returncode == 0, out.stdout + out.stderr
 
 
