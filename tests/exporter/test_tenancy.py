@@ -15,7 +15,7 @@ from trainmon_exporter.settings import Settings
 from trainmon_exporter.state import EVICTION_ORDER, MAX_REFUSED_UIDS, SERIES_PER_RANK, Store
 
 from ..conftest import InProcessExporter, sample, wait_for
-from ..helpers.exporter import HELLO, store_of
+from ..helpers.exporter import HELLO, invalid, store_of
 from ..helpers.uids import (
     ATTACKER,
     ATTACKER_GID,
@@ -30,10 +30,6 @@ from ..helpers.uids import (
 )
 
 REFUSED = "trainmon_ingest_hellos_refused_total"
-
-
-def invalid(ex: InProcessExporter, reason: str) -> float:
-    return sample(ex.metrics(), "trainmon_ingest_messages_invalid_total", reason=reason) or 0.0
 
 
 def _h(run: str, rank: int = 0) -> dict[str, Any]:

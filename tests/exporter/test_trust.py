@@ -17,7 +17,7 @@ import pytest
 import trainmon_client
 
 from ..conftest import InProcessExporter, connect, sample, short_tmpdir, wait_for
-from ..helpers.exporter import HELLO, store_of
+from ..helpers.exporter import HELLO, invalid, store_of
 from ..helpers.uids import (
     ATTACKER,
     ATTACKER_GID,
@@ -33,10 +33,6 @@ from ..helpers.uids import (
 )
 
 NONFINITE = "trainmon_train_nonfinite_values_total"
-
-
-def invalid(ex: InProcessExporter, reason: str) -> float:
-    return sample(ex.metrics(), "trainmon_ingest_messages_invalid_total", reason=reason) or 0.0
 
 
 def run_view(ex: InProcessExporter, run: str) -> dict[str, Any] | None:
