@@ -1,5 +1,5 @@
-"""Shared pieces of the attack and soak benchmarks: a real exporter subprocess with a chosen
-open-file limit, a ``/healthz`` prober, raw trainer packets, and process measurements (psutil).
+"""Shared pieces of the benchmarks: a real exporter subprocess with a chosen open-file limit, a
+real Prometheus, a ``/healthz`` prober, raw trainer packets, and process measurements (psutil).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import psutil
 
@@ -76,6 +76,26 @@ def fd_budget(need: int, what: str) -> int:
         f"(hard {hard}); raise it (ulimit -n {want}) for the full attack"
     )
     return fit
+
+
+def start_prometheus(tmp: Path, port: int) -> tuple[subprocess.Popen[bytes], IO[bytes]]:
+    """A real ``prometheus`` reading ``tmp/prometheus.yml``, its TSDB in ``tmp/tsdb``, serving
+    on 127.0.0.1:``port``, its output in ``tmp/prom.log``.
+
+    Returns the process and the open log; the caller terminates the one and closes the other.
+    """
+    log = (tmp / "prom.log").open("wb")
+    proc = subprocess.Popen(
+        [
+            "prometheus",
+            f"--config.file={tmp / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    return proc, log
 
 
 def as_uid(uid: int | None) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import yaml
+from _harness import start_prometheus
 
 import trainmon_client
 from trainmon_exporter.local import LocalExporter, free_port
@@ -180,17 +181,7 @@ def main() -> int:
     }
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = free_port()
-    log = (tmp / "prom.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            "prometheus",
-            f"--config.file={tmp / 'prometheus.yml'}",
-            f"--storage.tsdb.path={tmp / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    proc, log = start_prometheus(tmp, port)
     base = f"http://127.0.0.1:{port}"
     try:
         phases = []

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import tempfile
 import time
 import urllib.parse
@@ -22,6 +21,7 @@ import urllib.request
 from pathlib import Path
 
 import yaml
+from _harness import start_prometheus
 
 import trainmon_client
 from trainmon_exporter.local import LocalExporter, free_port
@@ -58,17 +58,7 @@ def main() -> int:
         prom.pop("alerting")
         prom["scrape_configs"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{ex.port}"]
         (tmp / "prometheus.yml").write_text(yaml.safe_dump(prom))
-        log = (tmp / "prom.log").open("wb")
-        proc = subprocess.Popen(
-            [
-                "prometheus",
-                f"--config.file={tmp / 'prometheus.yml'}",
-                f"--storage.tsdb.path={tmp / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        proc, log = start_prometheus(tmp, port)
         base = f"http://127.0.0.1:{port}"
         try:
             runs = [
