@@ -56,18 +56,8 @@ class Listener:
                         out.append((rtype, P.decode_totals(payload)))
                 elif rtype == P.HELLO:
                     out.append((rtype, P.decode_hello(payload)))
-                elif rtype == P.NAME:
-                    out.append((rtype, P.decode_name(payload)))
-                elif rtype == P.STEP:
-                    out.append((rtype, P.decode_step(payload)))
-                elif rtype == P.EVAL:
-                    out.append((rtype, P.decode_eval(payload)))
-                elif rtype == P.TRACK:
-                    out.append((rtype, P.decode_track(payload)))
-                elif rtype == P.CHECKPOINT:
-                    out.append((rtype, P.decode_checkpoint(payload)))
-                else:
-                    out.append((rtype, P.decode_finish(payload)))
+                else:  # every other type as the exporter decodes it (unknown: ProtocolError)
+                    out.append((rtype, P.decode_record(rtype, payload)))
         return out
 
     def close(self) -> None:
