@@ -163,7 +163,7 @@ def steps_with_loss(s: RankState, losses: list[float], start: int = 0, t0: float
 
 def test_a_trend_is_the_recent_steps_with_their_rate() -> None:
     s = make_state()
-    assert derive.trend(s) == ([], [], [], [])
+    assert derive.trend(s) == ([], [], [], [], [])
     steps_with_loss(s, [3.0, 2.0, 1.0])
     t = derive.trend(s)
     assert t.steps == [0, 1, 2] and t.loss == [3.0, 2.0, 1.0]
@@ -224,3 +224,26 @@ def test_a_rank_that_logs_no_tokens_has_no_throughput_line() -> None:
         )
     t = derive.trend(s)
     assert t.tokens_per_second == [None] * 5 and t.loss == [None] * 5
+
+
+def test_the_goodput_of_a_trend_point_is_the_ratio_at_its_last_step() -> None:
+    from trainmon_exporter.state import HistoryPoint
+
+    # (productive + uncheckpointed, accounted) seconds after each step; nothing yet at first.
+    totals = [(0.0, 0.0), (1.0, 4.0), (3.0, 5.0), (3.0, 6.0), (9.0, 10.0), (9.0, 12.0)]
+    h = [HistoryPoint(i, 100.0 + i, 2.0, 10.0 * i, False, g, a) for i, (g, a) in enumerate(totals)]
+    t = derive.trend(derive.TrendInput(h, []))
+    assert t.goodput == [None, 0.25, 0.6, 0.5, 0.9, 0.75]
+    grouped = derive.trend(derive.TrendInput(h, []), points=3)  # two steps a point: the last
+    assert grouped.steps == [1, 3, 5] and grouped.goodput == [0.25, 0.5, 0.75]
+    assert derive.trend(make_state()).goodput == []
+
+
+def test_a_trend_ends_at_the_goodput_the_rank_reports() -> None:
+    from ..helpers import trends
+
+    for s in trends.states():  # steps arriving on a reproducible clock, one rolled back
+        t = derive.trend(s)
+        ratio = s.goodput.optimistic_ratio()
+        assert len(t.goodput) == len(t.steps) and ratio is not None
+        assert t.goodput[-1] == pytest.approx(ratio)

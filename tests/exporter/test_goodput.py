@@ -32,6 +32,9 @@ class Ledger:
             assert v >= self.seen[k] - 1e-9, f"{k} went down: {self.seen[k]} -> {v}"
         self.seen = now
         assert self.g.accounted() == pytest.approx(until - INIT, abs=1e-9)
+        good, accounted = self.g.totals()  # the O(1) form the history records
+        assert accounted == pytest.approx(self.g.accounted(), abs=1e-9)
+        assert good == pytest.approx(self.g.productive + self.g.uncheckpointed, abs=1e-9)
 
 
 def test_startup_data_checkpoint_and_step_time_are_separate_buckets() -> None:

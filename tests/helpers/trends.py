@@ -5,10 +5,12 @@ machine (the views' golden captures)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from unittest import mock
 
 from trainmon_client import _protocol as P
-from trainmon_exporter import derive
+from trainmon_exporter import derive, state
 from trainmon_exporter.state import RankState
 from trainmon_exporter.views.api import RankView, RunsResponse, trend_view
 
@@ -19,6 +21,31 @@ T0 = v.T - 240 * 0.25
 """Client time of the first step: 240 steps of 0.25 s end at the views' "now"."""
 RUN = "pretrain_gpt2_124m_v12-20261126-001523-ab12"
 """A run id as ``detect_run_id`` generates one (43 characters)."""
+
+
+class _Clock:
+    """The exporter's clocks during :func:`states`: each step arrives 1 ms after its client
+    time, and monotonic time equals wall time, so the goodput accounting is reproducible."""
+
+    def __init__(self) -> None:
+        self.now = T0 - 2.0  # the ranks' init(): 2 s of start-up before the first step
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return self.now
+
+
+@contextmanager
+def _clock() -> Iterator[_Clock]:
+    c = _Clock()
+    saved = list(state._offset)
+    try:
+        with mock.patch.object(state, "time", c):
+            yield c
+    finally:
+        state._offset[:] = saved
 
 
 def healthy_loss(step: int) -> float:
@@ -33,6 +60,7 @@ def feed(
     loss_of: Callable[[int], float | None] = healthy_loss,
     tokens_of: Callable[[int], float] = lambda i: 16384.0,
     gap_after: dict[int, float] | None = None,
+    clock: _Clock | None = None,
 ) -> None:
     """``count`` logged steps, 0.25 s apart from :data:`T0` (plus ``gap_after[i]`` seconds
     after the ``i``-th), ``tokens_of(i)`` tokens each."""
@@ -42,6 +70,8 @@ def feed(
         loss = loss_of(i)
         head = P.StepHeader(step_of(i), i + 1, when, 0.25, tokens, 32.0 * (i + 1), 0.0, 0, 0, 0)
         ids, values = ((P.FIELD_LOSS,), (loss,)) if loss is not None else ((), ())
+        if clock is not None:
+            clock.now = when + 0.001
         s.observe_step(P.Step(head, ids, values), {}, 30.0)
         when += 0.25 + (gap_after or {}).get(i, 0.0)
         if gap_after and i in gap_after:
@@ -51,15 +81,23 @@ def feed(
 def states() -> list[RankState]:
     """Four ranks of :data:`RUN`: healthy with one loss spike; a NaN and a throughput that
     halves; a checkpoint rollback; a hang."""
-    ranks = [make_state() for _ in range(4)]
-    feed(ranks[0], loss_of=lambda i: 40.0 if i == 150 else healthy_loss(i))
-    feed(
-        ranks[1],
-        loss_of=lambda i: math.nan if i == 200 else healthy_loss(i) + 0.05,
-        tokens_of=lambda i: 16384.0 if i < 120 else 8192.0,
-    )
-    feed(ranks[2], step_of=lambda i: i if i < 180 else i - 40)  # back to step 140
-    feed(ranks[3], gap_after={100: 90.0})  # 90 s without a step after the 101st
+    ranks = []
+    for r in range(4):
+        with _clock() as c:
+            ranks.append(make_state())
+            if r == 0:
+                feed(ranks[0], loss_of=lambda i: 40.0 if i == 150 else healthy_loss(i), clock=c)
+            elif r == 1:
+                feed(
+                    ranks[1],
+                    loss_of=lambda i: math.nan if i == 200 else healthy_loss(i) + 0.05,
+                    tokens_of=lambda i: 16384.0 if i < 120 else 8192.0,
+                    clock=c,
+                )
+            elif r == 2:
+                feed(ranks[2], step_of=lambda i: i if i < 180 else i - 40, clock=c)  # to 140
+            else:
+                feed(ranks[3], gap_after={100: 90.0}, clock=c)  # 90 s without a step
     return ranks
 
 

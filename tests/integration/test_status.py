@@ -153,8 +153,8 @@ def test_a_crashed_rank_shows_no_throughput_anywhere(
     page = httpx.get(ex.url + "/", timeout=5).text
     assert "<td class='crashed'>crashed</td>" in page
     row = re.findall(r"<td[^>]*>(.*?)</td>", re.findall(r"<tr>(.*?)</tr>", page)[0])
-    assert row[:5] == ["crash-demo", "0/1", row[2], "crashed", "39"]
-    assert row[9] == "–" and row[11] == "–"  # tokens/s and MFU
+    assert row[:4] == ["crash-demo", "0/1", row[2], "crashed"] and row[5] == "39"
+    assert row[10] == "–" and row[12] == "–"  # tokens/s and MFU
 
 
 def test_sparklines_from_a_real_exporter(
@@ -182,9 +182,12 @@ def test_sparklines_from_a_real_exporter(
     assert trend["loss"][30] is None and trend["loss"][0] == 4.0
     rates = [r for r in trend["tokens_per_second"][1:] if r is not None]
     assert len(rates) == 43 and all(r > 0 for r in rates)  # none across the rollback
+    # The goodput so far at each point, as the rank's goodput ratio counts it.
+    good = [g for g in trend["goodput"] if g is not None]
+    assert len(trend["goodput"]) == 45 and good and all(0.0 <= g <= 1.0 for g in good)
 
     page = httpx.get(ex.url + "/", timeout=5).text
-    assert page.count("<svg class='spark'") == 2
+    assert page.count("<svg class='spark'") == 3 and "aria-label='goodput, steps" in page
     assert "NaN/Inf loss at step 30" in page and "restart or rollback at step 20" in page
 
     runs_body, gpus_body = terminal.fetch(ex.url)

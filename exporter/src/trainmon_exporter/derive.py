@@ -245,6 +245,11 @@ class Trend(NamedTuple):
     before it; None without a measurable interval or when the rank never logged tokens."""
     marks: list[tuple[int, str, int]]
     """``(point index, kind, step)`` with ``kind`` one of :data:`MARK_KINDS`, by index."""
+    goodput: list[float | None]
+    """The rank's goodput ratio so far at the point's last step: (productive +
+    uncheckpointed) / accounted wall-clock seconds, as the goodput column and
+    ``Goodput.optimistic_ratio`` (:mod:`.analytics.goodput`, recorded in ``state.history``);
+    None while nothing is accounted."""
 
 
 class TrendInput(NamedTuple):
@@ -279,13 +284,14 @@ def trend(state: RankState | TrendInput, points: int = TREND_POINTS) -> Trend:
     h = given.history
     n = len(h)
     if not n:
-        return Trend([], [], [], [])
+        return Trend([], [], [], [], [])
     m = min(points, n)
     bounds = [i * n // m for i in range(m + 1)]
     has_tokens = h[-1].tokens > 0 or h[0].tokens > 0
     steps: list[int] = []
     loss: list[float | None] = []
     tps: list[float | None] = []
+    good: list[float | None] = []
     marks: dict[tuple[int, str], int] = {}
     for c in range(m):
         lo, hi = bounds[c], bounds[c + 1]
@@ -308,6 +314,8 @@ def trend(state: RankState | TrendInput, points: int = TREND_POINTS) -> Trend:
         steps.append(h[hi - 1].step)
         loss.append(total / count if count else None)
         tps.append(dtok / dt if dt > 0 and has_tokens else None)
+        last = h[hi - 1]
+        good.append(last.good / last.accounted if last.accounted > 0 else None)
     by_step: dict[int, list[int]] = {}
     for j, p in enumerate(h):
         by_step.setdefault(p.step, []).append(j)
@@ -320,4 +328,4 @@ def trend(state: RankState | TrendInput, points: int = TREND_POINTS) -> Trend:
         j = next((j for j in reversed(found) if h[j].time <= when + 1.0), found[-1])
         marks.setdefault((bisect_right(bounds, j) - 1, kind), h[j].step)
     ordered = sorted(marks.items(), key=lambda kv: (kv[0][0], MARK_KINDS.index(kv[0][1])))
-    return Trend(steps, loss, tps, [(c, kind, step) for (c, kind), step in ordered])
+    return Trend(steps, loss, tps, [(c, kind, step) for (c, kind), step in ordered], good)

@@ -134,6 +134,12 @@ class HistoryPoint(NamedTuple):
     """Cumulative tokens after the step (as ``tokens_total``)."""
     restarted: bool
     """The first step after a restart: a new process resumed the rank, or a rollback."""
+    good: float = 0.0
+    """The rank's productive plus uncheckpointed step seconds so far, this step included
+    (:mod:`.analytics.goodput`: the numerator of the goodput ratio the views show)."""
+    accounted: float = 0.0
+    """The rank's accounted wall-clock seconds so far, this step included
+    (``Goodput.totals()``); 0 while nothing is accounted."""
 
 
 @dataclass(slots=True)
@@ -299,8 +305,8 @@ class RankState:
                 self.nonfinite["custom"] += 1
                 self.analytics.observe_nonfinite(step, "custom", v)
         self.analytics.observe_step(step, loss, grad_norm, step_time, new_tokens, mem, stride)
-        self.history.append(HistoryPoint(step, when, loss, tokens, restarted or rolled_back))
-        self.goodput.step(
+        g = self.goodput
+        g.step(
             step,
             when - wall_offset(mono),
             mono,
@@ -308,6 +314,10 @@ class RankState:
             restarted=restarted,
             rolled_back=rolled_back,
             unseen_before=steps > 1 and self.goodput.phase == "startup",
+        )
+        good, accounted = g.totals()
+        self.history.append(
+            HistoryPoint(step, when, loss, tokens, restarted or rolled_back, good, accounted)
         )
         if unknown:
             drop("unknown_field", unknown)

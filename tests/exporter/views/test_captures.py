@@ -57,9 +57,9 @@ def test_the_terminal_at_80_and_120_columns(width: int) -> None:
     check_golden(f"status.terminal.{width}.txt", text)
     lines = text.splitlines()
     assert max(len(line) for line in lines) <= width
-    # Every rank has both sparklines, and each mark letter sits under its sparkline.
+    # Every rank has its three sparklines, and each mark letter sits under its sparkline.
     spark_rows = [line for line in lines if any(b in line for b in sparkline.BLOCKS)]
-    assert len(spark_rows) == 4 and all(line.count("│") == 4 for line in spark_rows)  # one run
+    assert len(spark_rows) == 4 and all(line.count("│") == 5 for line in spark_rows)  # one run
     marks_line = "\n".join(lines[lines.index(spark_rows[0]) :])
     for letter in "SNRH":
         assert f" {letter} " in marks_line or f" {letter}\n" in marks_line, letter
@@ -67,6 +67,7 @@ def test_the_terminal_at_80_and_120_columns(width: int) -> None:
         text.split()
     )
     # The generated run id is shortened in the middle, and health is never hidden.
+    assert all(f" {n} " in text for n in ("loss", "tokens/s", "goodput"))
     assert "pretrain_g…1523-ab12" in text and "anomalies" in text
     assert "nonfinite_loss" in text
 
@@ -138,6 +139,7 @@ def test_the_status_page_in_headless_chromium(tmp_path: Path) -> None:
     for r in no_lines.runs[0].ranks:
         r.trend.loss = [None] * len(r.trend.loss)
         r.trend.tokens_per_second = [None] * len(r.trend.tokens_per_second)
+        r.trend.goodput = [None] * len(r.trend.goodput)
     _, _, empty_rows = screenshot(page(no_lines), tmp_path / "empty.png")
     assert png.count(rows, (0x33, 0x33, 0x33), 30) > png.count(empty_rows, (0x33, 0x33, 0x33), 30)
 
@@ -153,4 +155,6 @@ def test_a_node_without_gpus_says_so_on_the_page() -> None:
             gpu_state=NO_DRIVER,
         )
     )
-    assert "no NVIDIA driver on this node" in html and html.count("<svg class='spark'") == 8
+    assert "no NVIDIA driver on this node" in html and html.count("<svg class='spark'") == 12
+    # Each rank's goodput sparkline, labelled, over the same steps as its loss.
+    assert html.count("aria-label='goodput, steps 3 to 239, from 0.273 to 0.968'") == 2

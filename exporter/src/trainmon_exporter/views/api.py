@@ -59,6 +59,11 @@ class TrendView(BaseModel):
         default=[], description="tokens / client wall time over the point's steps"
     )
     marks: list[TrendMark] = Field(default=[], description="by point index")
+    goodput: list[float | None] = Field(
+        default=[],
+        description="the rank's goodput ratio so far at the point's last step, as "
+        "goodput.ratio: (productive + uncheckpointed) / accounted seconds; null: none yet",
+    )
 
 
 class GoodputView(BaseModel):
@@ -262,6 +267,7 @@ def trend_view(t: derive.Trend) -> TrendView:
         loss=[_num(v) for v in t.loss],
         tokens_per_second=[_num(v) for v in t.tokens_per_second],
         marks=[TrendMark(index=i, kind=k, step=st) for i, k, st in t.marks],
+        goodput=[_num(v) for v in t.goodput],
     )
 
 

@@ -44,8 +44,8 @@ def _text(s: str) -> str:
 def _spark(rank: RankView, series: str) -> str:
     """A sparkline cell: the SVG and the range it spans (empty before any step)."""
     t = rank.trend
-    values = t.loss if series == "loss" else t.tokens_per_second
-    what = "loss" if series == "loss" else "tokens/s"
+    values = getattr(t, series)
+    what = {"loss": "loss", "tokens_per_second": "tokens/s"}.get(series, series)
     marks = t.marks if series == "loss" else [m for m in t.marks if m.kind in sparkline.FLOW]
     drawn = sparkline.svg(values, marks, t.steps, what)
     if not drawn:
@@ -71,6 +71,7 @@ def _rank_rows(page: StatusPage) -> str:
                 f"<td>{e(run.run)}</td><td>{r.rank}/{r.world_size}</td>"
                 f"<td>{e(r.hostname)}</td>"
                 f"<td class='{e(status)}'>{e(status)}</td>"
+                f"<td class='health'>{e(health)}</td>"
                 f"<td>{'' if r.step is None else r.step}</td>"
                 f"<td>{c.logged(r.values, 'loss', '.4g')}</td>"
                 f"<td class='spark'>{_spark(r, 'loss')}</td>"
@@ -79,12 +80,11 @@ def _rank_rows(page: StatusPage) -> str:
                 f"<td>{c.throughput(r, ',.0f')}</td>"
                 f"<td class='spark'>{_spark(r, 'tokens_per_second')}</td>"
                 f"<td{mfu_title}>{e(c.mfu(r))}</td>"
-                f"<td>{e(c.goodput(r))}</td>"
+                f"<td class='spark'>{e(c.goodput(r))}{_spark(r, 'goodput')}</td>"
                 f"<td>{c.missing if r.gpu is None else r.gpu}</td>"
                 f"<td>{c.number(scale(r.step_time_mean_seconds, 1e3), '.1f')}</td>"
                 f"<td>{c.number(scale(r.client_overhead_ratio, 100), '.3f')}</td>"
                 f"<td>{c.number(r.seconds_since_last_step, '.1f')}</td>"
-                f"<td>{e(health)}</td>"
                 "</tr>"
             )
     return "\n".join(rows) or "<tr><td colspan='18'>No trainer has connected yet.</td></tr>"
@@ -166,7 +166,9 @@ body{{font-family:system-ui,sans-serif;margin:1.5em;color:#222}}
 table{{border-collapse:collapse}}
 td,th{{padding:.3em .6em;border-bottom:1px solid #ddd;text-align:right;vertical-align:middle}}
 td{{white-space:nowrap}} td:first-child,td:nth-child(3),td:last-child{{white-space:normal}}
-table.ranks td:last-child{{min-width:14em}}
+table.ranks td.health{{white-space:normal;text-align:left;min-width:12em;max-width:20em}}
+table.ranks th.health{{text-align:left}}
+table.ranks td:last-child,table.ranks th:last-child{{white-space:nowrap;text-align:right}}
 td:first-child,th:first-child,td:nth-child(3),td:nth-child(4),td:last-child,th:last-child{{text-align:left}}
 .crashed,.failed{{color:#b00;font-weight:bold}} .running{{color:#070}} .finished{{color:#555}}
 .disconnected{{color:#555}} td.spark{{padding:.2em .4em;text-align:left}}
@@ -180,11 +182,13 @@ svg.spark{{display:block}} .range{{font-size:75%;color:#555}}
 <a href="/metrics">/metrics</a> · <a href="/api/v1/runs">/api/v1/runs</a> ·
 <a href="/openapi.json">API schema (OpenAPI)</a></p>
 {_legend()}
-<table class='ranks'><thead><tr><th>run</th><th>rank</th><th>host</th><th>status</th><th>step</th>
+<table class='ranks'><thead><tr><th>run</th><th>rank</th><th>host</th><th>status</th>
+<th class='health'>health</th><th>step</th>
 <th>loss</th><th>loss, recent steps</th><th>lr</th><th>grad norm</th><th>tokens/s</th>
-<th>tokens/s, recent steps</th><th>MFU</th><th>goodput (largest badput)</th><th>GPU</th>
+<th>tokens/s, recent steps</th><th>MFU</th><th>goodput (largest badput), recent steps</th>
+<th>GPU</th>
 <th>step ms</th>
-<th>client overhead %</th><th>s since step</th><th>health</th></tr></thead>
+<th>client overhead %</th><th>s since step</th></tr></thead>
 <tbody>
 {_rank_rows(page)}
 </tbody></table>

@@ -213,7 +213,7 @@ _MARK_STYLES = {
 
 
 class TerminalTrends:
-    """The sparklines of every rank: loss and tokens/s over its recent steps.
+    """The sparklines of every rank: loss, tokens/s and goodput over its recent steps.
 
     Fitted to the width at render time, each with the range it draws, and a line of mark
     letters under a sparkline that has marks. The run column is shown only when more than
@@ -254,9 +254,9 @@ class TerminalTrends:
         runs = len({run for run, _, _ in self.ranks})
         run_w = min(max(len(run) for run, _, _ in self.ranks), self.run_width) if runs > 1 else 0
         rank_w = max(4, *(len(label) for _, label, _ in self.ranks))
-        columns = 4 if run_w else 3
-        per_series = max(12, (options.max_width - 1 - columns * 3 - run_w - rank_w) // 2)
-        keys = ("loss", "tokens_per_second")
+        columns = 5 if run_w else 4
+        per_series = max(12, (options.max_width - 1 - columns * 3 - run_w - rank_w) // 3)
+        keys = ("loss", "tokens_per_second", "goodput")
         # The range beside a sparkline is that of the columns drawn: room for the longest.
         rooms = [
             1
@@ -273,6 +273,7 @@ class TerminalTrends:
         table.add_column("rank", width=rank_w, no_wrap=True)
         table.add_column("loss", width=per_series, no_wrap=True, overflow="ellipsis")
         table.add_column("tokens/s", width=per_series, no_wrap=True, overflow="ellipsis")
+        table.add_column("goodput", width=per_series, no_wrap=True, overflow="ellipsis")
         prev = None
         for run, label, r in self.ranks:
             t = r.trend
@@ -282,6 +283,7 @@ class TerminalTrends:
                 label,
                 self._cell(t.loss, t.marks, n, max(1, per_series - rooms[0]), rooms[0]),
                 self._cell(t.tokens_per_second, flow, n, max(1, per_series - rooms[1]), rooms[1]),
+                self._cell(t.goodput, flow, n, max(1, per_series - rooms[2]), rooms[2]),
             ]
             if run_w:
                 cells.insert(0, "" if run == prev else shorten_middle(run, run_w))
