@@ -114,6 +114,8 @@ def test_nan_pages_pagerduty_once_per_run_naming_the_rank(stack: Any) -> None:
 
 
 def test_loss_spike_goes_to_slack(stack: Any) -> None:
+    """The 420 steps take less than a second, often less than one scrape interval: then the
+    spike counter is first scraped at 1, and only the rule's `unless ... offset` arm fires."""
     exporter, receiver, _ = stack
     mark = scenario(exporter, "spike", "e2e-spike", "--steps", "420", "--at", "400")
     hits = wait_for(lambda: receiver.find("/slack", "e2e-spike"), timeout=60, interval=0.2)
