@@ -569,8 +569,9 @@ def test_trainers_send_only_to_the_exporters_uid() -> None:
         assert env(c).get("TRAINMON_EXPORTER_UID", {}).get("value") == "65532", (where, c["name"])
 
 
-def test_the_run_id_comes_from_the_job_not_the_pod() -> None:
-    """TRAINMON_RUN is built from the namespace and the job's name label (downward API)."""
+def test_the_run_id_comes_from_the_job_and_the_namespace_and_pod_from_the_pod() -> None:
+    """TRAINMON_RUN is the job's name label; POD_NAMESPACE and POD_NAME are the pod's own
+    (downward API), which the client sends and the exporter keys the run by."""
     seen = 0
     for where, spec in pod_specs():
         for c in spec["containers"]:
@@ -580,13 +581,25 @@ def test_the_run_id_comes_from_the_job_not_the_pod() -> None:
             seen += 1
             refs = re.findall(r"\$\(([A-Z_]+)\)", e["TRAINMON_RUN"]["value"])
             paths = [e[r]["valueFrom"]["fieldRef"]["fieldPath"] for r in refs]
-            assert "metadata.namespace" in paths, where
-            job = [p for p in paths if p != "metadata.namespace"]
-            assert len(job) == 1 and re.fullmatch(
+            assert len(paths) == 1 and re.fullmatch(
                 r"metadata\.labels\['(batch\.kubernetes\.io|training\.kubeflow\.org)/job-name'\]",
-                job[0],
-            ), (where, job)
+                paths[0],
+            ), (where, paths)
+            for name, path in (
+                ("POD_NAMESPACE", "metadata.namespace"),
+                ("POD_NAME", "metadata.name"),
+            ):
+                assert e[name]["valueFrom"]["fieldRef"]["fieldPath"] == path, (where, name)
     assert seen == len(EXAMPLES) + 1  # the PyTorchJob has two replica types
+
+
+def test_podmonitors_honor_the_namespace_the_trainers_report() -> None:
+    """A trainer's namespace, not the exporter's, labels its rank's series in Prometheus."""
+    pms = [(path, o) for path, o in objects("PodMonitor")]
+    assert pms
+    for path, pm in pms:
+        for ep in pm["spec"]["podMetricsEndpoints"]:
+            assert ep.get("honorLabels") is True, (path, pm["metadata"]["name"])
 
 
 def test_daemonset_shape() -> None:
@@ -1043,3 +1056,48 @@ def test_a_non_root_trainer_reaches_the_socket_with_the_manifests_permissions(
                 proc.communicate()
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- the cluster label
+
+CLUSTER_LABEL = K8S / "cluster-label"
+
+
+def test_the_cluster_label_is_an_external_label_of_either_stacks_prometheus(
+    tmp_path: Path,
+) -> None:
+    """kube-prometheus-stack gets it from its values; kube-prometheus's Prometheus ``k8s`` from
+    the merge patch, applied here with ``kubectl patch --local`` as the docs say to apply it."""
+    values = yaml.safe_load((CLUSTER_LABEL / "kube-prometheus-stack-values.yaml").read_text())
+    assert values == {
+        "prometheus": {"prometheusSpec": {"externalLabels": {"cluster": "my-cluster"}}}
+    }
+    shipped = {  # as kube-prometheus's manifests/prometheus-prometheus.yaml has it
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "Prometheus",
+        "metadata": {"name": "k8s", "namespace": "monitoring"},
+        "spec": {"externalLabels": {}, "replicas": 2, "podMonitorSelector": {}},
+    }
+    prom = tmp_path / "prometheus-prometheus.yaml"
+    prom.write_text(yaml.safe_dump(shipped))
+    patch = CLUSTER_LABEL / "prometheus-k8s-patch.yaml"
+    cmd = [kubectl(), "patch", "--local", "-f", str(prom), "--type", "merge", "-o", "yaml"]
+    out = subprocess.run(
+        [*cmd, "--patch-file", str(patch)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    spec = yaml.safe_load(out.stdout)["spec"]
+    assert spec == {**shipped["spec"], "externalLabels": {"cluster": "my-cluster"}}
+    # The label's name is the one every rule, route and dashboard keys a run by.
+    rules = (ROOT / "deploy/prometheus/trainmon.rules.yml").read_text()
+    assert "by (cluster, namespace, run)" in rules
+    doc = (ROOT / "docs/scaling.md").read_text()
+    for path in (
+        "cluster-label/kube-prometheus-stack-values.yaml",
+        "cluster-label/prometheus-k8s-patch.yaml",
+    ):
+        assert path in doc, path

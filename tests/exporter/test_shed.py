@@ -35,7 +35,7 @@ class Families:
         grad = catalog.LAYER_GRAD_NORM.gauge()
         weight = catalog.LAYER_WEIGHT_NORM.gauge()
         for run, rank in RANKS:
-            lv = [run, str(rank)]
+            lv = ["", run, str(rank)]  # no namespace: left out of the samples
             up.add_metric(lv, 1.0)
             hung.add_metric(lv, 0.0)
             crashes.add_metric(lv, 0.0)

@@ -232,6 +232,46 @@ def detect_ranks(
     return 0, 0, 1
 
 
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+"""The namespace file Kubernetes mounts into a pod with its service-account token."""
+
+
+def detect_pod(
+    env: Mapping[str, str] | None = None,
+    issues: list[str] | None = None,
+    namespace_file: str = SERVICE_ACCOUNT_NAMESPACE,
+) -> tuple[str, str]:
+    """``(namespace, pod)`` of a client that runs in a Kubernetes pod; ``""`` for each unknown.
+
+    The namespace is ``POD_NAMESPACE``, else the service-account file ``namespace_file``
+    (mounted in every pod that has a token); the pod is ``POD_NAME``. Both variables are the
+    downward API's usual names: ``env: [{name: POD_NAMESPACE, valueFrom: {fieldRef:
+    {fieldPath: metadata.namespace}}}, {name: POD_NAME, valueFrom: {fieldRef: {fieldPath:
+    metadata.name}}}]``. The exporter labels the rank's series with the namespace and its
+    ``trainmon_rank_info`` with both, so that one namespace's run never mixes with another's
+    of the same id. A value that is not a Kubernetes name (an RFC 1123 label for the
+    namespace, a subdomain for the pod) is ignored with a warning and noted in ``issues``.
+    """
+    env = os.environ if env is None else env
+    namespace = env.get("POD_NAMESPACE", "").strip()
+    key = "POD_NAMESPACE"
+    if not namespace:
+        key = namespace_file
+        try:
+            with open(namespace_file) as f:
+                namespace = f.read(256).strip()
+        except (OSError, UnicodeDecodeError):
+            namespace = ""
+    if namespace and not P.valid_namespace(namespace):
+        note(issues, key, f"{key}={namespace[:60]!r} is not a Kubernetes namespace; ignored")
+        namespace = ""
+    pod = env.get("POD_NAME", "").strip()
+    if pod and not P.valid_pod(pod):
+        note(issues, "POD_NAME", f"POD_NAME={pod[:60]!r} is not a Kubernetes pod name; ignored")
+        pod = ""
+    return namespace, pod
+
+
 def _process_start(pid: int) -> float | None:
     """Start time of ``pid`` in Unix seconds, from ``/proc`` (Linux); None elsewhere."""
     try:

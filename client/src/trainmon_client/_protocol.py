@@ -262,11 +262,35 @@ HELLO_FIELDS: Final = (
     "started_at",
     "flops_per_token",
     "dtype",
+    "namespace",
+    "pod",
 )
 """Keys of the HELLO object: run id (str), rank / local_rank / world_size (int), hostname (str),
 pid (int, the client's own PID namespace), client_version (str), gpu_uuid (str or null, the CUDA
 device's UUID as NVML prints it), started_at (Unix seconds), flops_per_token (float or null),
-dtype (str: the training dtype MFU is judged against: bf16, fp16, fp8, tf32 or fp32)."""
+dtype (str: the training dtype MFU is judged against: bf16, fp16, fp8, tf32 or fp32), namespace
+and pod (str: the Kubernetes namespace and pod of a client in a pod, see
+:func:`trainmon_client._env.detect_pod`). A client sends namespace and pod only when it has
+them, so a HELLO off Kubernetes is what exporters that predate them know; one that predates
+them ignores them and counts each as ``unknown_hello_key``: upgrade exporters before clients."""
+
+_DNS_LABEL_RE: Final = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
+_DNS_SUBDOMAIN_RE: Final = re.compile(
+    r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z"
+)
+
+
+def valid_namespace(value: str) -> bool:
+    """A Kubernetes namespace name: an RFC 1123 DNS label (1-63 of ``a-z 0-9 -``)."""
+    return isinstance(value, str) and _DNS_LABEL_RE.match(value) is not None
+
+
+def valid_pod(value: str) -> bool:
+    """A Kubernetes pod name: an RFC 1123 DNS subdomain (1-253 of ``a-z 0-9 - .``)."""
+    return (
+        isinstance(value, str) and len(value) <= 253 and _DNS_SUBDOMAIN_RE.match(value) is not None
+    )
+
 
 MAX_NAME_CHARS: Final = 128
 """Longest run id or custom metric name accepted (characters)."""

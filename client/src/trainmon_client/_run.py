@@ -61,6 +61,7 @@ from trainmon_client._device import REFUSED, DeviceCopies, add_allocator_stats, 
 from trainmon_client._encoder import Encoder, as_step, carries_names
 from trainmon_client._env import (
     default_socket,
+    detect_pod,
     detect_ranks,
     detect_run_id,
     misspelt_variables,
@@ -176,8 +177,15 @@ class Run:
         dtype: str = "bf16",
         cuda_memory: bool = False,
         sanitised_env: tuple[str, ...] = (),
+        namespace: str = "",
+        pod: str = "",
     ) -> None:
         self.run_id = run_id
+        self.namespace = namespace
+        """The Kubernetes namespace of this pod (:func:`~trainmon_client._env.detect_pod`),
+        ``""`` off Kubernetes: the exporter keys the run by it."""
+        self.pod = pod
+        """The Kubernetes pod's name (``POD_NAME``), ``""`` unknown: on ``trainmon_rank_info``."""
         self.rank = rank
         self.local_rank = local_rank
         self.world_size = world_size
@@ -975,6 +983,9 @@ class Run:
                 "started_at": self._started_at,
                 "flops_per_token": self.flops_per_token,
                 "dtype": self.dtype,
+                # Only in a pod: elsewhere the HELLO stays what older exporters know.
+                **({"namespace": self.namespace} if self.namespace else {}),
+                **({"pod": self.pod} if self.pod else {}),
             }
         )
 
@@ -1070,6 +1081,7 @@ def init(
     if world_size < 1 or rank >= world_size:
         raise ValueError(f"rank {rank} is outside world_size {world_size}")
     run_id = run if run is not None else detect_run_id(world_size, env, issues)
+    namespace, pod = detect_pod(env, issues)
     if not P.valid_run_id(run_id):
         raise ValueError(
             f"run id {str(run_id)[:60]!r} is invalid: use 1-{P.MAX_NAME_CHARS} letters, digits "
@@ -1102,6 +1114,8 @@ def init(
         dtype=dtype,
         cuda_memory=cuda_memory,
         sanitised_env=tuple(issues),
+        namespace=namespace,
+        pod=pod,
     )
 
 

@@ -29,7 +29,7 @@ from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from trainmon_client import _protocol as P
-from trainmon_exporter.state import RankState, Store
+from trainmon_exporter.state import RankState, Store, run_key
 
 __all__ = [
     "FATAL",
@@ -163,6 +163,32 @@ class HelloMessage(BaseModel):
     started_at: float = Field(0.0, allow_inf_nan=False)
     flops_per_token: float | None = Field(None, gt=0, allow_inf_nan=False)
     dtype: str = "bf16"
+    namespace: str = ""
+    pod: str = ""
+
+    @field_validator("namespace", "pod", mode="before")
+    @classmethod
+    def _absent(cls, v: object) -> object:
+        return "" if v is None else v  # null: not in a pod, as when the key is left out
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, v: str) -> str:
+        if v and not P.valid_namespace(v):
+            raise ValueError("namespace is not a Kubernetes namespace name (RFC 1123 label)")
+        return v
+
+    @field_validator("pod")
+    @classmethod
+    def _pod(cls, v: str) -> str:
+        if v and not P.valid_pod(v):
+            raise ValueError("pod is not a Kubernetes pod name (RFC 1123 subdomain)")
+        return v
+
+    @property
+    def run_key(self) -> str:
+        """The run as the store keys it: ``namespace/run`` in a namespace, else the id."""
+        return run_key(self.namespace, self.run)
 
     @field_validator("dtype")
     @classmethod
@@ -386,13 +412,14 @@ class Applier:
                 rewritten,
             )
             self.drop("label_rewritten", rewritten)
-        before = self.store.run_state(hello.run)
+        key = hello.run_key
+        before = self.store.run_state(key)
         result = self.store.attach(hello.model_dump(), link.peer_uid, link.peer_pid)
         if before is not None and before.revoked:
             log.warning(
                 "run %s: its owner claim names uid %s; the ranks uid %s opened before it were "
                 "dropped",
-                hello.run,
+                key,
                 link.peer_uid,
                 before.owner_uid,
             )
@@ -401,15 +428,15 @@ class Applier:
             if result == "not_owner":
                 log.warning(
                     "refused run %s rank %d from uid %s: the run belongs to uid %s",
-                    hello.run,
+                    key,
                     hello.rank,
                     link.peer_uid,
-                    self.store.owner_of(hello.run),
+                    self.store.owner_of(key),
                 )
             else:
                 log.warning(
                     "refused run %s rank %d from uid %s: %s",
-                    hello.run,
+                    key,
                     hello.rank,
                     link.peer_uid,
                     result,

@@ -22,18 +22,25 @@ counters (a counter's :attr:`Family.name` is given without it, as prometheus-cli
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.samples import Sample
 
 MetricType = Literal["gauge", "counter", "histogram"]
 GAUGE: MetricType = "gauge"
 COUNTER: MetricType = "counter"
 HISTOGRAM: MetricType = "histogram"
 
-RANK = ("run", "rank")
-"""Labels of every per-rank series; identity (host, GPU UUID, world size) is in RANK_INFO."""
+NAMESPACE = "namespace"
+"""The label of a client's Kubernetes namespace: left out of a sample where it is empty."""
+RANK = (NAMESPACE, "run", "rank")
+"""Labels of every per-rank series; identity (host, GPU UUID, world size) is in RANK_INFO.
+``namespace`` is the client's Kubernetes namespace (``trainmon_client._env.detect_pod``) and is
+left out off Kubernetes, as Prometheus stores an empty label anyway: with the monitor's
+``honorLabels`` it is the namespace rules key a run by, not the exporter's own."""
 GPU = ("gpu", "uuid")
 """Labels of every per-GPU series: the NVML index and the UUID, as in dcgm-exporter."""
 LAYER = (*RANK, "layer")
@@ -67,6 +74,11 @@ class Family:
         return f"{self.name}_total" if self.type == COUNTER else self.name
 
     @property
+    def optional(self) -> bool:
+        """Whether a label of :data:`OPTIONAL_LABELS` is left out of samples where empty."""
+        return any(n in OPTIONAL_LABELS for n in self.labels)
+
+    @property
     def series(self) -> tuple[str, ...]:
         """Every sample name the family can show (a histogram's three)."""
         if self.type == HISTOGRAM:
@@ -76,21 +88,109 @@ class Family:
     def gauge(self) -> GaugeMetricFamily:
         """A new, empty gauge family of this row (for a collector's scrape)."""
         self._expect(GAUGE)
+        if self.optional:
+            return _OptionalGauge(self.name, self.help, labels=self.labels)
         return GaugeMetricFamily(self.name, self.help, labels=self.labels)
 
     def counter(self) -> CounterMetricFamily:
         """A new, empty counter family of this row."""
         self._expect(COUNTER)
+        if self.optional:
+            return _OptionalCounter(self.name, self.help, labels=self.labels)
         return CounterMetricFamily(self.name, self.help, labels=self.labels)
 
     def histogram(self) -> HistogramMetricFamily:
         """A new, empty histogram family of this row."""
         self._expect(HISTOGRAM)
+        if self.optional:
+            return _OptionalHistogram(self.name, self.help, labels=self.labels)
         return HistogramMetricFamily(self.name, self.help, labels=self.labels)
 
     def _expect(self, kind: MetricType) -> None:
         if self.type != kind:
             raise TypeError(f"{self.name} is a {self.type}, not a {kind}")
+
+
+OPTIONAL_LABELS = (NAMESPACE, "pod")
+"""Labels left out of a sample where they are empty (Kubernetes identity, absent elsewhere)."""
+
+
+class _Optional:
+    """Leaves :data:`OPTIONAL_LABELS` out of each new sample where its value is empty.
+
+    Prometheus stores a label with an empty value as no label at all; leaving it out keeps
+    the exposition off Kubernetes as it was. The usual case, ``namespace`` first and empty,
+    costs one slice: the library's own ``add_metric`` runs on the names and values without it.
+    """
+
+    samples: list[Sample]
+    _labelnames: tuple[str, ...]
+
+    def __init__(self, name: str, documentation: str, labels: Sequence[str]) -> None:
+        super().__init__(name, documentation, labels=labels)  # type: ignore[call-arg]
+        self._names = tuple(labels)
+        labelnames = self._names
+        self._rest = labelnames[1:]
+        self._where = [(i, n) for i, n in enumerate(labelnames) if n in OPTIONAL_LABELS]
+        self._first_only = [i for i, _ in self._where] == [0]
+
+    def _cut(self, labels: Sequence[str]) -> Sequence[str] | None:
+        """``labels`` for the names now in ``_labelnames``; None when the general path runs."""
+        if self._first_only:
+            if labels[0]:
+                return labels
+            self._labelnames = self._rest
+            return labels[1:]
+        return None
+
+    def _drop_empty(self, labels: Sequence[str], first: int) -> None:
+        self._labelnames = self._names
+        if self._first_only:
+            return
+        for i, name in self._where:
+            if not labels[i]:
+                for j in range(first, len(self.samples)):
+                    del self.samples[j].labels[name]
+
+
+class _OptionalGauge(_Optional, GaugeMetricFamily):
+    def add_metric(self, labels: Sequence[str], value: float, timestamp: Any = None) -> None:
+        n = len(self.samples)
+        try:
+            super().add_metric(self._cut(labels) or labels, value, timestamp)
+        finally:
+            self._drop_empty(labels, n)
+
+
+class _OptionalCounter(_Optional, CounterMetricFamily):
+    def add_metric(
+        self,
+        labels: Sequence[str],
+        value: float,
+        created: float | None = None,
+        timestamp: Any = None,
+        exemplar: Any = None,
+    ) -> None:
+        n = len(self.samples)
+        try:
+            super().add_metric(self._cut(labels) or labels, value, created, timestamp, exemplar)
+        finally:
+            self._drop_empty(labels, n)
+
+
+class _OptionalHistogram(_Optional, HistogramMetricFamily):
+    def add_metric(
+        self,
+        labels: Sequence[str],
+        buckets: Sequence[Any],
+        sum_value: float | None,
+        timestamp: Any = None,
+    ) -> None:
+        n = len(self.samples)
+        try:
+            super().add_metric(self._cut(labels) or labels, buckets, sum_value, timestamp)
+        finally:
+            self._drop_empty(labels, n)
 
 
 # ---------- collector training: per-(run, rank) series from the client's records
@@ -435,7 +535,7 @@ RANK_INFO = Family(
         "Always 1; identity of a rank: node, local rank, world size, GPU UUID (NVML format, from "
         "the client), client version and training dtype. Join on uuid with GPU series."
     ),
-    (*RANK, "local_rank", "world_size", "hostname", "uuid", "client_version", "dtype"),
+    (*RANK, "local_rank", "world_size", "hostname", "uuid", "client_version", "dtype", "pod"),
     unit="1",
     collector="training",
     doc=(
@@ -450,7 +550,7 @@ RUN_INFO = Family(
     "trainmon_run_info",
     GAUGE,
     "Always 1; one per run, with its world size.",
-    ("run", "world_size"),
+    (NAMESPACE, "run", "world_size"),
     unit="1",
     collector="training",
     doc="One per run.",
@@ -463,7 +563,7 @@ RUN_WORLD_SIZE = Family(
         "Ranks the run was launched with (count): the largest world size its ranks on this "
         "exporter reported (client WORLD_SIZE). Compare with the sum of trainmon_run_up."
     ),
-    ("run",),
+    (NAMESPACE, "run"),
     unit="ranks",
     collector="training",
     doc=(

@@ -41,13 +41,14 @@ CLASSES = ("layer", "custom", "evaluation", "operation", "rank", "node")
 """Shed classes, the first shed first (values of the ``class`` label)."""
 
 _GROUP_LABELS: dict[str, tuple[str, ...]] = {
-    "layer": ("run", "rank", "layer"),
-    "custom": ("run", "rank", "name"),
-    "evaluation": ("run", "rank", "name"),
-    "operation": ("run", "rank", "operation"),
-    "rank": ("run", "rank"),
+    "layer": ("run", "rank", "layer", "namespace"),
+    "custom": ("run", "rank", "name", "namespace"),
+    "evaluation": ("run", "rank", "name", "namespace"),
+    "operation": ("run", "rank", "operation", "namespace"),
+    "rank": ("run", "rank", "namespace"),
 }
-"""Labels whose values make one unit of shedding in each class: a unit goes whole."""
+"""Labels whose values make one unit of shedding in each class: a unit goes whole (the
+namespace last, so that the order of shedding off Kubernetes is by run and rank alone)."""
 
 CLASS_OF: dict[str, str] = {
     **{f.name: "layer" for f in catalog.ALL if f.collector == "layers"},

@@ -49,8 +49,19 @@ EVICTION_ORDER = ("finished", "failed", "crashed", "running")
 (``running``: closed by the exporter, e.g. idle or at shutdown); oldest first within each."""
 RANK_CHUNK = 8
 """Ranks a scrape reads per hold of :attr:`Store.lock` (see :meth:`Store.iter_ranks`)."""
-_RESUMED_FIELDS = tuple(k for k in P.HELLO_FIELDS if k not in ("run", "rank"))
+_RESUMED_FIELDS = tuple(k for k in P.HELLO_FIELDS if k not in ("run", "rank", "namespace"))
 """HELLO fields a resumed rank takes from its new HELLO: all but its identity."""
+
+
+def run_key(namespace: str, run: str) -> str:
+    """The run as the store keys it: ``namespace/run`` in a Kubernetes namespace, else the id.
+
+    A run id has no ``/``, so the two forms never meet, and one namespace's run never shares
+    state, owner or ranks with another namespace's run of the same id.
+    """
+    return f"{namespace}/{run}" if namespace else run
+
+
 HISTORY_STEPS = 240
 """Logged steps each rank keeps for the views' sparklines (:attr:`RankState.history`)."""
 MAX_REFUSED_UIDS = 64
@@ -164,6 +175,10 @@ class RankState:
     dtype: str
     buckets: tuple[float, ...]
     analytics: RankAnalytics
+    namespace: str = ""
+    """The client's Kubernetes namespace (``""`` off Kubernetes): part of the run's identity."""
+    pod: str = ""
+    """The client's Kubernetes pod (``""`` unknown); ``trainmon_rank_info`` carries it."""
     peer_pid: int | None = None  # SO_PEERCRED: the client's PID in the exporter's namespace
     owner_uid: int | None = None  # SO_PEERCRED uid of the connection that opened the run
     revoked: bool = False  # dropped for its run's owner claim (Store.attach): its link closes
@@ -216,9 +231,14 @@ class RankState:
         self.hist_counts = [0] * (len(self.buckets) + 1)
 
     @property
+    def run_key(self) -> str:
+        """The run as the store keys it (:func:`run_key`)."""
+        return run_key(self.namespace, self.run)
+
+    @property
     def key(self) -> tuple[str, int]:
-        """``(run, rank)``."""
-        return (self.run, self.rank)
+        """``(run_key, rank)``: the store's key of this rank."""
+        return (self.run_key, self.rank)
 
     def observe_step(
         self,
@@ -639,7 +659,7 @@ class Store:
     def _add(self, state: RankState) -> None:
         """Index a new rank (its series are already taken)."""
         self.ranks[state.key] = state
-        self._runs.setdefault(state.run, {})[state.rank] = state
+        self._runs.setdefault(state.run_key, {})[state.rank] = state
         self.uid_ranks[state.owner_uid] = self.uid_ranks.get(state.owner_uid, 0) + 1
         state.on_gone = self._gone_now
 
@@ -700,7 +720,7 @@ class Store:
         del self.ranks[key]
         self._unqueue(state)
         state.on_gone = None
-        run_ranks = self._runs[state.run]
+        run_ranks = self._runs[state.run_key]
         del run_ranks[state.rank]
         left = self.uid_ranks.get(state.owner_uid, 0) - 1
         if left > 0:
@@ -710,11 +730,11 @@ class Store:
         self._free_series(self.series_of(state), state.owner_uid)
         if run_ranks:
             return
-        del self._runs[state.run]
+        del self._runs[state.run_key]
         now = time.monotonic()
         lapse = (state.disconnected_mono or now) + self.ttl_s
         if remember and lapse > now:
-            self._remember_owner(state.run, state.owner_uid, lapse)
+            self._remember_owner(state.run_key, state.owner_uid, lapse)
 
     def _remember_owner(self, run: str, uid: int | None, lapse: float) -> None:
         self._forget_owner(run)
@@ -770,7 +790,8 @@ class Store:
         its exporter-side counters (the run resumed under the same id); one that had finished
         cleanly starts from fresh state (the id was reused for a new run).
         """
-        run = hello["run"]
+        hello = {"namespace": "", "pod": "", **hello}  # a client off Kubernetes sends neither
+        run = run_key(hello["namespace"], hello["run"])
         key = (run, hello["rank"])
         state = self.ranks.get(key)
         holder = state if state is not None else self.run_state(run)

@@ -118,7 +118,7 @@ class HealthCollector:
         input_bound = catalog.TRAIN_INPUT_BOUND.gauge()
         for s in self.store.iter_ranks():
             a = s.analytics
-            labels = [s.run, str(s.rank)]
+            labels = [s.namespace, s.run, str(s.rank)]
             for fam, fn in gauges:
                 v = fn(s, a)
                 if v is not None:

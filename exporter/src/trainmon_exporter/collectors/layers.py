@@ -40,7 +40,7 @@ class LayersCollector:
         qcodes = [(P.QUANTILE_CODE0 + i, f"{q * 100:g}") for i, q in enumerate(P.LAYER_QUANTILES)]
         for s in self.store.iter_ranks():
             for layer, row in s.layers.items():
-                lv = [s.run, str(s.rank), layer]
+                lv = [s.namespace, s.run, str(s.rank), layer]
                 for code, fam in fams:
                     v = row.get(code)
                     if v is not None and v == v:

@@ -61,7 +61,7 @@ class RankGpuCollector:
         memory = catalog.RANK_GPU_MEMORY_USED_BYTES.gauge()
         now = time.time()
         for s in self.store.iter_ranks():
-            labels = [s.run, str(s.rank)]
+            labels = [s.namespace, s.run, str(s.rank)]
             pid = derive.process_pid(s)
             if pid in pids:
                 memory.add_metric(labels, pids[pid])

@@ -81,11 +81,12 @@ class TrainingCollector:
         nonfinite = catalog.TRAIN_NONFINITE_VALUES.counter()
         dropped = catalog.CLIENT_DROPPED_MESSAGES.counter()
         custom = catalog.TRAIN_CUSTOM_VALUE.gauge()
-        runs: dict[str, int] = {}
+        runs: dict[tuple[str, str], int] = {}
         buckets = self.store.buckets
         for s in self.store.iter_ranks():
-            labels = [s.run, str(s.rank)]
-            runs[s.run] = max(runs.get(s.run, 0), s.world_size)
+            labels = [s.namespace, s.run, str(s.rank)]
+            ns_run = (s.namespace, s.run)
+            runs[ns_run] = max(runs.get(ns_run, 0), s.world_size)
             for fam, fn in gauges:
                 v = fn(s)
                 if v is not None:
@@ -98,6 +99,7 @@ class TrainingCollector:
                     ofam.add_metric(labels, v)
             rank_info.add_metric(
                 [
+                    s.namespace,
                     s.run,
                     str(s.rank),
                     str(s.local_rank),
@@ -106,6 +108,7 @@ class TrainingCollector:
                     s.gpu_uuid or "",
                     s.client_version,
                     s.dtype,
+                    s.pod,
                 ],
                 1.0,
             )
@@ -124,9 +127,9 @@ class TrainingCollector:
             for name, v in s.custom.items():
                 if v is not None:  # None: name bound, no value yet
                     custom.add_metric([*labels, name], v)
-        for run, world in runs.items():
-            run_info.add_metric([run, str(world)], 1.0)
-            world_size.add_metric([run], float(world))
+        for (namespace, run), world in runs.items():
+            run_info.add_metric([namespace, run, str(world)], 1.0)
+            world_size.add_metric([namespace, run], float(world))
         out: list[Any] = [fam for fam, _ in gauges]
         out += [fam for fam, _ in counters]
         out += [fam for fam, _ in optional]

@@ -133,6 +133,11 @@ class RunView(BaseModel):
     """A run and its ranks."""
 
     run: str
+    namespace: str = Field(
+        default="",
+        description="the Kubernetes namespace its clients reported; a run is its namespace's "
+        '(another namespace\'s run of the same id is another run); "" off Kubernetes',
+    )
     world_size: int
     owner_uid: int | None = Field(
         description="uid of the process that opened the run (SO_PEERCRED, in the exporter's "
@@ -146,6 +151,11 @@ class RunView(BaseModel):
         default=None, description="the badput kind with the most seconds"
     )
     ranks: list[RankView]
+
+    @property
+    def label(self) -> str:
+        """The run as the views show it: ``namespace/run`` in a namespace, else the id."""
+        return f"{self.namespace}/{self.run}" if self.namespace else self.run
 
 
 class RunsResponse(BaseModel):
@@ -290,14 +300,15 @@ def snapshot(
     now = time.time()
     by_uuid = gpus.by_uuid()
     pids = gpus.process_memory()
-    runs: dict[str, list[RankView]] = {}
-    owners: dict[str, int | None] = {}
+    runs: dict[tuple[str, str], list[RankView]] = {}
+    owners: dict[tuple[str, str], int | None] = {}
     copied: list[tuple[RankView, derive.TrendInput]] = []
     for s in store.iter_ranks():
         view = _rank_view(s, now, store.window_s, by_uuid, pids, peak_flops, store.analytics)
-        runs.setdefault(s.run, []).append(view)
+        key = (s.namespace, s.run)
+        runs.setdefault(key, []).append(view)
         copied.append((view, derive.trend_input(s)))  # a copy: the trend is drawn unlocked
-        owners.setdefault(s.run, s.owner_uid)
+        owners.setdefault(key, s.owner_uid)
     for view, given in copied:
         view.trend = trend_view(derive.trend(given))
     for views in runs.values():
@@ -306,7 +317,8 @@ def snapshot(
         time=now,
         runs=[
             RunView(
-                run=r,
+                run=r[1],
+                namespace=r[0],
                 world_size=max(v.world_size for v in ranks),
                 owner_uid=owners[r],
                 goodput_ratio=goodput[0],

@@ -68,7 +68,7 @@ def _rank_rows(page: StatusPage) -> str:
             mfu_title = f" title='no MFU: {e(why)}'" if why and not stopped(r) else ""
             rows.append(
                 "<tr>"
-                f"<td>{e(run.run)}</td><td>{r.rank}/{r.world_size}</td>"
+                f"<td>{e(run.label)}</td><td>{r.rank}/{r.world_size}</td>"
                 f"<td>{e(r.hostname)}</td>"
                 f"<td class='{e(status)}'>{e(status)}</td>"
                 f"<td class='health'>{e(health)}</td>"

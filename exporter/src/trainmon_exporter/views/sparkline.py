@@ -223,7 +223,7 @@ class TerminalTrends:
     def __init__(self, runs: RunsResponse, run_width: int = 20) -> None:
         self.run_width = run_width
         self.ranks = [
-            (printable(run.run), f"{r.rank}/{r.world_size}", r)
+            (printable(run.label), f"{r.rank}/{r.world_size}", r)
             for run in runs.runs
             for r in run.ranks
             if r.trend.steps

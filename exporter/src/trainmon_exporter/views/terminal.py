@@ -84,7 +84,7 @@ def rank_rows(runs: RunsResponse, gpus: GpusResponse) -> list[dict[str, str]]:
                 anomalies.append(f"last event {last.kind} at step {last.step}")
             rows.append(
                 {
-                    "run": run.run,
+                    "run": run.label,
                     "rank": f"{r.rank}/{r.world_size}",
                     "host": r.hostname or c.missing,
                     "status": rank_status(r),
