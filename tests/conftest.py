@@ -26,6 +26,12 @@ from trainmon_exporter.local import free_port as free_port  # the tests' free po
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# Off Kubernetes for every client of the suite and its subprocesses, also where the suite runs
+# in a pod (a CI runner on Kubernetes): POD_NAMESPACE set empty reads no service-account file.
+# The tests of attribution per team set their pod's variables themselves.
+os.environ["POD_NAMESPACE"] = ""
+os.environ.pop("POD_NAME", None)
+
 
 def pytest_configure(config: pytest.Config) -> None:
     """Let the suite's subprocesses be stopped with Ctrl-C even if the suite itself was not.

@@ -506,11 +506,16 @@ def test_podmonitors_give_the_job_the_alerts_expect() -> None:
 # --------------------------------------------------------------------------- agreement
 
 
+def exporter_containers_of(spec: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    for c in containers(spec):
+        if is_exporter_image(str(c["image"])) and "command" not in c:
+            yield c
+
+
 def exporter_containers() -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
     for where, spec in pod_specs():
-        for c in containers(spec):
-            if is_exporter_image(str(c["image"])) and "command" not in c:
-                yield where, spec, c
+        for c in exporter_containers_of(spec):
+            yield where, spec, c
 
 
 def test_every_trainmon_variable_in_the_manifests_is_a_real_setting() -> None:
@@ -570,8 +575,8 @@ def test_trainers_send_only_to_the_exporters_uid() -> None:
 
 
 def test_the_run_id_comes_from_the_job_and_the_namespace_and_pod_from_the_pod() -> None:
-    """TRAINMON_RUN is the job's name label; POD_NAMESPACE and POD_NAME are the pod's own
-    (downward API), which the client sends and the exporter keys the run by."""
+    """TRAINMON_RUN is built from the namespace and the job's name label; POD_NAMESPACE and
+    POD_NAME are the pod's own (downward API), which the client sends."""
     seen = 0
     for where, spec in pod_specs():
         for c in spec["containers"]:
@@ -581,10 +586,12 @@ def test_the_run_id_comes_from_the_job_and_the_namespace_and_pod_from_the_pod() 
             seen += 1
             refs = re.findall(r"\$\(([A-Z_]+)\)", e["TRAINMON_RUN"]["value"])
             paths = [e[r]["valueFrom"]["fieldRef"]["fieldPath"] for r in refs]
-            assert len(paths) == 1 and re.fullmatch(
+            assert "metadata.namespace" in paths, where
+            job = [p for p in paths if p != "metadata.namespace"]
+            assert len(job) == 1 and re.fullmatch(
                 r"metadata\.labels\['(batch\.kubernetes\.io|training\.kubeflow\.org)/job-name'\]",
-                paths[0],
-            ), (where, paths)
+                job[0],
+            ), (where, job)
             for name, path in (
                 ("POD_NAMESPACE", "metadata.namespace"),
                 ("POD_NAME", "metadata.name"),
@@ -593,13 +600,37 @@ def test_the_run_id_comes_from_the_job_and_the_namespace_and_pod_from_the_pod() 
     assert seen == len(EXAMPLES) + 1  # the PyTorchJob has two replica types
 
 
-def test_podmonitors_honor_the_namespace_the_trainers_report() -> None:
-    """A trainer's namespace, not the exporter's, labels its rank's series in Prometheus."""
-    pms = [(path, o) for path, o in objects("PodMonitor")]
-    assert pms
-    for path, pm in pms:
+def test_the_node_exporters_monitor_honors_the_trainers_namespace_the_sidecars_does_not() -> None:
+    """The DaemonSet's PodMonitor keeps the namespace a trainer reports (the exporter keys runs
+    by it, with its own namespace for trainers that report none); the sidecars' keeps the pod's
+    own, from service discovery, and drops what the trainer reported."""
+    seen = set()
+    for path, pm in objects("PodMonitor"):
+        name = pm["metadata"]["name"]
+        seen.add(name)
         for ep in pm["spec"]["podMetricsEndpoints"]:
-            assert ep.get("honorLabels") is True, (path, pm["metadata"]["name"])
+            if name == "trainmon-exporter":
+                assert ep.get("honorLabels") is True, path
+            else:
+                assert not ep.get("honorLabels"), path
+                drops = [r for r in ep["metricRelabelings"] if r["action"] == "labeldrop"]
+                assert [d["regex"] for d in drops] == ["exported_(namespace|pod)"], path
+    assert seen == {"trainmon-exporter", "trainmon-sidecar"}
+    for where, spec in pod_specs():
+        for c in exporter_containers_of(spec):
+            if "DaemonSet" in where:
+                ref = env(c)["TRAINMON_DEFAULT_NAMESPACE"]["valueFrom"]["fieldRef"]
+                assert ref["fieldPath"] == "metadata.namespace", where
+
+
+def test_no_label_a_trainer_sends_is_a_target_label_but_namespace_and_pod() -> None:
+    """With honorLabels a scraped label beats the target's: the exporter's labels must not
+    include one Prometheus or the operator sets, but the two the trainer is meant to set."""
+    from trainmon_exporter.catalog import ALL, OPTIONAL_LABELS
+
+    target = {"job", "instance", "container", "endpoint", "node", "service", "namespace", "pod"}
+    for f in ALL:
+        assert not (set(f.labels) & target) - set(OPTIONAL_LABELS), f.name
 
 
 def test_daemonset_shape() -> None:

@@ -300,7 +300,7 @@ def test_memory_leak_needs_steady_growth() -> None:
 class Rank:
     """A rank as the periodic judgement sees it (RankState has the same members)."""
 
-    run: str
+    run_key: str
     connected: bool = True
     last_step_mono: float | None = 100.0
     analytics: RankAnalytics = field(default_factory=lambda: RankAnalytics(AnalyticsSettings()))
@@ -334,6 +334,14 @@ def test_stragglers_are_judged_within_each_run_and_counted_once_per_episode() ->
     assert [r.analytics.straggler for r in ranks] == pytest.approx([2 / 3, 2 / 3, 2.0, None])
     assert [r.analytics.straggler_episodes for r in ranks] == [0, 0, 1, 0]
     assert [e.kind for e in ranks[2].analytics.events] == ["straggler"]
+
+
+def test_two_namespaces_runs_of_one_id_are_judged_apart() -> None:
+    """team-a's r1 and team-b's r1 on one exporter: neither's ranks are the other's peers."""
+    ranks = [with_step_times(Rank("team-a/r1"), t) for t in (0.1, 0.1)]
+    ranks.append(with_step_times(Rank("team-b/r1"), 0.5))  # slow, but alone in its run
+    assert RunAnalytics().check(ranks, 100.5) == []
+    assert [r.analytics.straggler for r in ranks] == pytest.approx([1.0, 1.0, None])
 
 
 def test_hangs_are_judged_on_every_tick_the_rest_on_rate_ticks() -> None:

@@ -7,7 +7,7 @@ the downward API tells it (``POD_NAMESPACE``, ``POD_NAME``), beside one off Kube
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from unittest import mock
@@ -19,17 +19,16 @@ from trainmon_client import _protocol as P
 from trainmon_client._env import detect_pod
 
 from ..conftest import InProcessExporter, connect, raw_connect, sample, wait_for
-from ..helpers.exporter import hello, invalid, pkt, step
+from ..helpers.exporter import HELLO, hello, invalid, pkt, step, store_of
 
 
 @contextmanager
 def in_pod(namespace: str | None, pod: str | None) -> Iterator[None]:
-    """The client's environment in a pod (None: the variable unset, no pod at all)."""
-    env = {k: v for k, v in (("POD_NAMESPACE", namespace), ("POD_NAME", pod)) if v is not None}
-    with mock.patch.dict(os.environ, env):
-        for k in ("POD_NAMESPACE", "POD_NAME"):
-            if k not in env:
-                os.environ.pop(k, None)
+    """The client's environment in a pod; None: no pod (``POD_NAMESPACE`` empty: no file read)."""
+    with mock.patch.dict(os.environ, {"POD_NAMESPACE": namespace or ""}):
+        os.environ.pop("POD_NAME", None)
+        if pod is not None:
+            os.environ["POD_NAME"] = pod
         yield
 
 
@@ -143,6 +142,7 @@ def test_the_client_takes_the_namespace_from_the_service_account_file(tmp_path: 
         "p-0",
     )
     assert detect_pod({}, [], str(ns_file.with_name("missing"))) == ("", "")
+    assert detect_pod({"POD_NAMESPACE": ""}, [], str(ns_file)) == ("", "")  # opted out
     issues: list[str] = []
     assert detect_pod({"POD_NAMESPACE": "Bad_NS", "POD_NAME": "x y"}, issues, "/none") == ("", "")
     assert issues == ["POD_NAMESPACE", "POD_NAME"]
@@ -167,3 +167,53 @@ def test_the_hello_off_kubernetes_is_the_one_older_exporters_know(
         assert set(fields[0]) == set(P.HELLO_FIELDS) - {"namespace", "pod"} | expected
         run.finish()
     assert fields[0]["namespace"] == "team-a" and fields[0]["pod"] == "p-0"
+
+
+def test_a_trainer_without_a_namespace_meets_one_claiming_the_default(
+    make_exporter: Callable[..., InProcessExporter],
+) -> None:
+    """The DaemonSet gives ranks without a namespace its own, as Prometheus labels them: a
+    client claiming that namespace is the same run there, not a second one shadowing it."""
+    ex = make_exporter(default_namespace="trainmon-system")
+    with in_pod(None, None):
+        plain = connect(ex, "r1")
+    plain.log(1, loss=1.0)
+    wait_for(lambda: rank_of(ex, "trainmon-system", "r1"))
+    assert sample(ex.metrics(), "trainmon_run_up", namespace="trainmon-system", run="r1", rank="0")
+    conn = raw_connect(ex.socket)
+    try:  # the same rank of the same run, claimed through the namespace: already connected
+        conn.send(pkt(hello(run="r1", namespace="trainmon-system"), step(1)))
+        wait_for(
+            lambda: sample(
+                ex.metrics(),
+                "trainmon_ingest_hellos_refused_total",
+                reason="duplicate_rank",
+                uid=str(os.getuid()),
+            )
+        )
+    finally:
+        conn.close()
+    plain.finish()
+
+
+class Claims:
+    """Owner claims as the Slurm prolog leaves them: run id -> uid."""
+
+    def __init__(self, claims: dict[str, int]) -> None:
+        self.claims = claims
+
+    def lookup(self, run: str) -> int | None:
+        return self.claims.get(run)
+
+
+def test_an_owner_claim_holds_for_its_run_id_in_every_namespace() -> None:
+    store = store_of()
+    store.claims = Claims({"slurm-7": 1000})  # type: ignore[assignment]
+    job = HELLO | {"run": "slurm-7"}
+    # slurmd in a pod passes its service account's namespace on to the job's processes
+    assert store.attach(job | {"namespace": "slurm"}, uid=2000) == "not_owner"
+    assert store.attach(job | {"namespace": "other"}, uid=2000) == "not_owner"
+    assert store.attach(job, uid=2000) == "not_owner"
+    owned = store.attach(job | {"namespace": "slurm"}, uid=1000)
+    assert not isinstance(owned, str) and owned.run_key == "slurm/slurm-7"
+    assert store.owner_of("slurm/slurm-7") == 1000

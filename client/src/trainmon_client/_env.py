@@ -239,12 +239,14 @@ SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/names
 def detect_pod(
     env: Mapping[str, str] | None = None,
     issues: list[str] | None = None,
-    namespace_file: str = SERVICE_ACCOUNT_NAMESPACE,
+    namespace_file: str | None = None,
 ) -> tuple[str, str]:
     """``(namespace, pod)`` of a client that runs in a Kubernetes pod; ``""`` for each unknown.
 
     The namespace is ``POD_NAMESPACE``, else the service-account file ``namespace_file``
-    (mounted in every pod that has a token); the pod is ``POD_NAME``. Both variables are the
+    (default :data:`SERVICE_ACCOUNT_NAMESPACE`, mounted in every pod that has a token);
+    ``POD_NAMESPACE`` set to an empty value reads no file and reports no namespace. The pod is
+    ``POD_NAME``. Both variables are the
     downward API's usual names: ``env: [{name: POD_NAMESPACE, valueFrom: {fieldRef:
     {fieldPath: metadata.namespace}}}, {name: POD_NAME, valueFrom: {fieldRef: {fieldPath:
     metadata.name}}}]``. The exporter labels the rank's series with the namespace and its
@@ -255,8 +257,8 @@ def detect_pod(
     env = os.environ if env is None else env
     namespace = env.get("POD_NAMESPACE", "").strip()
     key = "POD_NAMESPACE"
-    if not namespace:
-        key = namespace_file
+    if "POD_NAMESPACE" not in env:
+        key = namespace_file = namespace_file or SERVICE_ACCOUNT_NAMESPACE
         try:
             with open(namespace_file) as f:
                 namespace = f.read(256).strip()

@@ -96,6 +96,7 @@ def build_exporter(
         max_ranks_per_uid=settings.max_ranks_per_uid,
         max_series_per_uid=settings.max_series_per_uid,
         retention_s=settings.rank_retention_seconds,
+        default_namespace=settings.default_namespace or "",
     )
     if settings.owner_claims_dir is not None:
         store.claims = OwnerClaims(settings.owner_claims_dir)

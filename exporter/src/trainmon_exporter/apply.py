@@ -29,7 +29,7 @@ from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from trainmon_client import _protocol as P
-from trainmon_exporter.state import RankState, Store, run_key
+from trainmon_exporter.state import RankState, Store
 
 __all__ = [
     "FATAL",
@@ -184,11 +184,6 @@ class HelloMessage(BaseModel):
         if v and not P.valid_pod(v):
             raise ValueError("pod is not a Kubernetes pod name (RFC 1123 subdomain)")
         return v
-
-    @property
-    def run_key(self) -> str:
-        """The run as the store keys it: ``namespace/run`` in a namespace, else the id."""
-        return run_key(self.namespace, self.run)
 
     @field_validator("dtype")
     @classmethod
@@ -412,7 +407,7 @@ class Applier:
                 rewritten,
             )
             self.drop("label_rewritten", rewritten)
-        key = hello.run_key
+        key = self.store.key_of(hello.namespace, hello.run)
         before = self.store.run_state(key)
         result = self.store.attach(hello.model_dump(), link.peer_uid, link.peer_pid)
         if before is not None and before.revoked:

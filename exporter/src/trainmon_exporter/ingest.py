@@ -489,7 +489,7 @@ class IngestServer:
                     self.metrics._refused["idle_timeout"].inc()
                     log.warning(
                         "closed the connection of run %s rank %d: silent for %g s",
-                        conn.state.run,
+                        conn.state.run_key,
                         conn.state.rank,
                         self.idle_timeout,
                     )
@@ -633,7 +633,7 @@ class IngestServer:
             if record and not conn.finished:
                 log.warning(
                     "run %s rank %d disconnected without finishing (crashed or killed)",
-                    conn.state.run,
+                    conn.state.run_key,
                     conn.state.rank,
                 )
 

@@ -25,6 +25,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from trainmon_client import _protocol as P
 from trainmon_exporter._defaults import DEFAULT_PORT, default_socket
 
 DEFAULT_STEP_BUCKETS = (
@@ -261,6 +262,13 @@ class Settings(BaseSettings):
         "Read at each HELLO; ignored (trainmon_owner_claims_invalid_total) unless the directory "
         "and the file belong to root or the exporter's user and are writable by no one else. "
         "Absent: no claims; empty: off.",
+    )
+    default_namespace: str | None = Field(
+        None,
+        description="Namespace of the ranks whose client reports none (a Kubernetes name; "
+        "absent or empty: none). In a Kubernetes DaemonSet, the exporter's own (downward "
+        "API), which Prometheus gives their series: their runs are then keyed as they are "
+        "labelled, so a client claiming that namespace meets them, and their owner, here.",
     )
     ingest_poll_interval_seconds: float = Field(
         0.1,
@@ -563,6 +571,13 @@ class Settings(BaseSettings):
             return None
         _gid(value)
         return value
+
+    @field_validator("default_namespace")
+    @classmethod
+    def _default_namespace(cls, value: str | None) -> str | None:
+        if value and not P.valid_namespace(value):
+            raise ValueError("must be a Kubernetes namespace name (RFC 1123 label) or empty")
+        return value or None
 
     @field_validator("owner_claims_dir", mode="before")
     @classmethod

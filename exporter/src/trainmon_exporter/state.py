@@ -518,6 +518,10 @@ class Store:
     to make room, first by its own uid. A run's owner is remembered past the eviction of its
     last rank in a table bounded per uid (``4 × max_ranks_per_uid`` runs), so another uid's
     churn cannot push it out.
+
+    Runs are keyed by :func:`run_key`: a client in a Kubernetes namespace has its own runs.
+    ``default_namespace`` is the namespace of a client that reports none (the exporter's own in
+    a DaemonSet, which Prometheus gives such series), so runs are keyed as they are labelled.
     """
 
     def __init__(
@@ -536,8 +540,10 @@ class Store:
         max_ranks_per_uid: int | None = None,
         max_series_per_uid: int | None = None,
         retention_s: float = 0.0,
+        default_namespace: str = "",
     ) -> None:
         self.lock = threading.Lock()
+        self.default_namespace = default_namespace
         self.ranks: dict[tuple[str, int], RankState] = {}
         self.max_ranks = max_ranks
         self.max_series = max_series
@@ -754,14 +760,18 @@ class Store:
                 if not mine:
                     del self._owner_runs[entry[0]]
 
+    def key_of(self, namespace: str, run: str) -> str:
+        """The key of ``run`` from a client that reported ``namespace`` (``""``: none)."""
+        return run_key(namespace or self.default_namespace, run)
+
     def run_state(self, run: str) -> RankState | None:
         """Any one rank of ``run`` (they share its owner), or None when it has no state."""
         ranks = self._runs.get(run)
         return next(iter(ranks.values())) if ranks else None
 
     def owner_of(self, run: str) -> int | None:
-        """The uid that owns ``run`` now (its owner claim, its ranks, its owner record), or None."""
-        claimed = self.claims.lookup(run) if self.claims is not None else None
+        """The uid that owns ``run`` (a key) now: its owner claim, ranks or owner record."""
+        claimed = self._claimed(run)
         if claimed is not None:
             return claimed
         holder = self.run_state(run)
@@ -791,11 +801,12 @@ class Store:
         cleanly starts from fresh state (the id was reused for a new run).
         """
         hello = {"namespace": "", "pod": "", **hello}  # a client off Kubernetes sends neither
+        hello["namespace"] = hello["namespace"] or self.default_namespace
         run = run_key(hello["namespace"], hello["run"])
         key = (run, hello["rank"])
         state = self.ranks.get(key)
         holder = state if state is not None else self.run_state(run)
-        claimed = self.claims.lookup(run) if self.claims is not None else None
+        claimed = self._claimed(run)
         if claimed is not None:
             if claimed != uid:
                 return "not_owner"
@@ -846,6 +857,16 @@ class Store:
         state.peer_pid = pid
         self._add(state)
         return state
+
+    def _claimed(self, run: str) -> int | None:
+        """The uid an owner claim names for the run id of the key ``run``, in any namespace.
+
+        Claims name run ids (the Slurm prolog's ``slurm-<job id>``): a client in a namespace
+        (slurmd in a pod passes its service account's on) is held to its run id's claim too.
+        """
+        if self.claims is None:
+            return None
+        return self.claims.lookup(run.rpartition("/")[2])
 
     def _revoke(self, run: str) -> None:
         """Forget every rank of ``run``, whose owner is not the uid its claim names.

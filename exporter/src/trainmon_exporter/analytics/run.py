@@ -19,8 +19,11 @@ class RankClock(Protocol):
     """What the periodic judgement reads of a rank (:class:`~trainmon_exporter.state.RankState`)."""
 
     @property
-    def run(self) -> str:
-        """The rank's run id: stragglers are judged among the ranks of one run."""
+    def run_key(self) -> str:
+        """The rank's run as the store keys it: ``namespace/run`` in a namespace, else the id.
+
+        Stragglers are judged among the ranks of one run, never across namespaces.
+        """
 
     @property
     def connected(self) -> bool:
@@ -97,7 +100,7 @@ class RunAnalytics:
                 started.append((s, "memory_leak"))
             recent = a.recent_step_time()
             if recent is not None:
-                runs.setdefault(s.run, []).append((s, recent))
+                runs.setdefault(s.run_key, []).append((s, recent))
         for members in runs.values():
             ratios = self.straggler_ratios([recent for _, recent in members])
             for (s, _), ratio in zip(members, ratios, strict=True):
