@@ -343,3 +343,47 @@ def test_another_uid_cannot_preempt_a_live_rank(
         assert sample(m, nonfinite, run="victim", rank="0", field=field) == 0
     assert sample(m, "trainmon_ingest_messages_unapplied_total", run="victim", rank="0") == 0
     assert ex.runs()["runs"][0]["owner_uid"] == OWNER
+
+
+@needs_root
+def test_a_namespace_claimed_by_another_uid_gives_it_no_way_into_that_namespaces_run(
+    make_exporter: Callable[..., InProcessExporter],
+) -> None:
+    """Real processes of two uids on a node DaemonSet's exporter: each team's run "shared" is
+    its own; the other uid claiming team-a's namespace is refused, counted by its uid, and
+    team-a's crashed rank stays as it was."""
+    ex = shared_exporter(make_exporter, socket_mode="0666", default_namespace="trainmon-system")
+    victim = User(
+        ex.socket,
+        OWNER,
+        OWNER_GID,
+        """
+        os.environ.update(POD_NAMESPACE="team-a", POD_NAME="train-0")
+        r = init("shared")
+        for i in range(1, 4):
+            r.log(i, loss=2.0, tokens=100)
+        print("logged", flush=True)
+        input()
+        os._exit(0)
+        """,
+    )
+    assert victim.proc.stdout is not None and victim.proc.stdout.readline().strip() == "logged"
+    team_a = {"namespace": "team-a", "run": "shared", "rank": "0"}
+    wait_for(lambda: sample(ex.metrics(), "trainmon_train_step", **team_a) == 3)
+    victim.say()  # crashes without finishing
+    victim.wait()
+    wait_for(lambda: sample(ex.metrics(), "trainmon_run_up", **team_a) == 0)
+    for namespace in ("team-b", "team-a", ""):
+        run_as(
+            ex.socket,
+            ATTACKER,
+            ATTACKER_GID,
+            f'os.environ["POD_NAMESPACE"] = "{namespace}"\n'
+            'r = init("shared"); r.log(9, loss=0.0); r.finish()',
+        )
+    m = wait_for(lambda: _refused(ex, "not_owner", ATTACKER) == 1 and ex.metrics())
+    # team-b's run and the default namespace's are the attacker's own; team-a's was refused.
+    for ns in ("team-b", "trainmon-system"):
+        assert sample(m, "trainmon_train_step", namespace=ns, run="shared", rank="0") == 9
+    assert sample(m, "trainmon_train_step", **team_a) == 3
+    assert sample(m, "trainmon_run_crashes_total", **team_a) == 1
