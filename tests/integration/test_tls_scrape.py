@@ -116,7 +116,12 @@ def test_prometheus_scrapes_the_kubernetes_tls_overlay_as_its_podmonitor_says(
     (pm,) = [o for o in objs if o["kind"] == "PodMonitor"]
     spec = ds["spec"]["template"]["spec"]
     (c,) = spec["containers"]
-    env = {e["name"]: e["value"] for e in c["env"]}
+    # The downward API's fields as the kubelet would fill them in for this pod.
+    fields = {"metadata.namespace": ds["metadata"]["namespace"]}
+    env = {
+        e["name"]: e["value"] if "value" in e else fields[e["valueFrom"]["fieldRef"]["fieldPath"]]
+        for e in c["env"]
+    }
     # Each Secret volume becomes a directory here; the paths in web.yml follow the mounts.
     mounted = {}
     for mount in c["volumeMounts"]:
