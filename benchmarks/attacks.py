@@ -157,6 +157,19 @@ def _trainer(sock: str, run: str, rate: float, stop: threading.Event, out: dict[
     out["dropped"] = sum(r.dropped.values())
 
 
+def _held(ok: bool) -> str:
+    """How a report line says whether a property held."""
+    return "held" if ok else "NOT held"
+
+
+def _unread(port: int, path: str) -> socket.socket:
+    """A GET of ``path`` whose answer is never read (a 4 KiB receive buffer): it waits."""
+    s = socket.create_connection(("127.0.0.1", port))
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    return s
+
+
 def _report(name: str, ex: Exporter, prober: Prober, cpu0: float, t0: float, extra: str) -> None:
     dt = time.monotonic() - t0
     cpu = (ex.cpu_seconds() - cpu0) / dt * 100
@@ -340,12 +353,7 @@ def scrapes(hold: float) -> None:
         readers = [threading.Thread(target=reader, daemon=True) for _ in range(4)]
         for th in readers:
             th.start()
-        lazy = []
-        for _ in range(4):
-            s = socket.create_connection(("127.0.0.1", ex.port))
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-            lazy.append(s)
+        lazy = [_unread(ex.port, "/metrics") for _ in range(4)]
         out: dict[str, int] = {}
         tstop = threading.Event()
         th = threading.Thread(target=_trainer, args=(ex.socket, "normal", 100, tstop, out))
@@ -434,7 +442,7 @@ def multi_flood(hold: float, n: int = 8) -> None:
             t0,
             f"{n} flooding connections ({who}) sent {flooded:,} steps; trainer sent {sent}, "
             f"client-dropped {dropped}, exporter applied {applied}: no step lost {held}; "
-            f"/healthz p50 under 100 ms {'held' if p50 < 100 else 'NOT held'}",
+            f"/healthz p50 under 100 ms {_held(p50 < 100)}",
         )
 
 
@@ -580,8 +588,8 @@ def hello_churn(hold: float) -> None:
             t0,
             f"{hellos:,} HELLOs at the rank cap ({cap}) in {dt:.1f} s = {hellos / dt:,.0f}/s "
             f"({failed} connects failed), refused too_many_ranks {refused}; the {cap} live "
-            f"ranks kept: {live_now} ({'held' if live_now == cap else 'NOT held'}); /healthz "
-            f"p50 under 100 ms {'held' if p50 < 100 else 'NOT held'}",
+            f"ranks kept: {live_now} ({_held(live_now == cap)}); /healthz "
+            f"p50 under 100 ms {_held(p50 < 100)}",
         )
         for s in live:
             s.close()
@@ -600,12 +608,7 @@ def api_memory(hold: float) -> None:
         prober = Prober(ex.port)
         prober.start()
         cpu0, t0 = ex.cpu_seconds(), time.monotonic()
-        lazy = []
-        for _ in range(60):
-            s = socket.create_connection(("127.0.0.1", ex.port))
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            s.sendall(b"GET /api/v1/runs HTTP/1.1\r\nHost: x\r\n\r\n")
-            lazy.append(s)
+        lazy = [_unread(ex.port, "/api/v1/runs") for _ in range(60)]
         time.sleep(max(1.0, hold / 2))
         rss1 = ex.rss_mib()
         time.sleep(max(1.0, hold / 2) + 1.0)  # past the write timeout
@@ -627,8 +630,8 @@ def api_memory(hold: float) -> None:
             t0,
             f"60 unread /api/v1/runs of {size / 1e6:.1f} MB ({ranks} ranks): RSS {rss0:.0f} "
             f"before, {rss1:.0f} during, {rss2:.0f} MiB after; refused api_limit {refused}; "
-            f"memory bounded {'held' if bounded else 'NOT held'}, returned "
-            f"{'held' if back else 'NOT held'}, API answers again {'held' if ok else 'NOT held'}",
+            f"memory bounded {_held(bounded)}, returned "
+            f"{_held(back)}, API answers again {_held(ok)}",
         )
         for c in conns:
             c.close()
@@ -688,7 +691,7 @@ def ownership_churn(hold: float) -> None:
             f"uid {UID_A} sent {made[0][0]:,} HELLOs of new runs and {made[1][0]:,} for the "
             f"victim's run; the victim's crashed rank (seen before: {before is not None}) still "
             f"shown as the victim's crashed rank: {visible}; the victim reconnected and "
-            f"finished: {'held' if back else 'NOT held'}",
+            f"finished: {_held(back)}",
         )
 
 
@@ -729,7 +732,7 @@ def squat(hold: float) -> None:
             f"uid {UID_A} opened {n} idle connections, {held} kept (refused uid_quota "
             f"{refused}, HELLOs refused uid_rank_quota {ranks}); trainer of uid {UID_B} sent "
             f"{sent}, client-dropped {dropped}, "
-            f"exporter applied {applied}: {'held' if ok else 'NOT held'}",
+            f"exporter applied {applied}: {_held(ok)}",
         )
 
 

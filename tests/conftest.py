@@ -213,6 +213,20 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def run_trainer(script: Path, source: str, sock: str) -> subprocess.CompletedProcess[str]:
+    """``source`` written to ``script`` and run to its end (60 s at most) as a trainer of the
+    exporter listening at ``sock``; its output captured, its exit status not checked."""
+    script.write_text(source)
+    return subprocess.run(
+        [sys.executable, str(script)],
+        env=child_env(TRAINMON_SOCKET=sock),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
 def trainmon_status(*args: str) -> subprocess.CompletedProcess[str]:
     """``python -m trainmon_exporter status ARGS`` as a user would run it (not checked)."""
     return subprocess.run(

@@ -30,6 +30,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -915,19 +916,12 @@ def test_the_socket_dir_init_container_succeeds_on_every_start(starts: int) -> N
     spec, init = _socket_dir_init()
     exporter = spec["containers"][0]
     uid, gid, _ = _identity(spec, exporter)
-    base = Path("/tmp") / f"tmk8s-init-{os.getpid()}"
-    shutil.rmtree(base, ignore_errors=True)
-    base.mkdir()
-    try:
-        mount = base / "run-trainmon"
-        _volume_as_kubelet_makes_it(mount, spec)
+    with _kubelet_mount(spec, "init") as mount:
         for start in range(starts):
             out = _run_init_container(spec, init, mount)
             assert out.returncode == 0, f"start {start + 1}: {out.stderr}"
             st = mount.stat()
             assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (uid, gid, 0o750), start + 1
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_the_init_container_re_enactment_has_only_the_pods_capabilities() -> None:
@@ -936,12 +930,7 @@ def test_the_init_container_re_enactment_has_only_the_pods_capabilities() -> Non
     and the process holds exactly the capabilities the manifest adds."""
     _need_root_and_setpriv()
     spec, init = _socket_dir_init()
-    base = Path("/tmp") / f"tmk8s-caps-{os.getpid()}"
-    shutil.rmtree(base, ignore_errors=True)
-    base.mkdir()
-    try:
-        mount = base / "run-trainmon"
-        _volume_as_kubelet_makes_it(mount, spec)
+    with _kubelet_mount(spec, "caps") as mount:
         os.chown(mount, 65532, 9478)
         old = ["sh", "-c", "chmod 0750 /run/trainmon && chown 65532:9478 /run/trainmon"]
         out = _run_init_container(spec, init, mount, old)
@@ -951,8 +940,6 @@ def test_the_init_container_re_enactment_has_only_the_pods_capabilities() -> Non
         bits = {"CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3}  # linux/capability.h
         wanted = sum(1 << bits[c] for c in init["securityContext"]["capabilities"]["add"])
         assert caps["CapEff"] == caps["CapPrm"] == caps["CapBnd"] == wanted, caps
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
 
 
 TRAINER = """
@@ -963,6 +950,22 @@ run.log(0, loss=1.0)
 run.finish()
 print("dropped", sum(run.dropped.values()))
 """
+
+
+@contextmanager
+def _kubelet_mount(spec: dict[str, Any], name: str) -> Iterator[Path]:
+    """The pod's socket volume as the kubelet makes it (:func:`_volume_as_kubelet_makes_it`),
+    in a fresh directory ``/tmp/tmk8s-NAME-PID`` (0755), removed afterwards."""
+    base = Path("/tmp") / f"tmk8s-{name}-{os.getpid()}"
+    shutil.rmtree(base, ignore_errors=True)
+    base.mkdir()
+    os.chmod(base, 0o755)
+    try:
+        mount = base / "run-trainmon"
+        _volume_as_kubelet_makes_it(mount, spec)
+        yield mount
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def _volume_as_kubelet_makes_it(root: Path, spec: dict[str, Any]) -> None:
@@ -1004,13 +1007,7 @@ def test_a_non_root_trainer_reaches_the_socket_with_the_manifests_permissions(
         c for c in containers(ex_spec) if is_exporter_image(c["image"]) and "command" not in c
     )
     trainer = next(c for c in tr_spec["containers"] if "TRAINMON_RUN" in env(c))
-    base = Path("/tmp") / f"tmk8s-{os.getpid()}"
-    shutil.rmtree(base, ignore_errors=True)
-    base.mkdir()
-    os.chmod(base, 0o755)
-    mount = base / "run-trainmon"
-    try:
-        _volume_as_kubelet_makes_it(mount, ex_spec)
+    with _kubelet_mount(ex_spec, "socket") as mount:
         for init in ex_spec.get("initContainers", []):
             if "command" in init:  # the DaemonSet's socket-dir preparation
                 out = _run_init_container(ex_spec, init, mount)
@@ -1085,8 +1082,6 @@ def test_a_non_root_trainer_reaches_the_socket_with_the_manifests_permissions(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.communicate()
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- the cluster label

@@ -205,6 +205,14 @@ def node() -> Iterator[tuple[Path, Path, dict[str, str]]]:
     shutil.rmtree(top, ignore_errors=True)
 
 
+@pytest.fixture
+def admin_node(node: tuple[Path, Path, dict[str, str]]) -> tuple[Path, Path, dict[str, str]]:
+    """:func:`node` with the socket's directory made by root, 0755, as an admin or a recipe
+    left it."""
+    node[0].parent.mkdir(mode=0o755)
+    return node
+
+
 def probe(system: Path, env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
     proc = subprocess.run(
         [sys.executable, "-c", patched(PROBE, system)],
@@ -229,10 +237,9 @@ def listen(path: Path, mode: int) -> socket.socket:
 @pytest.mark.slow
 @needs_root
 def test_an_admins_directory_without_a_socket_for_this_user(
-    node: tuple[Path, Path, dict[str, str]],
+    admin_node: tuple[Path, Path, dict[str, str]],
 ) -> None:
-    system, runtime, env = node
-    system.parent.mkdir(mode=0o755)  # root's, as an admin or a recipe left it
+    system, runtime, env = admin_node
     fallback = str(runtime / "trainmon" / "trainmon.sock")
     paths, lines = probe(system, env)
     assert paths == {"client": fallback, "exporter": fallback}
@@ -244,25 +251,18 @@ def test_an_admins_directory_without_a_socket_for_this_user(
         f"{fallback} instead (TRAINMON_SOCKET sets another path)",
     ]
     # A socket there this user may not connect to (mode 0600, root's) changes nothing.
-    held = listen(system, 0o600)
-    try:
+    with listen(system, 0o600):
         assert probe(system, env)[0] == {"client": fallback, "exporter": fallback}
-    finally:
-        held.close()
 
 
 @pytest.mark.slow
 @needs_root
 def test_a_shared_exporters_socket_is_the_trainers_default(
-    node: tuple[Path, Path, dict[str, str]],
+    admin_node: tuple[Path, Path, dict[str, str]],
 ) -> None:
-    system, runtime, env = node
-    system.parent.mkdir(mode=0o755)
-    held = listen(system, 0o666)  # a root exporter open to every user
-    try:
+    system, runtime, env = admin_node
+    with listen(system, 0o666):  # a root exporter open to every user
         paths, lines = probe(system, env)
-    finally:
-        held.close()
     assert paths == {"client": str(system), "exporter": str(runtime / "trainmon/trainmon.sock")}
     assert not any("holds no socket" in line for line in lines)
 
@@ -270,10 +270,9 @@ def test_a_shared_exporters_socket_is_the_trainers_default(
 @pytest.mark.slow
 @needs_root
 def test_a_directory_this_user_may_write_is_used_by_both(
-    node: tuple[Path, Path, dict[str, str]],
+    admin_node: tuple[Path, Path, dict[str, str]],
 ) -> None:
-    system, _runtime, env = node
-    system.parent.mkdir(mode=0o755)
+    system, _runtime, env = admin_node
     os.chown(system.parent, NOBODY, NOBODY)  # a service's RuntimeDirectory for this user
     assert probe(system, env) == ({"client": str(system), "exporter": str(system)}, [])
 
@@ -281,11 +280,10 @@ def test_a_directory_this_user_may_write_is_used_by_both(
 @pytest.mark.slow
 @needs_root
 def test_exporter_and_trainer_with_no_flags_meet_beside_an_unusable_run_trainmon(
-    node: tuple[Path, Path, dict[str, str]],
+    admin_node: tuple[Path, Path, dict[str, str]],
 ) -> None:
     """It used to exit 2 (no permission to create its socket) while the trainer sent there."""
-    system, runtime, env = node
-    system.parent.mkdir(mode=0o755)
+    system, runtime, env = admin_node
     expected = runtime / "trainmon" / "trainmon.sock"
     port = free_port()
     exporter = subprocess.Popen(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import socket
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
@@ -29,6 +30,17 @@ from ..helpers.exporter import hello, pkt, step, store_of
 
 FLOOD_PACKETS = 3000
 """Packets the flooders send in all before they stop (the drain ends only then)."""
+
+
+def trainer(path: Path, run: str, packets: list[bytes]) -> socket.socket:
+    """A raw trainer connection to the socket at ``path``: its HELLO for ``run``, then
+    ``packets``, each sent as it is."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.connect(str(path))
+    s.send(pkt(hello(run=run)))
+    for p in packets:
+        s.send(p)
+    return s
 
 
 class Recording(IngestServer):
@@ -68,16 +80,10 @@ async def _drain_with_flooders(n_flooders: int) -> list[str]:
         server.start()
         socks = []
         for i in range(n_flooders):
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            s.connect(str(server.path))
-            s.send(pkt(hello(run=f"flood{i}")))
-            for _ in range(8):
-                s.send(pkt(step(2), step(3)))
+            s = trainer(server.path, f"flood{i}", [pkt(step(2), step(3))] * 8)
             server.refill[f"flood{i}"] = s
             socks.append(s)
-        healthy = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        healthy.connect(str(server.path))
-        healthy.send(pkt(hello(run="healthy")))
+        healthy = trainer(server.path, "healthy", [])
         socks.append(healthy)
         await asyncio.sleep(0.2)  # accepts (each reads its HELLO, the flooders a first turn)
         server.order.clear()
@@ -129,11 +135,7 @@ async def _accept_burst(n: int) -> tuple[int, int]:
         server.start()
         socks = []
         for i in range(n):
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            s.connect(str(server.path))
-            s.send(pkt(hello(run=f"queued{i}")))
-            for k in range(10):
-                s.send(pkt(*(step(k) for _ in range(100))))
+            s = trainer(server.path, f"queued{i}", [pkt(*[step(k)] * 100) for k in range(10)])
             socks.append(s)
         # What the event loop calls while the listening socket is readable: one call accepts
         # until its 5 ms turn is up, so a loaded machine needs more than one.

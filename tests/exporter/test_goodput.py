@@ -26,6 +26,14 @@ class Ledger:
     def counters(self) -> dict[str, float]:
         return {"productive": self.g.productive, **self.g.badput}
 
+    def steps(self, last: int) -> float:
+        """Steps 1 to ``last`` of a fresh rank, one a second from INIT; returns the time."""
+        t = INIT
+        for n in range(1, last + 1):
+            t += 1.0
+            self.g.step(n, t, t, None)
+        return t
+
     def check(self, until: float) -> None:
         now = self.counters()
         for k, v in now.items():
@@ -105,10 +113,7 @@ def test_a_crash_wastes_the_steps_after_the_checkpoint_the_restart_resumes_from(
 def test_a_restart_without_a_restore_record_resumes_at_its_first_step() -> None:
     led = Ledger()
     g = led.g
-    t = INIT
-    for n in range(1, 11):
-        t += 1.0
-        g.step(n, t, t, None)
+    t = led.steps(10)
     g.crash(t)
     g.reconnect(t + 1.0, t + 1.0, 0.0, same_process=False)
     t += 2.0
@@ -121,10 +126,7 @@ def test_a_restart_without_a_restore_record_resumes_at_its_first_step() -> None:
 def test_a_rollback_in_the_same_process_wastes_the_steps_it_undoes() -> None:
     led = Ledger()
     g = led.g
-    t = INIT
-    for n in range(1, 31):
-        t += 1.0
-        g.step(n, t, t, None)
+    t = led.steps(30)
     t += 1.0
     g.step(21, t, t, None, rolled_back=True)
     led.check(t)
@@ -167,12 +169,10 @@ def test_evaluation_hang_and_late_spans_never_count_twice() -> None:
 
 
 def test_uncheckpointed_ranges_are_bounded_and_split_in_proportion() -> None:
-    g = Goodput.start(INIT, INIT, 0.0)
-    t = INIT
+    led = Ledger()
+    g = led.g
     n_steps = 4 * MAX_UNCHECKPOINTED_RANGES
-    for n in range(1, n_steps + 1):
-        t += 1.0
-        g.step(n, t, t, None)
+    t = led.steps(n_steps)
     assert len(g.ranges) <= MAX_UNCHECKPOINTED_RANGES
     g.checkpoint(n_steps // 2, t, math.nan, t, restore=False)
     assert g.productive == pytest.approx(n_steps // 2 - 1, rel=0.02)

@@ -378,19 +378,25 @@ def _fill(path: str, ranks: int, names: int, first: int = 0) -> list[socket.sock
     return socks
 
 
+# One uid (the test's own) opens every run: its rank and series quotas are the node's.
+ONE_UID_FILLS = ("--max-series-per-uid", "50000", "--max-ranks-per-uid", "256")
+
+
+def unread_request(port: int, path: str) -> socket.socket:
+    """A GET of ``path`` whose answer is never read (a 4 KiB receive buffer): it waits."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", port))
+    s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    return s
+
+
 @pytest.mark.slow
 def test_concurrent_and_unread_scrapes_are_bounded_and_ingest_keeps_applying(
     exporter_process: Callable[..., ExporterProcess],
 ) -> None:
     ex = exporter_process(
-        "--http-max-concurrent-scrapes",
-        "2",
-        "--http-write-timeout-seconds",
-        "1",
-        "--max-series-per-uid",  # one uid (this test's) fills the exposition
-        "50000",
-        "--max-ranks-per-uid",
-        "256",
+        "--http-max-concurrent-scrapes", "2", "--http-write-timeout-seconds", "1", *ONE_UID_FILLS
     ).start()
     socks = _fill(ex.socket, 64, 250)
     lazy: list[socket.socket] = []
@@ -398,11 +404,7 @@ def test_concurrent_and_unread_scrapes_are_bounded_and_ingest_keeps_applying(
     try:  # sockets closed and readers stopped even when an assertion fails
         wait_for(lambda: len(ex.runs()["runs"]) == 64)
         for _ in range(4):  # request /metrics and never read the answer
-            s = socket.socket()
-            lazy.append(s)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            s.connect(("127.0.0.1", ex.port))
-            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            lazy.append(unread_request(ex.port, "/metrics"))
         # Four readers in a process of their own (their parsing must not slow this one's probes).
         readers = subprocess.Popen(
             [sys.executable, "-c", READERS, ex.url + "/metrics", "4"],
@@ -441,14 +443,7 @@ def test_unread_api_requests_are_bounded_and_their_slots_come_back(
     exporter_process: Callable[..., ExporterProcess],
 ) -> None:
     ex = exporter_process(
-        "--http-max-concurrent-api",
-        "2",
-        "--http-write-timeout-seconds",
-        "1",
-        "--max-series-per-uid",  # one uid (this test's) opens every run
-        "50000",
-        "--max-ranks-per-uid",
-        "256",
+        "--http-max-concurrent-api", "2", "--http-write-timeout-seconds", "1", *ONE_UID_FILLS
     ).start()
     socks = _fill(ex.socket, 128, 250)
     lazy: list[socket.socket] = []
@@ -457,11 +452,7 @@ def test_unread_api_requests_are_bounded_and_their_slots_come_back(
         size = len(json.dumps(ex.runs()))
         assert size > 600_000  # more than the socket buffers (2 x 256 KiB): the answers wait
         for _ in range(20):  # request the JSON API and never read the answer
-            s = socket.socket()
-            lazy.append(s)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            s.connect(("127.0.0.1", ex.port))
-            s.sendall(b"GET /api/v1/runs HTTP/1.1\r\nHost: x\r\n\r\n")
+            lazy.append(unread_request(ex.port, "/api/v1/runs"))
         time.sleep(0.3)
         c = http.client.HTTPConnection("127.0.0.1", ex.port, timeout=10)
         c.request("GET", "/api/v1/gpus")

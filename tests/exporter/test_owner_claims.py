@@ -222,9 +222,9 @@ def test_an_ignored_claim_leaves_the_run_first_come(claims_dir: Path) -> None:
 
 # ---------------------------------------------------------------- real uids, real exporter
 
-SQUAT_42 = """
-r = init("slurm-42")
-for i in range(1, 40):
+# Logs from step FIRST until the exporter refuses it (or 40 steps pass), then prints why.
+UNTIL_REFUSED = """
+for i in range(FIRST, 40):
     r.log(i, loss=9.9)
     time.sleep(0.05)
     if r.refused_reason:
@@ -232,19 +232,15 @@ for i in range(1, 40):
 print(r.refused_reason, flush=True)
 """
 
+SQUAT_42 = 'r = init("slurm-42")' + UNTIL_REFUSED.replace("FIRST", "1")
+
 # Opens slurm-43 before its claim exists, then on its stdin logs again.
 EARLY_43 = """
 r = init("slurm-43")
 r.log(1, loss=9.9)
 print("logged", flush=True)
 input()
-for i in range(2, 40):
-    r.log(i, loss=9.9)
-    time.sleep(0.05)
-    if r.refused_reason:
-        break
-print(r.refused_reason, flush=True)
-"""
+""" + UNTIL_REFUSED.replace("FIRST", "2")
 
 
 def _refused(ex: Any, uid: int) -> float:

@@ -23,10 +23,13 @@ from ..helpers.uids import (
     OWNER_GID,
     User,
     crash,
+    logs_three,
     needs_root,
+    owner_resumes,
     run_as,
     shared_exporter,
     start_victim,
+    still_crashed,
 )
 
 REFUSED = "trainmon_ingest_hellos_refused_total"
@@ -245,16 +248,7 @@ input()
 """
 
 # The victim, live: three steps, then three more on its stdin.
-LIVE = """
-r = init("victim")
-for i in range(1, 4):
-    r.log(i, loss=2.0, tokens=100)
-print("logged", flush=True)
-input()
-for i in range(4, 7):
-    r.log(i, loss=1.5, tokens=100)
-r.finish()
-"""
+LIVE = logs_three(then="for i in range(4, 7): r.log(i, loss=1.5, tokens=100)\nr.finish()")
 
 PREEMPT = """
 r = init("victim")
@@ -282,16 +276,13 @@ def test_another_uids_churn_neither_erases_nor_takes_over_a_crash(
     wait_for(lambda: _refused(ex, "uid_rank_quota", ATTACKER) == 300 - 4, timeout=30)
     run_as(ex.socket, ATTACKER, ATTACKER_GID, 'r = init("victim"); r.log(9, loss=0.0)')
     wait_for(lambda: _refused(ex, "not_owner", ATTACKER) == 1)
-    r = ex.rank("victim", 0)
-    assert r is not None and (r["status"], r["step"], r["values"]["loss"]) == ("crashed", 3, 2.0)
+    still_crashed(ex)
     m = ex.metrics()
     assert sample(m, "trainmon_run_up", run="victim", rank="0") == 0
     evicted = "trainmon_exporter_ranks_evicted_total"
     assert sum(sample(m, evicted, status=b) or 0 for b in EVICTION_ORDER) == 0
     assert _refused(ex, "uid_rank_quota", OWNER) == 0
-    run_as(ex.socket, OWNER, OWNER_GID, 'r = init("victim"); r.log(4, loss=1.9); r.finish()')
-    r = wait_for(lambda: (k := ex.rank("victim", 0)) and k["status"] == "finished" and k)
-    assert (r["step"], r["values"]["loss"]) == (4, 1.9)
+    owner_resumes(ex)
 
 
 @needs_root
@@ -353,20 +344,8 @@ def test_a_namespace_claimed_by_another_uid_gives_it_no_way_into_that_namespaces
     its own; the other uid claiming team-a's namespace is refused, counted by its uid, and
     team-a's crashed rank stays as it was."""
     ex = shared_exporter(make_exporter, socket_mode="0666", default_namespace="trainmon-system")
-    victim = User(
-        ex.socket,
-        OWNER,
-        OWNER_GID,
-        """
-        os.environ.update(POD_NAMESPACE="team-a", POD_NAME="train-0")
-        r = init("shared")
-        for i in range(1, 4):
-            r.log(i, loss=2.0, tokens=100)
-        print("logged", flush=True)
-        input()
-        os._exit(0)
-        """,
-    )
+    in_team_a = 'os.environ.update(POD_NAMESPACE="team-a", POD_NAME="train-0")'
+    victim = User(ex.socket, OWNER, OWNER_GID, in_team_a + logs_three("shared"))
     assert victim.proc.stdout is not None and victim.proc.stdout.readline().strip() == "logged"
     team_a = {"namespace": "team-a", "run": "shared", "rank": "0"}
     wait_for(lambda: sample(ex.metrics(), "trainmon_train_step", **team_a) == 3)

@@ -46,6 +46,16 @@ def tls_section(pki: Pki, **extra: Any) -> dict[str, Any]:
     return {"cert_file": str(pki.server_cert), "key_file": str(pki.server_key), **extra}
 
 
+def mutual_tls_section(pki: Pki) -> dict[str, Any]:
+    """TLS 1.3 only, and every client must show a certificate the test CA signed."""
+    return tls_section(
+        pki,
+        client_auth_type="RequireAndVerifyClientCert",
+        client_ca_file=str(pki.ca),
+        min_version="TLS13",
+    )
+
+
 def config_error(tmp_path: Path, config: Any) -> str:
     path = tmp_path / "web.yml"
     path.write_text(config if isinstance(config, str) else yaml.safe_dump(config))
@@ -64,12 +74,7 @@ def test_a_full_file_loads_and_makes_a_server_context(pki: Pki, tmp_path: Path) 
     path = write_web_config(
         tmp_path / "web.yml",
         {
-            "tls_server_config": tls_section(
-                pki,
-                client_auth_type="RequireAndVerifyClientCert",
-                client_ca_file=str(pki.ca),
-                min_version="TLS13",
-            ),
+            "tls_server_config": mutual_tls_section(pki),
             "http_server_config": {"http2": False, "headers": {"X-Frame-Options": "deny"}},
             "basic_auth_users": {USER: HASH, "other": bcrypt_hash("x", 4).replace("$2b$", "$2y$")},
         },
@@ -212,27 +217,23 @@ def test_a_missing_or_bad_certificate_is_one_line(pki: Pki, tmp_path: Path) -> N
         load_web_config(unreadable)
 
 
+def start_exporter(tmp_path: Path, *flags: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``python -m trainmon_exporter`` with ``flags`` and ``env``, run until it exits (60 s)."""
+    cmd = [sys.executable, "-m", "trainmon_exporter", "--socket", str(tmp_path / "s.sock")]
+    return subprocess.run(
+        [*cmd, "--listen", "127.0.0.1:0", *flags],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=child_env(**env),
+        check=False,
+    )
+
+
 def test_the_exporter_refuses_to_start_with_a_bad_file(pki: Pki, tmp_path: Path) -> None:
     path = write_web_config(tmp_path / "web.yml", {"tls_server_config": {"cert_file": "x"}})
     for flag in ("--web.config.file", "--web-config-file"):
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "trainmon_exporter",
-                "--socket",
-                str(tmp_path / "s.sock"),
-                "--listen",
-                "127.0.0.1:0",
-                flag,
-                str(path),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env=child_env(),
-            check=False,
-        )
+        out = start_exporter(tmp_path, flag, str(path))
         assert out.returncode == 2, out.stderr
         assert out.stderr.strip().splitlines() == [
             f"trainmon-exporter: error: web config {path}: tls_server_config.key_file: "
@@ -241,22 +242,7 @@ def test_the_exporter_refuses_to_start_with_a_bad_file(pki: Pki, tmp_path: Path)
     bad_key = write_web_config(
         tmp_path / "web.yml", {"tls_server_config": tls_section(pki, key_file=str(pki.ca))}
     )
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "trainmon_exporter",
-            "--socket",
-            str(tmp_path / "s.sock"),
-            "--listen",
-            "127.0.0.1:0",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=child_env(TRAINMON_WEB_CONFIG_FILE=str(bad_key)),
-        check=False,
-    )
+    out = start_exporter(tmp_path, TRAINMON_WEB_CONFIG_FILE=str(bad_key))
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert out.stderr.startswith("trainmon-exporter: error: tls_server_config: cert_file")
     assert not (tmp_path / "s.sock").exists()  # the ingest socket is removed again
@@ -452,14 +438,7 @@ def test_a_stalled_tls_handshake_is_closed_by_the_header_timeout(
 def test_client_certificates_and_min_version_are_enforced(pki: Pki, tmp_path: Path) -> None:
     path = write_web_config(
         tmp_path / "web.yml",
-        {
-            "tls_server_config": tls_section(
-                pki,
-                client_auth_type="RequireAndVerifyClientCert",
-                client_ca_file=str(pki.ca),
-                min_version="TLS13",
-            )
-        },
+        {"tls_server_config": mutual_tls_section(pki)},
     )
     with LocalExporter(
         "--web.config.file", str(path), ssl_context=pki.client_context(with_client_cert=True)

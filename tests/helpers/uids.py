@@ -77,15 +77,20 @@ def shared_exporter(make: Callable[..., InProcessExporter], **settings: Any) -> 
     return ex
 
 
-# A trainer that logs three steps, then on its stdin: "crash" exits without finishing.
-VICTIM = """
-r = init("victim")
+def logs_three(run: str = "victim", then: str = "os._exit(0)") -> str:
+    """A trainer of ``run`` that logs steps 1 to 3 (loss 2.0), prints "logged", and at a line
+    on its stdin runs ``then`` (by default it exits without finishing: a crash)."""
+    return f"""
+r = init({run!r})
 for i in range(1, 4):
     r.log(i, loss=2.0, tokens=100)
 print("logged", flush=True)
 input()
-os._exit(0)
+{then}
 """
+
+
+VICTIM = logs_three()
 
 
 def start_victim(ex: InProcessExporter, groups: tuple[int, ...] = ()) -> User:
@@ -100,3 +105,16 @@ def crash(ex: InProcessExporter, victim: User) -> None:
     victim.say()  # the victim exits without finishing
     victim.wait()
     wait_for(lambda: ex.rank("victim", 0)["status"] == "crashed")  # type: ignore[index]
+
+
+def still_crashed(ex: InProcessExporter) -> None:
+    """The victim's rank is as it crashed: what :data:`VICTIM` logged, nothing another sent."""
+    r = ex.rank("victim", 0)
+    assert r is not None and (r["status"], r["step"], r["values"]["loss"]) == ("crashed", 3, 2.0)
+
+
+def owner_resumes(ex: InProcessExporter) -> None:
+    """The victim's owner restarts its trainer: the run resumes at step 4 and finishes."""
+    run_as(ex.socket, OWNER, OWNER_GID, 'r = init("victim"); r.log(4, loss=1.9); r.finish()')
+    r = wait_for(lambda: (k := ex.rank("victim", 0)) and k["status"] == "finished" and k)
+    assert (r["step"], r["values"]["loss"]) == (4, 1.9)

@@ -21,22 +21,13 @@ from typing import Any
 
 import pytest
 
+from trainmon_exporter.analytics.goodput import KINDS
+
 from ..conftest import ROOT, ExporterProcess, child_env, sample, wait_for
 
 pytestmark = pytest.mark.slow
 
 TRAINER = ROOT / "tests" / "helpers" / "timed_trainer.py"
-KINDS = (
-    "startup",
-    "data_loading",
-    "checkpoint_save",
-    "checkpoint_restore",
-    "evaluation",
-    "hang",
-    "wasted_progress",
-    "recovery",
-    "other",
-)
 PAUSE_BEFORE_RESTART = 2.0
 STALL = 2.5
 

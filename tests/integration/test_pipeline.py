@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import ExporterProcess, child_env, sample, wait_for
+from ..conftest import ExporterProcess, child_env, run_trainer, sample, wait_for
 from ..helpers.training import finished_output, ranks_of, torchrun, trainer
 
 pytestmark = pytest.mark.slow
@@ -98,20 +98,13 @@ def test_uncaught_exception_is_a_failure(
     exporter_process: Callable[..., ExporterProcess], tmp_path: Path
 ) -> None:
     ex = exporter_process().start()
-    script = tmp_path / "boom.py"
-    script.write_text(
+    out = run_trainer(
+        tmp_path / "boom.py",
         "import trainmon_client\n"
         "run = trainmon_client.init(run='boom')\n"
         "run.log(0, loss=1.0)\n"
-        "raise SystemError('diverged')\n"
-    )
-    out = subprocess.run(
-        [sys.executable, str(script)],
-        env=child_env(TRAINMON_SOCKET=ex.socket),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+        "raise SystemError('diverged')\n",
+        ex.socket,
     )
     assert out.returncode == 1
     r = wait_for(lambda: (k := ranks_of(ex, "boom")) and k[0]["status"] != "running" and k[0])

@@ -13,7 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ExporterProcess, child_env, sample, trainmon_status, wait_for
+from tests.conftest import (
+    ExporterProcess,
+    child_env,
+    run_trainer,
+    sample,
+    trainmon_status,
+    wait_for,
+)
 from tests.fakes.libnvml import CONFIG_ENV, build, h100, write_config
 from trainmon_client import init
 from trainmon_exporter.views import terminal
@@ -116,23 +123,16 @@ def test_a_crashed_rank_shows_no_throughput_anywhere(
     import httpx
 
     ex = exporter_process().start()
-    script = tmp_path / "crash.py"
-    script.write_text(
+    out = run_trainer(
+        tmp_path / "crash.py",
         "import os, time, trainmon_client\n"
         "run = trainmon_client.init(run='crash-demo', num_params=10**8, flush_interval=0.0)\n"
         "for step in range(40):\n"
         "    run.log(step, loss=3.0 - step * 0.01, tokens=2048)\n"
         "    time.sleep(0.03)\n"
         "time.sleep(0.5)  # the flusher sends the last steps\n"
-        "os._exit(1)  # killed: no FINISH\n"
-    )
-    out = subprocess.run(
-        [sys.executable, str(script)],
-        env=child_env(TRAINMON_SOCKET=ex.socket),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+        "os._exit(1)  # killed: no FINISH\n",
+        ex.socket,
     )
     assert out.returncode == 1, out.stderr
     rank = wait_for(
