@@ -9,12 +9,19 @@ empty, whatever the speed of the machine.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import math
 import shutil
 import socket
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry
 
+from trainmon_client import _protocol as P
 from trainmon_exporter.ingest import (
     _MIN_TURN_BYTES,
     _TURN_BYTES,
@@ -53,8 +60,8 @@ class Recording(IngestServer):
         self.refill: dict[str, socket.socket] = {}
         self.on_first_flood: list[socket.socket] = []
 
-    def handle_packet(self, conn: Connection, data: bytes) -> None:
-        super().handle_packet(conn, data)
+    def handle_packet(self, conn: Connection, data: bytes, deadline: float = math.inf) -> bool:
+        done = super().handle_packet(conn, data, deadline)
         run = conn.state.run if conn.state is not None else "?"
         self.order.append(run)
         if run.startswith("flood"):
@@ -65,6 +72,7 @@ class Recording(IngestServer):
                     self.on_first_flood.pop().send(pkt(step(1)))
             if self.order.count(run) < FLOOD_PACKETS:
                 self.refill[run].send(pkt(step(2), step(3)))
+        return done
 
 
 async def _drain_with_flooders(n_flooders: int) -> list[str]:
@@ -157,3 +165,72 @@ def test_accepting_reads_one_packet_per_connection_and_leaves_the_rest_to_the_ro
     accepted, read = asyncio.run(_accept_burst(20))
     assert accepted == 20
     assert read == accepted  # each HELLO; their 200 packets of steps wait for the drain
+
+
+class Slow(IngestServer):
+    """The server with every record's application slowed to ``record_s`` seconds, recording
+    the event loop's passes (:attr:`ticks`, advanced by :meth:`ticker`) seen at each record,
+    so a record that delays the loop is one applied with no pass since the previous one."""
+
+    def __init__(self, *args: object, record_s: float, **kw: object) -> None:
+        super().__init__(*args, **kw)  # type: ignore[arg-type]
+        self.ticks = 0
+        self.seen: list[tuple[int, int]] = []  # (step, ticks) of each STEP applied, in order
+        apply_record = self.applier._record
+
+        def record(link: Any, rtype: int, payload: memoryview) -> Any:
+            out = apply_record(link, rtype, payload)
+            if rtype == P.STEP:
+                end = time.perf_counter() + record_s
+                while time.perf_counter() < end:
+                    pass
+                assert link.state is not None
+                self.seen.append((link.state.step, self.ticks))
+            return out
+
+        self.applier._record = record  # type: ignore[method-assign]
+
+    async def ticker(self, until: Callable[[], bool]) -> None:
+        while not until():
+            self.ticks += 1
+            await asyncio.sleep(0)
+
+
+async def _one_big_packet(poll_interval: float) -> Slow:
+    d = short_tmpdir()
+    try:
+        server = Slow(
+            d / "t.sock",
+            store_of(max_ranks=4),
+            IngestMetrics(CollectorRegistry()),
+            poll_interval=poll_interval,
+            record_s=0.001,  # 500 steps: 0.5 s of work in one packet, 100 slices
+        )
+        server.start()
+        s = trainer(server.path, "big", [pkt(*(step(k) for k in range(1, 501)))])
+        await asyncio.wait_for(server.ticker(lambda: len(server.seen) >= 500), timeout=60)
+        server.close()
+        s.close()
+        return server
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.parametrize("poll_interval", [0.01, 0.0])
+def test_a_packet_longer_than_a_slice_is_applied_in_order_over_several_turns(
+    poll_interval: float,
+) -> None:
+    """The event loop runs between slices even inside one packet (here 0.5 s of records):
+    no run of records without a pass of the loop lasts much more than a slice."""
+    server = asyncio.run(_one_big_packet(poll_interval))
+    steps = [st for st, _ in server.seen]
+    assert steps == list(range(1, 501))  # every record once, in order
+    longest = run = 0
+    for (_, before), (_, after) in itertools.pairwise(server.seen):
+        run = run + 1 if after == before else 0
+        longest = max(longest, run)
+    # 5 ms slices of 1 ms records: about 5 records in a row, never the whole packet. Slack for
+    # a loaded machine, where one record can take several milliseconds of wall time.
+    assert longest < 50, longest
+    m = server.metrics
+    assert m.packets._value.get() == 2  # the HELLO's packet and the big one, each counted once

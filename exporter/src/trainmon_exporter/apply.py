@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 import string
+import time
 import unicodedata
+from collections.abc import Iterator
 from typing import Final
 
 from prometheus_client import Counter
@@ -41,6 +44,7 @@ __all__ = [
     "HelloMessage",
     "Link",
     "Outcome",
+    "Packet",
     "Refused",
 ]
 
@@ -251,6 +255,21 @@ class Link:
         self.refusal: str | None = None  # why its HELLO was refused (told to the client)
 
 
+class Packet:
+    """A packet being applied (:meth:`Applier.begin`, :meth:`Applier.resume`).
+
+    Attributes:
+        records: the records not applied yet (``_protocol.iter_records``).
+        close: whether the connection must close once the packet is done.
+    """
+
+    __slots__ = ("close", "records")
+
+    def __init__(self, records: Iterator[tuple[int, memoryview]], close: bool) -> None:
+        self.records = records
+        self.close = close
+
+
 class Applier:
     """Applies packets to a :class:`Store`, counting what it refuses and drops.
 
@@ -277,18 +296,45 @@ class Applier:
             taken away for its run's owner claim; the records after that in the packet are
             counted as ``no_hello``, not applied).
         """
-        invalid = self._invalid
-        counts: dict[int, int] = {}
+        pending = self.begin(link, data)
+        self.resume(link, pending)
+        return pending.close
+
+    def begin(self, link: Link, data: bytes) -> Packet:
+        """A packet about to be applied by :meth:`resume` (nothing is applied yet)."""
         # A rank its run's owner claim took away (Store.attach): the connection closes, its
         # records counted as no_hello.
         close = link.state is not None and link.state.revoked
         if close:
             link.refusal = "not_owner"
+        return Packet(P.iter_records(data), close)
+
+    def resume(self, link: Link, packet: Packet, deadline: float = math.inf) -> bool:
+        """Apply ``packet``'s records in order until it is done or ``deadline`` has passed.
+
+        At least one record is applied per call. The store's lock is held for the call, not
+        for the whole packet, so a large packet applied in several calls lets a scrape (and,
+        through the caller, the event loop) in between; the records stay in their order
+        because only this connection resumes its packet. Never raises.
+
+        Args:
+            link: the packet's connection.
+            packet: from :meth:`begin`.
+            deadline: a :func:`time.perf_counter` time after which no further record starts.
+
+        Returns:
+            True when the packet is done (then ``packet.close`` says whether the connection
+            must close); False when records are left for the next call.
+        """
+        invalid = self._invalid
+        counts: dict[int, int] = {}
         applied, data_records = Outcome.APPLIED, P.DATA_RECORDS
+        records = packet.records
+        done = True
         with self.store.lock:
             try:
-                for rtype, payload in P.iter_records(data):
-                    if close:
+                for rtype, payload in records:
+                    if packet.close:
                         invalid["no_hello"].inc()
                         continue
                     try:
@@ -308,18 +354,21 @@ class Applier:
                         log.exception(
                             "ingest: a %s record raised", P.RECORD_NAMES.get(rtype, rtype)
                         )
-                        continue
+                        outcome = Outcome.SKIPPED
                     if outcome is applied:
                         counts[rtype] = counts.get(rtype, 0) + 1
                         if rtype in data_records:
                             link.applied += 1
                     elif outcome is Outcome.CLOSE:
-                        close = True
+                        packet.close = True
+                    if time.perf_counter() >= deadline:
+                        done = False
+                        break
             except P.ProtocolError as exc:  # the packet's header, or a record cut short
                 invalid[exc.reason].inc()
         for rtype, n in counts.items():
             self._applied[rtype].inc(n)
-        return close
+        return done
 
     def drop(self, reason: str, n: int) -> None:
         """Count ``n`` values dropped for ``reason`` (a :data:`~.state.Drop`)."""

@@ -20,16 +20,21 @@ for lack of file descriptors (EMFILE, ENFILE) or memory, accepting pauses with a
 back-off instead of spinning on a listening socket that stays readable.
 
 Fair draining: the drain works in rounds, and a round gives every open connection one turn,
-whether or not its socket had data at its previous turn. A turn reads at most
-``_TURN_PACKETS`` packets, and bytes up to a budget that the connections of one uid share
-(``_TURN_BYTES`` per uid, at least ``_MIN_TURN_BYTES`` each); the drain yields to the event loop
-(HTTP) at least every ``_SLICE_S`` seconds, and each connection may also deliver at most
-``max_bytes_per_second`` (a token bucket). Connections sending valid packets flat out, one or
-many, therefore cost a bounded share of the loop and never delay other trainers' packets by
-more than a round, nor ``/healthz``; what they cannot deliver stays in their own socket
-buffers (their clients count the drops). Accepting works in slices too: a new connection's
-first packet (its HELLO) is read at once and the rest in the rounds, and a burst of accepts
-yields to the event loop after ``_SLICE_S`` seconds.
+whether or not its socket had data at its previous turn (in reader mode, every connection the
+event loop found readable). A turn reads at most ``_TURN_PACKETS`` packets, and bytes up to a
+budget that the connections of one uid share (``_TURN_BYTES`` per uid, at least
+``_MIN_TURN_BYTES`` each), and each connection may deliver at most ``max_bytes_per_second`` (a
+token bucket). The drain holds the event loop for at most ``_SLICE_S`` seconds plus one record:
+no record starts after its slice's deadline, so a packet whose records take longer than a slice
+to apply (a full 64 KiB packet of steps takes 15 to 30 ms) is applied over several turns, in
+order. Between slices the drain lets the loop run everything else that is ready, for as long as
+the loop has other work, a slice at most (serving one HTTP request takes several passes of the
+loop, and a single ``sleep(0)`` gives it one). Connections sending valid packets flat out, one
+or many, therefore never delay other trainers' packets by more than a round, nor ``/healthz``
+by more than a slice or two; what they cannot deliver stays in their own socket buffers (their
+clients count the drops). Accepting works in slices too: a new connection's first packet (its
+HELLO) is read at once and the rest in the rounds, and a burst of accepts yields to the event
+loop after ``_SLICE_S`` seconds.
 
 The server only moves bytes: each packet read goes to :class:`~trainmon_exporter.apply.Applier`,
 which applies its records to the :class:`~trainmon_exporter.state.Store`. Bad input never
@@ -43,6 +48,7 @@ import asyncio
 import collections
 import errno
 import logging
+import math
 import resource
 import select
 import socket
@@ -55,7 +61,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from trainmon_client import _protocol as P
 from trainmon_exporter import catalog
-from trainmon_exporter.apply import INTERNAL_ERROR, REFUSALS, Applier, Link
+from trainmon_exporter.apply import INTERNAL_ERROR, REFUSALS, Applier, Link, Packet
 from trainmon_exporter.catalog import Family
 from trainmon_exporter.sockfile import IngestSocket, SocketInUseError
 from trainmon_exporter.state import Store
@@ -74,6 +80,9 @@ _MIN_TURN_BYTES = 8 * 1024
 """Smallest byte budget of a turn, however many connections its uid shares a round with."""
 _SLICE_S = 0.005
 """Longest run of turns (s) before the drain yields to the event loop."""
+_IDLE_PASS_S = 0.0002
+"""A pass of the event loop that runs nothing but the drain takes less than this (s): an idle
+pass costs tens of microseconds, and the smallest step of serving an HTTP request more."""
 _ACCEPT_BACKOFF_MIN_S = 0.05
 _ACCEPT_BACKOFF_MAX_S = 1.0
 _FD_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
@@ -175,8 +184,10 @@ class Connection(Link):
         "last_mono",
         "opened_mono",
         "paused",
+        "pending",
         "refilled_mono",
         "sock",
+        "watched",
     )
 
     def __init__(
@@ -188,6 +199,8 @@ class Connection(Link):
         self.opened_mono = self.last_mono = self.refilled_mono = time.monotonic()
         self.allowance = float(_TURN_BYTES)  # bytes it may still deliver (token bucket)
         self.paused = False  # reader mode: over its rate, not registered with the loop
+        self.watched = False  # reader mode: registered with the event loop
+        self.pending: Packet | None = None  # a packet read but not wholly applied yet
         self.closed = False
 
 
@@ -339,6 +352,8 @@ class IngestServer:
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._conns: dict[int, Connection] = {}
+        self._ready: dict[int, Connection] = {}  # connections the drain has yet to finish
+        self._wake: asyncio.Event | None = None  # reader mode: set when one is ready
         self._accept_paused: asyncio.TimerHandle | None = None
         self._accept_backoff = _ACCEPT_BACKOFF_MIN_S
         metrics.connection_limit.set(max_connections)
@@ -360,6 +375,9 @@ class IngestServer:
         self._loop.add_reader(sock.fileno(), self._accept)
         if self.poll_interval > 0:
             self._tasks.append(self._loop.create_task(self._poll()))
+        else:
+            self._wake = asyncio.Event()
+            self._tasks.append(self._loop.create_task(self._serve_readable()))
         self._tasks.append(self._loop.create_task(self._watch_timeouts()))
         self.listening = True
         log.info("ingest listening on %s", self.path)
@@ -442,10 +460,12 @@ class IngestServer:
             self.metrics.connections_total.inc()
             self.metrics.connections.inc()
             if self.poll_interval <= 0:
-                self._loop.add_reader(conn.fd, self._on_readable, conn)
+                self._watch(conn)
             # The HELLO is usually there already: read that one packet now, the rest in the
             # drain's rounds, so a burst of accepts costs the event loop one packet each.
-            self._drain(conn, _MIN_TURN_BYTES, packets=1)
+            self._drain(conn, _MIN_TURN_BYTES, end, packets=1)
+            if conn.pending is not None and not conn.closed and self.poll_interval <= 0:
+                self._on_readable(conn)  # the rest of that packet is the drain's
 
     def _pause_accepting(self, exc: OSError) -> None:
         """Out of descriptors: stop watching the listening socket for a while (no busy loop)."""
@@ -508,74 +528,141 @@ class IngestServer:
             await self._drain_all()
 
     async def _drain_all(self) -> None:
-        """Drain in rounds until a round finds nothing more to read.
+        """Drain every open connection in rounds until a round finds nothing more to read."""
+        await self._rounds(self._conns)
 
-        A round gives every open connection (those accepted meanwhile included) one turn, in
-        order, whatever the others still hold: a connection whose socket was empty at its turn
-        is read again next round, so one that sends without pause cannot keep the others
-        waiting for more than one round. The bytes of a turn are shared per uid
+    async def _serve_readable(self) -> None:
+        """Reader mode (``poll_interval`` 0): drain connections as they become readable."""
+        assert self._wake is not None
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            await self._rounds(self._ready)
+
+    async def _rounds(self, conns_of: dict[int, Connection]) -> None:
+        """Drain ``conns_of`` in rounds until a round finds nothing more to read.
+
+        ``conns_of`` is every open connection (poll mode: one whose socket was empty at its
+        turn is read again next round) or, in reader mode, those the event loop found
+        readable (one whose socket is empty goes back to being watched, and comes back when
+        readable). A round gives each of them (those accepted meanwhile included) one turn,
+        in order, whatever the others still hold: a connection whose turn ended on
+        its budget is read again next round, so one that sends without pause cannot keep the
+        others waiting for more than one round. The bytes of a turn are shared per uid
         (:func:`turn_bytes`), so a uid with many connections gets one uid's share of a round,
-        not one share per connection. Yields to the event loop every :data:`_SLICE_S` seconds
-        of work, so HTTP requests are served in between however much data is waiting.
+        not one share per connection. No turn starts after its slice's deadline, and none
+        goes on applying records past it (a large packet is applied over several turns), so
+        the event loop waits at most about :data:`_SLICE_S` seconds plus one record; between
+        slices the drain lets the loop run all its other work first (:meth:`_give_way`), so
+        HTTP requests are served in between however much data is waiting.
         """
         slice_end = time.perf_counter() + _SLICE_S
-        while True:
-            conns = list(self._conns.values())
+        while conns_of:
+            conns = list(conns_of.values())
             per_uid = collections.Counter(c.peer_uid for c in conns)
-            more = False
+            any_more = False
             for conn in conns:
+                if time.perf_counter() >= slice_end:
+                    await self._give_way()
+                    slice_end = time.perf_counter() + _SLICE_S
+                if conn.closed:
+                    continue
                 try:
-                    if self._drain(conn, turn_bytes(per_uid[conn.peer_uid])):
-                        more = True
+                    more = self._drain(conn, turn_bytes(per_uid[conn.peer_uid]), slice_end)
                 except Exception:  # one bad connection must not stop the others
                     log.exception("ingest failed on a connection")
                     self._close(conn, record=True)
-                if time.perf_counter() >= slice_end:
-                    await asyncio.sleep(0)
-                    slice_end = time.perf_counter() + _SLICE_S
-            if not more:
+                    more = False
+                if more:
+                    any_more = True
+                elif conns_of is self._ready:
+                    self._rest(conn)
+            if not any_more and conns_of is self._conns:
                 return
 
+    async def _give_way(self) -> None:
+        """Yield to the event loop until one of its passes runs nothing but this drain.
+
+        ``await asyncio.sleep(0)`` gives the loop one pass, and serving one HTTP request takes
+        several (accept, read, the handler's task steps, write): after a slice of draining, the
+        drain therefore yields again for as long as the pass it yielded to ran other work
+        (took :data:`_IDLE_PASS_S` or more), for at most :data:`_SLICE_S` seconds. Under a
+        flood the loop's other work thus goes first and ingest gets the rest, at least half;
+        with nothing else to do the drain loses one empty pass (microseconds) per slice.
+        """
+        start = time.perf_counter()
+        while True:
+            before = time.perf_counter()
+            await asyncio.sleep(0)
+            now = time.perf_counter()
+            if now - before < _IDLE_PASS_S or now - start >= _SLICE_S:
+                return
+
+    def _watch(self, conn: Connection) -> None:
+        """Reader mode: have the event loop call :meth:`_on_readable` when ``conn`` is."""
+        assert self._loop is not None
+        self._loop.add_reader(conn.fd, self._on_readable, conn)
+        conn.watched = True
+
     def _on_readable(self, conn: Connection) -> None:
-        """Reader mode (``poll_interval`` 0): one turn per readable event."""
-        try:
-            self._drain(conn)
-        except Exception:
-            log.exception("ingest failed on a connection")
-            self._close(conn, record=True)
-            return
-        if not conn.closed and conn.allowance <= 0 and self._loop is not None:
-            # Over its rate: stop watching it until the bucket has refilled one turn.
-            conn.paused = True
+        """Reader mode: hand a readable connection to the drain (nothing is read here)."""
+        if conn.watched and self._loop is not None:
             self._loop.remove_reader(conn.fd)
+            conn.watched = False
+        self._ready[conn.fd] = conn
+        if self._wake is not None:
+            self._wake.set()
+
+    def _rest(self, conn: Connection) -> None:
+        """Reader mode: ``conn`` has nothing more to read now: off the drain's list until it has.
+
+        It is watched again, or, when over its rate, once its bucket has refilled one turn.
+        """
+        self._ready.pop(conn.fd, None)
+        if conn.closed or self._loop is None:
+            return
+        if conn.allowance <= 0:
+            conn.paused = True
             self._loop.call_later(_TURN_BYTES / self.rate, self._unpause, conn)
+        else:
+            self._watch(conn)
 
     def _unpause(self, conn: Connection) -> None:
         if not conn.closed and conn.paused and self._loop is not None:
             conn.paused = False
-            self._loop.add_reader(conn.fd, self._on_readable, conn)
+            self._watch(conn)
 
     def _drain(
-        self, conn: Connection, turn: int = _TURN_BYTES, packets: int = _TURN_PACKETS
+        self,
+        conn: Connection,
+        turn: int = _TURN_BYTES,
+        deadline: float = math.inf,
+        packets: int = _TURN_PACKETS,
     ) -> bool:
-        """One turn: read and apply at most ``packets`` packets or ``turn`` bytes.
+        """One turn: apply at most ``packets`` packets or ``turn`` bytes, until ``deadline``.
 
-        The turn reads at least one packet when one is waiting and the connection is within
-        its rate, whatever ``turn`` is.
+        A packet left half applied by the previous turn is resumed first. The turn reads at
+        least one packet when one is waiting and the connection is within its rate, whatever
+        ``turn`` is, and applies at least one record; it starts no packet and no record after
+        ``deadline`` (a :func:`time.perf_counter` time), leaving the rest of a packet for the
+        next turn.
 
-        Returns True when the turn ended on its budget with allowance left (more may wait);
-        False when the socket is empty, closed, or the connection is over its rate.
+        Returns True when the turn ended on its budget or its deadline with more to do (a
+        packet half applied, or allowance left: more may wait); False when the socket is empty,
+        closed, or the connection is over its rate.
         """
+        if conn.pending is not None and not self._apply(conn, conn.pending, deadline):
+            return not conn.closed
         now = time.monotonic()
         conn.allowance = min(self.burst, conn.allowance + (now - conn.refilled_mono) * self.rate)
         conn.refilled_mono = now
         budget = min(float(turn), conn.allowance)
         got = False
-        on_budget = True  # the turn ended on its budget, not on an empty socket
+        on_budget = True  # the turn ended on its budget or deadline, not on an empty socket
         for _ in range(packets):
             if conn.closed:
                 return False
-            if budget <= 0:
+            if budget <= 0 or (got and time.perf_counter() >= deadline):
                 break
             try:
                 data = conn.sock.recv(_RECV_BYTES)
@@ -602,7 +689,9 @@ class IngestServer:
             n = len(data)
             budget -= n
             conn.allowance -= n
-            self.handle_packet(conn, data)
+            if not self.handle_packet(conn, data, deadline):
+                conn.last_mono = now
+                return not conn.closed
         if got:
             conn.last_mono = now
         return on_budget and not conn.closed and conn.allowance > 0
@@ -616,10 +705,13 @@ class IngestServer:
         if conn.closed:
             return
         conn.closed = True
-        if self._loop is not None and self.poll_interval <= 0 and not conn.paused:
+        if self._loop is not None and conn.watched:
             self._loop.remove_reader(conn.fd)
+            conn.watched = False
         conn.sock.close()
         self._conns.pop(conn.fd, None)
+        self._ready.pop(conn.fd, None)
+        conn.pending = None
         self._per_uid[conn.peer_uid] -= 1
         if self._per_uid[conn.peer_uid] <= 0:
             del self._per_uid[conn.peer_uid]
@@ -639,18 +731,35 @@ class IngestServer:
 
     # --------------------------------------------------------------------------- packets
 
-    def handle_packet(self, conn: Connection, data: bytes) -> None:
-        """Count one packet and apply it; never raises. Public for benchmarks and tests."""
+    def handle_packet(self, conn: Connection, data: bytes, deadline: float = math.inf) -> bool:
+        """Count one packet and apply it, until ``deadline``; never raises.
+
+        Public for benchmarks and tests. Returns True when the packet is done, False when its
+        rest waits in ``conn.pending`` (see :meth:`_apply`).
+        """
         m = self.metrics
         m.packets.inc()
         m.bytes.inc(len(data))
-        if self.applier.packet(conn, data):
+        return self._apply(conn, self.applier.begin(conn, data), deadline)
+
+    def _apply(self, conn: Connection, packet: Packet, deadline: float) -> bool:
+        """Apply ``packet`` until ``deadline``.
+
+        Returns True when it is done (then ``conn`` is closed if the packet says so), False
+        when the rest waits in ``conn.pending``.
+        """
+        if not self.applier.resume(conn, packet, deadline):
+            conn.pending = packet
+            return False
+        conn.pending = None
+        if packet.close:
             # Tell the trainer why before closing (REFUSED): it has no other way to learn it.
             try:
                 conn.sock.send(P.encode_refused(conn.refusal or "bad_hello"), socket.MSG_DONTWAIT)
             except (OSError, ValueError):
                 pass  # a full buffer or a gone peer: the log still says why
             self._close(conn, record=False)
+        return True
 
     def _allowed(self, conn: Connection) -> bool:
         """Whether the allow-lists (if any) admit the connected process to send a HELLO."""
