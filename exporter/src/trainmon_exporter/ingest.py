@@ -32,7 +32,7 @@ first packet (its HELLO) is read at once and the rest in the rounds, and a burst
 yields to the event loop after ``_SLICE_S`` seconds.
 
 The server only moves bytes: each packet read goes to :class:`~trainmon_exporter.apply.Applier`,
-which applies its records to the :class:`~trainmon_exporter.state.Store`. Bad input never
+which applies its records to the :class:`~trainmon_exporter.state.store.Store`. Bad input never
 raises out of here: every refused packet, record or value increments
 ``trainmon_ingest_messages_invalid_total{reason}`` or ``trainmon_ingest_values_dropped_total``.
 """
@@ -58,7 +58,7 @@ from trainmon_exporter import catalog
 from trainmon_exporter.apply import INTERNAL_ERROR, REFUSALS, Applier, Link
 from trainmon_exporter.catalog import Family
 from trainmon_exporter.sockfile import IngestSocket, SocketInUseError
-from trainmon_exporter.state import Store
+from trainmon_exporter.state.store import Store
 
 __all__ = ["IngestMetrics", "IngestServer", "SocketInUseError"]
 
