@@ -30,7 +30,8 @@ from trainmon_client import _protocol as P
 from trainmon_exporter.apply import Applier, Link
 from trainmon_exporter.claims import OwnerClaims
 from trainmon_exporter.ingest import IngestMetrics
-from trainmon_exporter.state import EVICTION_ORDER, Store
+from trainmon_exporter.state.admission import EVICTION_ORDER
+from trainmon_exporter.state.store import Store
 
 HELLO = {
     "run": "x",
@@ -90,7 +91,7 @@ def hello_cost(ranks: int, hellos: int, claims: Path | None = None) -> float:
         with store.lock:
             state.disconnect(finished=False)
     took = time.perf_counter() - t0
-    assert len(store.ranks) == ranks and sum(store.evicted.values()) == hellos
+    assert len(store.ranks) == ranks and sum(store.admission.evicted.values()) == hellos
     if store.claims is not None:  # every look-up went through the checks to the missing file
         assert not any(store.claims.invalid.values()), store.claims.invalid
     return took / hellos * 1e6

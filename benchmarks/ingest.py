@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry
 from trainmon_client import _protocol as P
 from trainmon_exporter.ingest import Connection, IngestMetrics, IngestServer
 from trainmon_exporter.local import LocalExporter
-from trainmon_exporter.state import Store
+from trainmon_exporter.state.store import Store
 
 SENDER = """
 import sys, time, trainmon_client

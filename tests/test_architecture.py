@@ -93,6 +93,17 @@ def test_no_import_cycles() -> None:
     assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
 
 
+STATE_ROOMS = ("rank", "admission", "store")
+"""The push-side state's rooms, lowest first (docs/architecture.md: a rank knows no store)."""
+
+
+def test_the_state_rooms_import_downward_only() -> None:
+    g = graph()
+    rooms = [f"trainmon_exporter.state.{r}" for r in STATE_ROOMS]
+    upward = [(m, i) for k, m in enumerate(rooms) for i in sorted(g[m]) if i in rooms[k + 1 :]]
+    assert not upward, upward
+
+
 def test_the_client_never_imports_the_exporter() -> None:
     g = graph()
     bad = [

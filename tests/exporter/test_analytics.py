@@ -19,7 +19,7 @@ from trainmon_exporter.analytics import AnalyticsSettings, RankAnalytics, Rollin
 from trainmon_exporter.collectors import CollectorContext
 from trainmon_exporter.collectors.health import HealthCollector
 from trainmon_exporter.settings import Settings
-from trainmon_exporter.state import Store
+from trainmon_exporter.state.store import Store
 
 from ..helpers.exporter import HELLO, store_of
 

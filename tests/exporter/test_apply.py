@@ -23,7 +23,9 @@ from trainmon_exporter.apply import (
     Refused,
 )
 from trainmon_exporter.ingest import INVALID_REASONS, IngestMetrics
-from trainmon_exporter.state import SERIES_PER_RANK, RankState, Store
+from trainmon_exporter.state.admission import SERIES_PER_RANK
+from trainmon_exporter.state.rank import RankState
+from trainmon_exporter.state.store import Store
 
 from ..helpers.exporter import HELLO, hello, pkt, step, store_of
 
@@ -248,4 +250,4 @@ def test_a_control_character_in_a_label_still_refuses_the_hello() -> None:
     link = Link(peer_uid=1000)
     assert b.applier.packet(link, pkt(hello(hostname="node\n1")))
     assert b.invalid("bad_hello") == 1 and link.state is None
-    assert b.store.hellos_refused == {("bad_hello", "1000"): 1}
+    assert b.store.admission.hellos_refused == {("bad_hello", "1000"): 1}

@@ -57,7 +57,11 @@ def test_the_published_table_is_the_budget() -> None:
 
 
 def test_the_docs_quote_the_estimate_and_the_node_total_the_budget_gives() -> None:
-    from trainmon_exporter.state import SERIES_PER_LAYER, SERIES_PER_OPERATION, SERIES_PER_RANK
+    from trainmon_exporter.state.admission import (
+        SERIES_PER_LAYER,
+        SERIES_PER_OPERATION,
+        SERIES_PER_RANK,
+    )
 
     estimate = (
         f"{SERIES_PER_RANK} per rank, 1 per custom metric or evaluation value, "

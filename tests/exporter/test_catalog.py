@@ -138,7 +138,7 @@ def test_collectors_run_in_one_fixed_order_whatever_imported_them_first() -> Non
         "    importlib.import_module('trainmon_exporter.collectors.' + m)\n"
         "from trainmon_exporter.collectors import ORDER, CollectorContext, build_collectors\n"
         "from trainmon_exporter.settings import Settings\n"
-        "from trainmon_exporter.state import Store\n"
+        "from trainmon_exporter.state.store import Store\n"
         "store = Store(max_ranks=8, max_custom_metrics=8, buckets=(1.0,), window_s=30, ttl_s=60)\n"
         "ctx = CollectorContext(Settings(collectors={'gpu': False}), store)\n"
         "print(' '.join(c.name for c in build_collectors(ctx)))\n"

@@ -11,7 +11,7 @@ from trainmon_client import _protocol as P
 from trainmon_exporter import derive
 from trainmon_exporter.peaks import Mfu
 from trainmon_exporter.settings import AnalyticsSettings
-from trainmon_exporter.state import Operation, RankState
+from trainmon_exporter.state.rank import Operation, RankState
 
 from ..helpers.exporter import make_state
 
@@ -172,7 +172,7 @@ def test_a_trend_is_the_recent_steps_with_their_rate() -> None:
 
 
 def test_a_long_history_is_grouped_into_points_and_bounded() -> None:
-    from trainmon_exporter.state import HISTORY_STEPS
+    from trainmon_exporter.state.rank import HISTORY_STEPS
 
     s = make_state()
     steps_with_loss(s, [float(i) for i in range(1000)])
@@ -227,7 +227,7 @@ def test_a_rank_that_logs_no_tokens_has_no_throughput_line() -> None:
 
 
 def test_the_goodput_of_a_trend_point_is_the_ratio_at_its_last_step() -> None:
-    from trainmon_exporter.state import HistoryPoint
+    from trainmon_exporter.state.rank import HistoryPoint
 
     # (productive + uncheckpointed, accounted) seconds after each step; nothing yet at first.
     totals = [(0.0, 0.0), (1.0, 4.0), (3.0, 5.0), (3.0, 6.0), (9.0, 10.0), (9.0, 12.0)]

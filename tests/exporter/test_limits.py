@@ -27,7 +27,8 @@ from trainmon_client import _protocol as P
 from trainmon_exporter import Settings
 from trainmon_exporter.collectors import CollectorContext
 from trainmon_exporter.collectors.training import TrainingCollector
-from trainmon_exporter.state import SERIES_PER_RANK, Store
+from trainmon_exporter.state.admission import SERIES_PER_RANK
+from trainmon_exporter.state.store import Store
 
 from ..conftest import (
     ExporterProcess,
@@ -589,7 +590,7 @@ def test_an_evicted_run_stays_its_owners_until_the_ttl() -> None:
     assert not isinstance(a, str)
     a.disconnect(finished=False)  # crashed
     b = store.attach(HELLO | {"run": "other"}, uid=1000)  # evicts "mine"
-    assert not isinstance(b, str) and store.evicted["crashed"] == 1
+    assert not isinstance(b, str) and store.admission.evicted["crashed"] == 1
     assert ("mine", 0) not in store.ranks
     b.disconnect(finished=True)
     assert store.attach(HELLO | {"run": "mine"}, uid=2000) == "not_owner"

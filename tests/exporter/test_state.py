@@ -14,15 +14,13 @@ import pytest
 
 from trainmon_client import _protocol as P
 from trainmon_exporter.ingest import DROP_REASONS
-from trainmon_exporter.state import (
+from trainmon_exporter.state.admission import (
     SERIES_PER_LAYER,
     SERIES_PER_OPERATION,
     SERIES_PER_RANK,
-    WATCH_OPERATION,
-    Operation,
-    RankState,
-    Store,
 )
+from trainmon_exporter.state.rank import WATCH_OPERATION, Operation, RankState
+from trainmon_exporter.state.store import Store
 
 from ..helpers.exporter import HELLO, store_of
 
@@ -84,7 +82,7 @@ def test_new_custom_names_are_charged_to_the_series_budget() -> None:
     drops = Drops()
     store.observe_step(s, step(1, {64: 1.0, 65: 2.0}), {64: "a", 65: "b"}, drops)
     assert list(s.custom) == ["a"] and drops == {"series_budget": 1}
-    assert store.series_used == SERIES_PER_RANK + 1 == store.recount_series()
+    assert store.admission.series_used == SERIES_PER_RANK + 1 == store.admission.recount_series()
 
 
 def test_a_poisoned_cumulative_total_keeps_its_previous_value() -> None:
@@ -124,7 +122,9 @@ def test_layers_are_kept_on_layer_ranks_under_the_cap_and_the_budget() -> None:
     assert s.layers == {"l0": row, "l1": row}
     assert drops == {"layer_cap": 1, "unknown_field": 1}
     assert s.ops == {WATCH_OPERATION: Operation(0.25, 3, False)}
-    assert store.series_used == SERIES_PER_RANK + 2 * SERIES_PER_LAYER + SERIES_PER_OPERATION
+    assert (
+        store.admission.series_used == SERIES_PER_RANK + 2 * SERIES_PER_LAYER + SERIES_PER_OPERATION
+    )
 
 
 def test_layers_of_other_ranks_are_analysed_not_kept() -> None:

@@ -12,7 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 from trainmon_exporter.settings import Settings
-from trainmon_exporter.state import EVICTION_ORDER, MAX_REFUSED_UIDS, SERIES_PER_RANK, Store
+from trainmon_exporter.state.admission import EVICTION_ORDER, MAX_REFUSED_UIDS, SERIES_PER_RANK
+from trainmon_exporter.state.store import Store
 
 from ..conftest import InProcessExporter, sample, wait_for
 from ..helpers.exporter import HELLO, invalid, store_of
@@ -55,18 +56,18 @@ def _check_indexes(store: Store) -> None:
         runs.setdefault(run, set()).add(rank)
         per_uid[s.owner_uid] = per_uid.get(s.owner_uid, 0) + 1
     assert {r: set(m) for r, m in store._runs.items()} == runs
-    assert store.uid_ranks == per_uid
+    assert store.admission.uid_ranks == per_uid
     gone = {k for k, s in store.ranks.items() if not s.connected}
-    queued = [k for q in store._gone.values() for k in q]
+    queued = [k for q in store.admission.gone.values() for k in q]
     assert sorted(queued) == sorted(gone)
-    for uid, queues in store._gone_uid.items():
+    for uid, queues in store.admission.gone_uid.items():
         for bucket, q in queues.items():
             for k, s in q.items():
-                assert s.owner_uid == uid and k in store._gone[bucket]
+                assert s.owner_uid == uid and k in store.admission.gone[bucket]
                 times = [x.left_mono for x in q.values()]
                 assert times == sorted(times)  # type: ignore[type-var]
-    series = store.series_used
-    assert store.recount_series() == series
+    series = store.admission.series_used
+    assert store.admission.recount_series() == series
 
 
 # --------------------------------------------------------------------------- the store
@@ -81,13 +82,13 @@ def test_a_crashed_rank_stays_for_its_retention_whoever_connects() -> None:
     # At the cap, the only disconnected rank is within its retention: refused, not evicted.
     for i in range(1, 50):
         assert store.attach(_h(f"a{i}"), uid=2000) == "too_many_ranks"
-    assert ("victim", 0) in store.ranks and store.evicted["crashed"] == 0
+    assert ("victim", 0) in store.ranks and store.admission.evicted["crashed"] == 0
     # Its own uid cannot evict it sooner either.
     assert store.attach(_h("mine2"), uid=1000) == "too_many_ranks"
     _age(store, "victim", 61)
     b = store.attach(_h("late"), uid=2000)
     assert not isinstance(b, str) and ("victim", 0) not in store.ranks
-    assert store.evicted["crashed"] == 1
+    assert store.admission.evicted["crashed"] == 1
     assert store.attach(_h("victim"), uid=2000) == "not_owner"  # its owner record holds
     _check_indexes(store)
 
@@ -107,7 +108,7 @@ def test_a_uid_at_its_quota_evicts_only_its_own_ranks() -> None:
     _age(store, "m0", 61)
     assert not isinstance(store.attach(_h("m2"), uid=2000), str)
     assert ("m0", 0) not in store.ranks and ("other", 0) in store.ranks
-    assert store.uid_ranks == {1000: 1, 2000: 2}
+    assert store.admission.uid_ranks == {1000: 1, 2000: 2}
     # Another uid is not held back by the first one's quota.
     assert not isinstance(store.attach(_h("x"), uid=3000), str)
     _check_indexes(store)
@@ -119,7 +120,7 @@ def test_a_uid_cannot_take_the_series_budget_of_the_others() -> None:
     idle = [store.attach(_h(f"idle{i}"), uid=2000) for i in range(10)]
     assert [isinstance(s, str) for s in idle] == [False] * 4 + [True] * 6
     assert set(idle[4:]) == {"uid_series_quota"}
-    assert store.uid_series[2000] == share
+    assert store.admission.uid_series[2000] == share
     for uid in (1000, 1001, 1002):
         assert not isinstance(store.attach(_h(f"t{uid}"), uid=uid), str)
     # Values past the uid's share are dropped; other uids still have room.
@@ -144,7 +145,7 @@ def test_ownership_cannot_be_flushed_by_another_uids_churn() -> None:
         s = store.attach(_h(f"churn{i}"), uid=2000)
         assert not isinstance(s, str), (i, s)
         s.disconnect(finished=False)
-    assert store.evicted["crashed"] == 5000
+    assert store.admission.evicted["crashed"] == 5000
     assert store.owners["victim"][0] == 1000
     assert store.attach(_h("victim"), uid=2000) == "not_owner"
     assert len(store._owner_runs[2000]) == store.max_owner_records == 8
@@ -157,16 +158,16 @@ def test_ownership_cannot_be_flushed_by_another_uids_churn() -> None:
 def test_refused_hellos_are_counted_by_uid_with_a_bounded_label() -> None:
     store = store_of()
     for uid in range(MAX_REFUSED_UIDS + 10):
-        store.count_refused_hello("not_owner", 5000 + uid)
-    store.count_refused_hello("not_owner", 5000)
-    store.count_refused_hello("too_many_ranks", 5000)
-    store.count_refused_hello("bad_hello", None)
-    uids = {u for _, u in store.hellos_refused}
+        store.admission.count_refused_hello("not_owner", 5000 + uid)
+    store.admission.count_refused_hello("not_owner", 5000)
+    store.admission.count_refused_hello("too_many_ranks", 5000)
+    store.admission.count_refused_hello("bad_hello", None)
+    uids = {u for _, u in store.admission.hellos_refused}
     assert len(uids) == MAX_REFUSED_UIDS + 2  # the first 64, other, unknown
-    assert store.hellos_refused[("not_owner", "5000")] == 2
-    assert store.hellos_refused[("too_many_ranks", "5000")] == 1
-    assert store.hellos_refused[("not_owner", "other")] == 10
-    assert store.hellos_refused[("bad_hello", "unknown")] == 1
+    assert store.admission.hellos_refused[("not_owner", "5000")] == 2
+    assert store.admission.hellos_refused[("too_many_ranks", "5000")] == 1
+    assert store.admission.hellos_refused[("not_owner", "other")] == 10
+    assert store.admission.hellos_refused[("bad_hello", "unknown")] == 1
 
 
 def test_admission_indexes_stay_consistent() -> None:
@@ -199,7 +200,7 @@ def test_admission_indexes_stay_consistent() -> None:
             store.expire()
         _check_indexes(store)
     assert {"ok", "not_owner", "uid_rank_quota", "too_many_ranks"} <= outcomes
-    assert sum(store.evicted[b] for b in EVICTION_ORDER) > 0
+    assert sum(store.admission.evicted[b] for b in EVICTION_ORDER) > 0
 
 
 def test_the_default_limits_agree() -> None:

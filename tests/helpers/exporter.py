@@ -11,7 +11,8 @@ from typing import Any
 
 from trainmon_client import _protocol as P
 from trainmon_exporter.analytics import AnalyticsSettings, RankAnalytics
-from trainmon_exporter.state import RankState, Store
+from trainmon_exporter.state.rank import RankState
+from trainmon_exporter.state.store import Store
 
 from ..conftest import InProcessExporter, connect, sample, wait_for
 

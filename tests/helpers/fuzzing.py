@@ -21,7 +21,7 @@ from trainmon_exporter.analytics import AnalyticsSettings, RankAnalytics
 from trainmon_exporter.app import build_exporter
 from trainmon_exporter.ingest import Connection
 from trainmon_exporter.settings import Settings
-from trainmon_exporter.state import RankState
+from trainmon_exporter.state.rank import RankState
 
 EXTREMES = [
     0.0,

@@ -10,8 +10,9 @@ from contextlib import contextmanager
 from unittest import mock
 
 from trainmon_client import _protocol as P
-from trainmon_exporter import derive, state
-from trainmon_exporter.state import RankState
+from trainmon_exporter import derive
+from trainmon_exporter.state import rank
+from trainmon_exporter.state.rank import RankState
 from trainmon_exporter.views.api import RankView, RunsResponse, trend_view
 
 from . import views as v
@@ -40,12 +41,12 @@ class _Clock:
 @contextmanager
 def _clock() -> Iterator[_Clock]:
     c = _Clock()
-    saved = list(state._offset)
+    saved = list(rank._offset)
     try:
-        with mock.patch.object(state, "time", c):
+        with mock.patch.object(rank, "time", c):
             yield c
     finally:
-        state._offset[:] = saved
+        rank._offset[:] = saved
 
 
 def healthy_loss(step: int) -> float:

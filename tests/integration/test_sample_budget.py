@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import trainmon_client
-from trainmon_exporter.state import SERIES_PER_LAYER
+from trainmon_exporter.state.admission import SERIES_PER_LAYER
 
 from ..conftest import ExporterProcess, child_env, free_port, sample, short_tmpdir, wait_for
 from ..fakes.libnvml import CONFIG_ENV, build, h100, write_config

@@ -38,7 +38,7 @@ from trainmon_exporter.sampler import FAILED, NOT_STARTED, GpuSampler, GpuSnapsh
 from trainmon_exporter.settings import Settings
 from trainmon_exporter.shed import SampleBudget
 from trainmon_exporter.sockfile import IngestSocket
-from trainmon_exporter.state import Store
+from trainmon_exporter.state.store import Store
 from trainmon_exporter.views.api import GpusResponse, RunsResponse, gpu_snapshot, snapshot
 from trainmon_exporter.views.html import StatusPage, render_status
 from trainmon_exporter.webconfig import (

@@ -4,8 +4,8 @@ The socket server (:mod:`trainmon_exporter.ingest`) reads packets and hands each
 :class:`Link` of its connection, to :meth:`Applier.packet`. Here the packet is split into
 records, each record is decoded to its typed form (:func:`trainmon_client._protocol.decode_record`)
 and checked against what its connection may send (a HELLO first and only once, a NAME within
-its cap), then dispatched once, by type, to the :class:`~trainmon_exporter.state.Store` or
-:class:`~trainmon_exporter.state.RankState` method that applies it. Nothing here changes a
+its cap), then dispatched once, by type, to the :class:`~trainmon_exporter.state.store.Store` or
+:class:`~trainmon_exporter.state.rank.RankState` method that applies it. Nothing here changes a
 rank's state itself.
 
 Bad input never raises out of here: a refused packet or record increments
@@ -32,7 +32,8 @@ from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from trainmon_client import _protocol as P
-from trainmon_exporter.state import RankState, Store
+from trainmon_exporter.state.rank import RankState
+from trainmon_exporter.state.store import Store
 
 __all__ = [
     "FATAL",
@@ -81,7 +82,7 @@ FATAL: Final = frozenset(
     }
 )
 """Refusals of a HELLO: the connection has no identity, so it is closed. Each is also counted
-by uid (:meth:`Store.count_refused_hello`, ``trainmon_ingest_hellos_refused_total``), with a
+by uid (:meth:`Admission.count_refused_hello`, ``trainmon_ingest_hellos_refused_total``), with a
 HELLO the protocol refuses (``malformed``...) under its protocol reason."""
 MAX_NAMES_PER_CONNECTION: Final = 4096
 """Names one connection may bind (custom metrics, operations, layers): a memory bound. The
@@ -343,12 +344,12 @@ class Applier:
                         invalid[exc.reason].inc()
                         outcome = Outcome.CLOSE if exc.reason in FATAL else Outcome.SKIPPED
                         if outcome is Outcome.CLOSE:
-                            self.store.count_refused_hello(exc.reason, link.peer_uid)
+                            self.store.admission.count_refused_hello(exc.reason, link.peer_uid)
                     except P.ProtocolError as exc:
                         invalid[exc.reason].inc()
                         outcome = Outcome.CLOSE if rtype == P.HELLO else Outcome.SKIPPED
                         if outcome is Outcome.CLOSE:
-                            self.store.count_refused_hello(exc.reason, link.peer_uid)
+                            self.store.admission.count_refused_hello(exc.reason, link.peer_uid)
                     except Exception:  # a bug or a value nobody foresaw: this record only
                         invalid[INTERNAL_ERROR].inc()
                         log.exception(
@@ -371,7 +372,7 @@ class Applier:
         return done
 
     def drop(self, reason: str, n: int) -> None:
-        """Count ``n`` values dropped for ``reason`` (a :data:`~.state.Drop`)."""
+        """Count ``n`` values dropped for ``reason`` (a :data:`~.state.rank.Drop`)."""
         self._dropped.labels(reason).inc(n)
 
     def _record(self, link: Link, rtype: int, payload: memoryview) -> Outcome:

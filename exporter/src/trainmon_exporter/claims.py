@@ -1,7 +1,7 @@
 """Owner claims: a run's owning uid, registered ahead of its trainers by a privileged process.
 
 A run belongs to the uid whose process opened it first (:meth:`Store.attach
-<trainmon_exporter.state.Store.attach>`). Where run ids are predictable (``slurm-<job id>``),
+<trainmon_exporter.state.store.Store.attach>`). Where run ids are predictable (``slurm-<job id>``),
 another local user could open a run first and keep its real owner out. A batch system's
 prolog, which runs as root before the job starts, closes that gap by writing a claim: one
 file per run id in a directory only root (or the exporter's user) may write, named after the

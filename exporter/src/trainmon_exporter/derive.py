@@ -4,7 +4,7 @@ Collectors and the JSON API ask here, so each figure has one definition: the rat
 rate window, MFU (the join of a rank to its GPU), how overdue the next step is, the
 read-side verdicts on evaluations and monitoring cost, and the health findings the API and
 the status page list. Nothing here changes state; every function is called under
-:attr:`Store.lock <trainmon_exporter.state.Store.lock>` (a scrape or a snapshot holds it) and
+:attr:`Store.lock <trainmon_exporter.state.store.Store.lock>` (a scrape or a snapshot holds it) and
 costs microseconds.
 
 Verdicts that depend on time passing or on other ranks (hangs, throughput drops, stragglers)
@@ -22,7 +22,7 @@ from typing import NamedTuple, Protocol, TypeVar
 from trainmon_exporter.analytics import RankAnalytics
 from trainmon_exporter.peaks import Mfu, rank_mfu
 from trainmon_exporter.settings import AnalyticsSettings
-from trainmon_exporter.state import HistoryPoint, RankState
+from trainmon_exporter.state.rank import HistoryPoint, RankState
 
 __all__ = [
     "MARK_KINDS",

@@ -37,7 +37,7 @@ HELLO) is read at once and the rest in the rounds, and a burst of accepts yields
 loop after ``_SLICE_S`` seconds.
 
 The server only moves bytes: each packet read goes to :class:`~trainmon_exporter.apply.Applier`,
-which applies its records to the :class:`~trainmon_exporter.state.Store`. Bad input never
+which applies its records to the :class:`~trainmon_exporter.state.store.Store`. Bad input never
 raises out of here: every refused packet, record or value increments
 ``trainmon_ingest_messages_invalid_total{reason}`` or ``trainmon_ingest_values_dropped_total``.
 """
@@ -64,7 +64,7 @@ from trainmon_exporter import catalog
 from trainmon_exporter.apply import INTERNAL_ERROR, REFUSALS, Applier, Link, Packet
 from trainmon_exporter.catalog import Family
 from trainmon_exporter.sockfile import IngestSocket, SocketInUseError
-from trainmon_exporter.state import Store
+from trainmon_exporter.state.store import Store
 
 __all__ = ["IngestMetrics", "IngestServer", "SocketInUseError"]
 

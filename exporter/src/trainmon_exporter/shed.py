@@ -13,7 +13,7 @@ important class first, until what remains fits:
 3. ``evaluation``: the named values of ``Run.eval``;
 4. ``operation``: the tracked operations of ``Run.track``;
 5. ``rank``: every remaining series of whole ranks. Never reached while every rank's own
-   series (``SERIES_PER_RANK`` of ``state.py``) fit the limit with the node's; it keeps the
+   series (``state.admission.SERIES_PER_RANK``) fit the limit with the node's; it keeps the
    guarantee when they do not, and the alert says so;
 6. ``node``: whole families of the node from the end of the exposition. Never reached while
    the node's own series, its GPUs' included, fit the limit.

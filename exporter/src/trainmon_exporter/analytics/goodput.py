@@ -1,6 +1,6 @@
 """Where a rank's time goes: productive step time and badput by kind, in seconds.
 
-One :class:`Goodput` per (run, rank), told by :class:`~trainmon_exporter.state.RankState` of
+One :class:`Goodput` per (run, rank), told by :class:`~trainmon_exporter.state.rank.RankState` of
 every step, checkpoint, evaluation, tracked operation, hang, crash, restart and rollback. It
 splits the rank's wall-clock, from its trainer's ``init()`` to now (or to its finish), into
 buckets that never overlap (definitions and the anchors they follow: docs/goodput.md):
@@ -94,7 +94,7 @@ class _Span:
 class Goodput:
     """The time accounting of one (run, rank); every time is exporter ``time.monotonic()``.
 
-    Not thread-safe: its :class:`~trainmon_exporter.state.Store`'s lock guards it.
+    Not thread-safe: its :class:`~trainmon_exporter.state.store.Store`'s lock guards it.
     """
 
     init: float

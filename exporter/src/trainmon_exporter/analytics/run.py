@@ -16,7 +16,7 @@ __all__ = ["RankClock", "RunAnalytics"]
 
 
 class RankClock(Protocol):
-    """What the periodic judgement reads of a rank (:class:`~trainmon_exporter.state.RankState`)."""
+    """What the periodic judgement reads of a rank (a :class:`~.state.rank.RankState`)."""
 
     @property
     def run_key(self) -> str:

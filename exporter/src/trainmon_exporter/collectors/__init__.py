@@ -19,7 +19,7 @@ from prometheus_client.metrics_core import Metric
 from trainmon_exporter import catalog
 from trainmon_exporter.sampler import GpuSampler
 from trainmon_exporter.settings import Settings
-from trainmon_exporter.state import Store
+from trainmon_exporter.state.store import Store
 
 log = logging.getLogger("trainmon_exporter.collectors")
 

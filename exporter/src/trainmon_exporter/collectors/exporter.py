@@ -28,9 +28,9 @@ class ExporterCollector:
         with self.store.lock:
             n = len(self.store.ranks)
             expired = self.store.expired_total
-            evicted = dict(self.store.evicted)
-            series = self.store.series_used
-            refused = dict(self.store.hellos_refused)
+            evicted = dict(self.store.admission.evicted)
+            series = self.store.admission.series_used
+            refused = dict(self.store.admission.hellos_refused)
             claims = self.store.claims
             bad_claims = dict(claims.invalid) if claims is not None else {}
         ranks = catalog.EXPORTER_RANKS.gauge()

@@ -16,7 +16,7 @@ from trainmon_exporter import catalog, derive
 from trainmon_exporter.analytics import SEVERITIES, RankAnalytics
 from trainmon_exporter.catalog import Family
 from trainmon_exporter.collectors import CollectorContext, register
-from trainmon_exporter.state import RankState
+from trainmon_exporter.state.rank import RankState
 
 _Getter = Callable[[RankState, RankAnalytics], float | None]
 

@@ -1,4 +1,4 @@
-"""Per-(run, rank) training series, built from :class:`~trainmon_exporter.state.Store`.
+"""Per-(run, rank) training series, built from :class:`~trainmon_exporter.state.store.Store`.
 
 Every series carries ``run`` and ``rank``; identity (hostname, GPU UUID, world size) lives in
 ``trainmon_rank_info``. Step-level events are counters (a NaN between two scrapes still moves
@@ -16,7 +16,7 @@ from prometheus_client.metrics_core import Metric
 from trainmon_exporter import catalog, derive
 from trainmon_exporter.catalog import Family
 from trainmon_exporter.collectors import CollectorContext, register
-from trainmon_exporter.state import NONFINITE_FIELDS, RankState
+from trainmon_exporter.state.rank import NONFINITE_FIELDS, RankState
 
 # (family, value of a state or None to omit the sample)
 _GAUGES: tuple[tuple[Family, Callable[[RankState], float | None]], ...] = (

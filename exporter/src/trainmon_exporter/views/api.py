@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from trainmon_exporter import derive
     from trainmon_exporter.sampler import GpuSample, GpuSnapshot
     from trainmon_exporter.settings import AnalyticsSettings
-    from trainmon_exporter.state import RankState, Store
+    from trainmon_exporter.state.rank import RankState
+    from trainmon_exporter.state.store import Store
 
 
 class EventView(BaseModel):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from trainmon_exporter import __version__
 from trainmon_exporter.sampler import NO_DRIVER
-from trainmon_exporter.state import HISTORY_STEPS
+from trainmon_exporter.state.rank import HISTORY_STEPS
 from trainmon_exporter.views import sparkline
 from trainmon_exporter.views.api import GpusResponse, RankView, RunsResponse
 from trainmon_exporter.views.cells import PAGE, mfu_reason, printable, rank_status, scale, stopped

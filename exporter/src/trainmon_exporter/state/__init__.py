@@ -1,0 +1,14 @@
+"""Push-side state: what the exporter knows about every (run, rank), updated per record.
+
+Three rooms, each importing only the one below it:
+
+- :mod:`.store`: :class:`~.store.Store`, every rank indexed by (run, rank) and by run, the lock,
+  attaching a connection to its rank (ownership, owner claims, resuming), the records applied
+  under the store's limits, expiry and the periodic judgement;
+- :mod:`.admission`: :class:`~.admission.Admission`, the caps, per-uid quotas, series budget,
+  eviction after retention and the HELLOs refused by uid;
+- :mod:`.rank`: :class:`~.rank.RankState`, one rank's figures and its ``observe_*`` methods,
+  its history and its time accounting's hooks.
+
+Judgement is elsewhere (:mod:`trainmon_exporter.analytics`, :mod:`trainmon_exporter.derive`).
+"""
