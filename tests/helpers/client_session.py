@@ -42,6 +42,11 @@ time.perf_counter = lambda: CLOCK.perf
 time.thread_time = lambda: 0.0
 os.getpid = lambda: 4242
 socket.gethostname = lambda: "node1"
+# The model's float32 numbers must not depend on the CPU: MKL's conditional numerical
+# reproducibility mode and one ATen kernel set (AVX2, which AVX-512 machines also run) give
+# the same bits on every x86-64 machine; MKL's own choice differs between CPUs in the last bit.
+os.environ["MKL_CBWR"] = "COMPATIBLE"
+os.environ["ATEN_CPU_CAPABILITY"] = "avx2"
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -116,6 +121,7 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="tm-golden-")
     path = os.path.join(tmp, "t.sock")
     listener = Listener(path)
+    torch.set_num_threads(1)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
