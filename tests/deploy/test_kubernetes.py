@@ -21,7 +21,6 @@
 from __future__ import annotations
 
 import copy
-import functools
 import importlib.util
 import json
 import os
@@ -29,7 +28,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -40,9 +39,10 @@ import yaml
 from trainmon_exporter.settings import Settings, environment_names
 
 from ..conftest import ROOT, child_env, free_port, require_tool, wait_for
+from ..helpers import pod_security
 from ..helpers.cardinality import BUDGET
+from ..helpers.kustomize import K8S, container, kubectl, rendered, the
 
-K8S = ROOT / "deploy" / "kubernetes"
 SCHEMAS = Path(__file__).with_name("schemas") / "prometheus-operator-v0.93.0"
 OVERLAYS = sorted(p.parent.relative_to(K8S) for p in K8S.glob("overlays/*/kustomization.yaml"))
 EXAMPLES = sorted(p.parent.relative_to(K8S) for p in K8S.glob("examples/*/kustomization.yaml"))
@@ -53,6 +53,7 @@ CRD_FILES = {
     "PrometheusRule": "monitoring.coreos.com_prometheusrules.yaml",
 }
 CUSTOM_KINDS = {*CRD_FILES, "PyTorchJob"}
+CLUSTER_SCOPED = {"Namespace", "CSIDriver"}
 
 
 def generator() -> Any:
@@ -61,24 +62,6 @@ def generator() -> Any:
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
-
-
-def kubectl() -> str:
-    return require_tool("kubectl", "kubernetes-client")
-
-
-@functools.cache
-def rendered(path: Path) -> tuple[dict[str, Any], ...]:
-    """The objects ``kubectl kustomize deploy/kubernetes/<path>`` prints."""
-    out = subprocess.run(
-        [kubectl(), "kustomize", str(K8S / path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert out.returncode == 0, f"kubectl kustomize {path}: {out.stderr}"
-    return tuple(d for d in yaml.safe_load_all(out.stdout) if d)
 
 
 def objects(kind: str | None = None) -> Iterator[tuple[Path, dict[str, Any]]]:
@@ -155,9 +138,8 @@ def test_kustomize_renders(path: Path) -> None:
     for o in objs:
         assert o["apiVersion"] and o["kind"] and o["metadata"]["name"], o
     if path in OVERLAYS:
-        assert {o["metadata"].get("namespace") for o in objs if o["kind"] != "Namespace"} == {
-            "trainmon-system"
-        }
+        namespaced = [o for o in objs if o["kind"] not in CLUSTER_SCOPED]
+        assert {o["metadata"].get("namespace") for o in namespaced} == {"trainmon-system"}
 
 
 def test_every_overlay_renders_the_same_daemonset_selector() -> None:
@@ -270,6 +252,7 @@ def test_builtin_objects_validate_against_kubernetes_schemas(version: str) -> No
         "ConfigMap",
         "Namespace",
         "NetworkPolicy",
+        "CSIDriver",
     } <= seen
 
 
@@ -640,15 +623,132 @@ def test_daemonset_shape() -> None:
     assert spec["hostPID"] is True
     assert spec["securityContext"]["runAsNonRoot"] is True
     assert spec["nodeSelector"] and spec["tolerations"]
-    (c,) = spec["containers"]
+    c = container(spec, "exporter")
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert env(c)["TRAINMON_LISTEN"]["value"].endswith(f":{ports['metrics']}")
     assert c["resources"]["requests"] and c["resources"]["limits"]
     assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
-    for vol in spec["volumes"]:
-        assert vol["hostPath"] == {"path": "/run/trainmon", "type": "DirectoryOrCreate"}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["socket-dir"]["hostPath"] == {
+        "path": "/run/trainmon",
+        "type": "DirectoryOrCreate",
+    }
+    assert spec["volumes"][0]["name"] == "socket-dir"  # what the kubelet re-enactment mounts
+
+
+# --------------------------------------------------------------------------- Pod Security
+
+
+def training_pods() -> list[tuple[str, dict[str, Any]]]:
+    """``(where, pod spec)`` of every rendered pod that runs a trainer (not the DaemonSet)."""
+    pods = [
+        (where, spec)
+        for where, spec in pod_specs()
+        if any("TRAINMON_RUN" in env(c) for c in spec["containers"])
+    ]
+    assert len(pods) == len(EXAMPLES) + 1, pods  # the PyTorchJob has two replica types
+    return pods
+
+
+@pytest.mark.parametrize("level", ["baseline", "restricted"])
+def test_every_training_pod_passes_pod_security(level: str) -> None:
+    """Every rendered training pod, the DaemonSet's trainers and the sidecar's alike, is
+    admitted by Pod Security at ``baseline`` and ``restricted``: the socket comes from the
+    CSI driver, not a hostPath."""
+    for where, spec in training_pods():
+        assert pod_security.violations(level, spec) == [], where
+
+
+def test_the_pod_security_check_refuses_the_hostpath_socket() -> None:
+    """The check can fail: a training pod that mounts /run/trainmon as a hostPath, as they did
+    before the CSI driver, is refused at ``baseline``, and so is the node DaemonSet's pod."""
+    for where, spec in training_pods():
+        old = copy.deepcopy(spec)
+        for v in old["volumes"]:
+            if v["name"] == "trainmon" and "csi" in v:
+                v.pop("csi")
+                v["hostPath"] = {"path": "/run/trainmon", "type": "DirectoryOrCreate"}
+                break
+        else:
+            continue  # the sidecar pod: an emptyDir
+        assert pod_security.violations("baseline", old) == ["hostPath volumes ('trainmon')"], where
+    ds = the(rendered(Path("overlays/daemonset")), "DaemonSet")["spec"]["template"]["spec"]
+    refused = pod_security.violations("baseline", ds)
+    assert "host namespaces (hostPID=true)" in refused
+    assert "hostPath volumes ('socket-dir')" in refused
+    assert "privileged (container 'csi-node')" in refused
+
+
+def test_each_namespace_admits_the_pods_rendered_into_it() -> None:
+    """An overlay's namespace enforces a Pod Security level that admits its own pods."""
+    for path in OVERLAYS:
+        objs = rendered(path)
+        (ns,) = [o for o in objs if o["kind"] == "Namespace"]
+        level = ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"]
+        for ds in [o for o in objs if o["kind"] == "DaemonSet"]:
+            spec = ds["spec"]["template"]["spec"]
+            assert pod_security.violations(level, spec) == [], (path, level)
+
+
+def test_training_pods_mount_the_socket_through_the_csi_driver() -> None:
+    """Every training pod of the DaemonSet mode mounts the CSI driver's inline volume,
+    read-only, where TRAINMON_SOCKET points; the driver is the one the DaemonSet's node plugin
+    serves and registers, and it is declared for inline ephemeral volumes only."""
+    from trainmon_exporter import csi
+
+    objs = rendered(Path("overlays/daemonset"))
+    driver = the(objs, "CSIDriver")
+    assert driver["metadata"]["name"] == csi.DRIVER_NAME
+    assert driver["spec"]["volumeLifecycleModes"] == ["Ephemeral"]
+    assert driver["spec"]["attachRequired"] is False
+    assert driver["spec"]["podInfoOnMount"] is True
+    assert driver["spec"]["fsGroupPolicy"] == "None"  # the kubelet never chowns the socket
+    ds = the(objs, "DaemonSet")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in ds["volumes"]}
+    plugin = container(ds, "csi-node")
+    args = dict(a.removeprefix("--").split("=", 1) for a in plugin["args"])
+    exporter_dir = str(Path(env(container(ds, "exporter"))["TRAINMON_SOCKET"]["value"]).parent)
+    mounts = {m["mountPath"]: m for m in plugin["volumeMounts"]}
+    # it binds what the exporter's socket directory is on the node
+    assert volumes[mounts[args["socket-dir"]]["name"]] == volumes["socket-dir"]
+    assert args["socket-dir"] == exporter_dir
+    # its binds reach the host and the pods: the kubelet's pods directory, Bidirectional
+    pods = mounts[args["pods-dir"]]
+    assert volumes[pods["name"]]["hostPath"]["path"] == args["pods-dir"] == "/var/lib/kubelet/pods"
+    assert pods["mountPropagation"] == "Bidirectional"
+    assert plugin["securityContext"]["privileged"] is True  # Bidirectional needs it
+    assert env(plugin)["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    # the registrar tells the kubelet where the plugin's socket is on the node
+    registrar = container(ds, "node-driver-registrar")
+    reg = dict(a.removeprefix("--").split("=", 1) for a in registrar["args"])
+    endpoint = Path(args["endpoint"].removeprefix("unix://"))
+    assert reg["csi-address"] == str(endpoint)
+    plugin_dir = {m["mountPath"]: m["name"] for m in plugin["volumeMounts"]}[str(endpoint.parent)]
+    on_node = Path(volumes[plugin_dir]["hostPath"]["path"]) / endpoint.name
+    assert reg["kubelet-registration-path"] == str(on_node)
+    assert on_node.parent.name == csi.DRIVER_NAME
+    reg_mounts = {m["mountPath"]: m["name"] for m in registrar["volumeMounts"]}
+    assert volumes[reg_mounts["/registration"]]["hostPath"]["path"] == (
+        "/var/lib/kubelet/plugins_registry"
+    )
+    seen = 0
+    for where, spec in training_pods():
+        vols = {v["name"]: v for v in spec["volumes"]}
+        for c in spec["containers"]:
+            if "TRAINMON_SOCKET" not in env(c) or is_exporter_image(c["image"]):
+                continue
+            sock = env(c)["TRAINMON_SOCKET"]["value"]
+            (m,) = [m for m in c["volumeMounts"] if sock.startswith(m["mountPath"] + "/")]
+            if "csi" not in vols[m["name"]]:
+                assert "emptyDir" in vols[m["name"]], where  # the sidecar variant
+                continue
+            seen += 1
+            assert vols[m["name"]]["csi"] == {"driver": csi.DRIVER_NAME, "readOnly": True}, where
+            assert m.get("readOnly") is True, where
+            assert str(Path(sock).parent) == m["mountPath"] and Path(sock).name == "trainmon.sock"
+    assert seen == len(training_pods()) - 1  # all but the sidecar's
 
 
 def test_the_daemonset_runs_on_every_gpu_node_whatever_taints_it() -> None:
@@ -681,7 +781,7 @@ def test_only_prometheus_reaches_the_exporters_port() -> None:
         objs = rendered(path)
         for ds in [o for o in objs if o["kind"] == "DaemonSet"]:
             pod = ds["spec"]["template"]["metadata"]["labels"]
-            (c,) = ds["spec"]["template"]["spec"]["containers"]
+            c = container(ds["spec"]["template"]["spec"], "exporter")
             port = next(p["containerPort"] for p in c["ports"] if p["name"] == "metrics")
             policies = [
                 o
@@ -795,7 +895,7 @@ def test_the_tls_overlay_is_the_daemonset_overlay_with_https_and_basic_auth() ->
     tls = {o["kind"]: o for o in copy.deepcopy(rendered(Path("overlays/daemonset-tls")))}
     assert set(plain) == set(tls)
     spec = tls["DaemonSet"]["spec"]["template"]["spec"]
-    (c,) = spec["containers"]
+    c = container(spec, "exporter")
     web = Path(env(c)["TRAINMON_WEB_CONFIG_FILE"]["value"])
     secrets = {v["name"]: v for v in spec["volumes"] if "secret" in v}
     mounts = [m for m in c["volumeMounts"] if m["name"] in secrets]
@@ -822,10 +922,10 @@ def test_the_tls_overlay_is_the_daemonset_overlay_with_https_and_basic_auth() ->
         c["volumeMounts"].remove(m)
         spec["volumes"].remove(secrets[m["name"]])
     spec["securityContext"].pop("fsGroup")
-    (p,) = plain["DaemonSet"]["spec"]["template"]["spec"]["containers"]
-    for container in (c, p):
-        container.pop("readinessProbe")
-        container.pop("livenessProbe")
+    p = container(plain["DaemonSet"]["spec"]["template"]["spec"], "exporter")
+    for probed in (c, p):
+        probed.pop("readinessProbe")
+        probed.pop("livenessProbe")
     assert tls == plain
 
 
@@ -980,6 +1080,116 @@ def _volume_as_kubelet_makes_it(root: Path, spec: dict[str, Any]) -> None:
         os.chmod(root, 0o2777 if fs_group is not None else 0o777)
 
 
+class CsiPlugin:
+    """The DaemonSet's ``csi-node`` container run here as the kubelet sees it: its command and
+    arguments, with the node's paths under ``base``, in a mount namespace of its own (the
+    node's mount namespace for it: what it mounts is visible to whoever enters it, and gone
+    with it), its gRPC socket where the registrar tells the kubelet to call it."""
+
+    def __init__(self, ds: dict[str, Any], base: Path, socket_dir: Path) -> None:
+        plugin = container(ds, "csi-node")
+        args = dict(a.removeprefix("--").split("=", 1) for a in plugin["args"])
+        self.pods = base / "kubelet" / "pods"
+        self.pods.mkdir(parents=True)
+        self.endpoint = base / "kubelet" / "plugins" / "csi.sock"
+        argv = [
+            *[sys.executable, "-m", "trainmon_exporter.csi"],
+            f"--endpoint=unix://{self.endpoint}",
+            f"--socket-dir={socket_dir}",
+            f"--pods-dir={self.pods}",
+            *[
+                f"--{k}={v}"
+                for k, v in args.items()
+                if k not in ("endpoint", "socket-dir", "pods-dir")
+            ],
+        ]
+        assert plugin["command"] == ["trainmon-csi-node"]
+        unshare = ["unshare", "--mount", "--propagation", "private", "--"]
+        self.proc = subprocess.Popen(
+            [*unshare, *argv], env=child_env(NODE_NAME="node-1"), stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        wait_for(lambda: self.endpoint.is_socket() or self.proc.poll() is not None, timeout=30)
+        assert self.proc.poll() is None, self.proc.communicate()[0]
+        import grpc
+
+        from trainmon_exporter import csi
+
+        self.m = csi.messages()
+        self.channel = grpc.insecure_channel(f"unix://{self.endpoint}")
+
+    def call(self, service: str, method: str) -> Any:
+        request, response = f"{method}Request", f"{method}Response"
+        return self.channel.unary_unary(
+            f"/csi.v1.{service}/{method}",
+            request_serializer=self.m[request].SerializeToString,
+            response_deserializer=self.m[response].FromString,
+        )
+
+    def publish(self, pod_uid: str, namespace: str, pod: str) -> Path:
+        """NodePublishVolume as the kubelet calls it for the pod's inline volume ``trainmon``:
+        the parent directory made first (0750), the volume handle and context it sends."""
+        import hashlib
+
+        parent = self.pods / pod_uid / "volumes" / "kubernetes.io~csi" / "trainmon"
+        parent.mkdir(parents=True, mode=0o750, exist_ok=True)
+        target = parent / "mount"
+        req = self.m["NodePublishVolumeRequest"](
+            volume_id="csi-" + hashlib.sha256(f"{pod_uid}trainmon".encode()).hexdigest(),
+            target_path=str(target),
+            readonly=True,
+        )
+        req.volume_capability.mount.SetInParent()
+        req.volume_capability.access_mode.mode = 1  # SINGLE_NODE_WRITER
+        req.volume_context.update(
+            {
+                "csi.storage.k8s.io/ephemeral": "true",
+                "csi.storage.k8s.io/pod.name": pod,
+                "csi.storage.k8s.io/pod.namespace": namespace,
+                "csi.storage.k8s.io/pod.uid": pod_uid,
+                "csi.storage.k8s.io/serviceAccount.name": "default",
+            }
+        )
+        self.call("Node", "NodePublishVolume")(req, timeout=10)
+        return target
+
+    def unpublish(self, target: Path) -> None:
+        req = self.m["NodeUnpublishVolumeRequest"](volume_id="csi-x", target_path=str(target))
+        self.call("Node", "NodeUnpublishVolume")(req, timeout=10)
+
+    def mounts(self) -> str:
+        return Path(f"/proc/{self.proc.pid}/mountinfo").read_text()
+
+    def on_node(self, argv: list[str]) -> list[str]:
+        """``argv`` run in the plugin's mount namespace (the node's, where the kubelet is)."""
+        return ["nsenter", f"--mount=/proc/{self.proc.pid}/ns/mnt", "--", *argv]
+
+    def in_container(self, target: Path, mount_path: str) -> Callable[[list[str]], list[str]]:
+        """What the container runtime does with the published volume: a container's own mount
+        namespace and ``/run``, the target bind-mounted read-only at the volumeMount's
+        ``mountPath``; returns the argv prefix that runs a command in such a container."""
+        script = (
+            'mount -t tmpfs -o mode=0755 tmpfs /run && mkdir -p "$1" '
+            '&& mount --bind -o ro "$0" "$1" && shift && exec "$@"'
+        )
+
+        def run(argv: list[str]) -> list[str]:
+            private = ["unshare", "--mount", "--propagation", "private", "--"]
+            return self.on_node([*private, "sh", "-c", script, str(target), mount_path, *argv])
+
+        assert mount_path.startswith("/run/")  # the container's own /run, not the host's
+        return run
+
+    def stop(self) -> str:
+        self.channel.close()
+        self.proc.terminate()
+        try:
+            return self.proc.communicate(timeout=15)[0]
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.communicate()[0]
+
+
 @pytest.mark.parametrize(
     ("exporter_pod", "trainer_pod"),
     [
@@ -999,14 +1209,24 @@ def test_a_non_root_trainer_reaches_the_socket_with_the_manifests_permissions(
 ) -> None:
     """The directory as the kubelet creates it, the init container's command, the exporter
     and the trainer as the uids and groups of the manifests: the trainer's step arrives,
-    and a process outside the socket's group is refused."""
+    and a process outside the socket's group is refused.
+
+    With the DaemonSet, the trainer's pod mounts the CSI driver's volume: the DaemonSet's node
+    plugin runs here with its own arguments, the kubelet's calls are made over its gRPC
+    socket (registration, then NodePublishVolume for the pod), and the trainer connects
+    through the published path in the node's mount namespace. The mount is read-only to
+    every user; NodeUnpublishVolume removes it, after which the path leads nowhere.
+    """
     _need_root_and_setpriv()
+    if shutil.which("unshare") is None or shutil.which("nsenter") is None:
+        pytest.skip("needs unshare and nsenter (util-linux)")
     specs = dict(pod_specs())
     ex_spec, tr_spec = specs[exporter_pod], specs[trainer_pod]
     exporter = next(
         c for c in containers(ex_spec) if is_exporter_image(c["image"]) and "command" not in c
     )
     trainer = next(c for c in tr_spec["containers"] if "TRAINMON_RUN" in env(c))
+    trainer_volume = {v["name"]: v for v in tr_spec["volumes"]}["trainmon"]
     with _kubelet_mount(ex_spec, "socket") as mount:
         for init in ex_spec.get("initContainers", []):
             if "command" in init:  # the DaemonSet's socket-dir preparation
@@ -1032,6 +1252,7 @@ def test_a_non_root_trainer_reaches_the_socket_with_the_manifests_permissions(
             stderr=subprocess.STDOUT,
             text=True,
         )
+        plugin: CsiPlugin | None = None
         try:
             import httpx2 as httpx
 
@@ -1045,10 +1266,34 @@ def test_a_non_root_trainer_reaches_the_socket_with_the_manifests_permissions(
                     return False
 
             wait_for(ready, timeout=30)
+            trainer_sock, inside = sock, (lambda argv: argv)
+            if "csi" in trainer_volume:
+                # The trainer's pod: its volume published by the DaemonSet's plugin.
+                plugin = CsiPlugin(ex_spec, mount.parent, mount)
+                info = plugin.call("Identity", "GetPluginInfo")(
+                    plugin.m["GetPluginInfoRequest"](), timeout=10
+                )
+                assert info.name == trainer_volume["csi"]["driver"]  # what the registrar reads
+                node = plugin.call("Node", "NodeGetInfo")(
+                    plugin.m["NodeGetInfoRequest"](), timeout=10
+                )
+                assert node.node_id == "node-1"  # the kubelet's check on registration
+                target = plugin.publish("0d8e1f2a-pod-uid", "ml-team", "llm-pretrain-0-abcde")
+                assert plugin.publish("0d8e1f2a-pod-uid", "ml-team", "llm-pretrain-0-abcde") == (
+                    target
+                )  # the kubelet retries: idempotent
+                tr_mount = next(m for m in trainer["volumeMounts"] if m["name"] == "trainmon")
+                assert f" {target} " in plugin.mounts()
+                trainer_sock = env(trainer)["TRAINMON_SOCKET"]["value"]
+                inside = plugin.in_container(target, tr_mount["mountPath"])
             tr_uid, tr_gid, tr_groups = _identity(tr_spec, trainer)
             assert tr_uid not in (0, uid), "the trainer must be another, non-root user"
             ok = subprocess.run(
-                _runs_as(tr_uid, tr_gid, tr_groups, [sys.executable, "-c", TRAINER, sock]),
+                inside(
+                    _runs_as(
+                        tr_uid, tr_gid, tr_groups, [sys.executable, "-c", TRAINER, trainer_sock]
+                    )
+                ),
                 capture_output=True,
                 text=True,
                 timeout=60,
@@ -1065,7 +1310,7 @@ def test_a_non_root_trainer_reaches_the_socket_with_the_manifests_permissions(
 
             wait_for(arrived, timeout=10)
             outsider = subprocess.run(
-                _runs_as(tr_uid, tr_gid, [], [sys.executable, "-c", TRAINER, sock]),
+                inside(_runs_as(tr_uid, tr_gid, [], [sys.executable, "-c", TRAINER, trainer_sock])),
                 capture_output=True,
                 text=True,
                 timeout=60,
@@ -1075,7 +1320,27 @@ def test_a_non_root_trainer_reaches_the_socket_with_the_manifests_permissions(
             assert outsider.returncode == 0 and outsider.stdout.split() != ["dropped", "0"], (
                 outsider.stdout + outsider.stderr
             )
+            if plugin is not None:
+                # Read-only for everyone, root included: nothing can be planted beside the socket
+                # or replace it, in the pod or on the node.
+                for argv in (
+                    inside(["touch", f"{Path(trainer_sock).parent}/planted"]),
+                    inside(["rm", "-f", trainer_sock]),
+                    plugin.on_node(["touch", f"{target}/planted"]),
+                ):
+                    rw = subprocess.run(argv, capture_output=True, text=True, check=False)
+                    assert rw.returncode != 0 and "Read-only file system" in rw.stderr, rw
+                plugin.unpublish(target)
+                plugin.unpublish(target)  # idempotent: the kubelet retries
+                assert f" {target} " not in plugin.mounts() and not target.exists()
+                left = subprocess.run(
+                    plugin.on_node(["ls", "-A", str(target.parent)]), capture_output=True, text=True
+                )
+                assert left.returncode == 0 and left.stdout == "", left  # nothing left behind
+                assert Path(sock).is_socket()  # the exporter's own socket is untouched
         finally:
+            if plugin is not None:
+                print(plugin.stop()[-2000:])
             proc.terminate()
             try:
                 proc.communicate(timeout=15)
