@@ -761,43 +761,141 @@ def test_the_daemonset_runs_on_every_gpu_node_whatever_taints_it() -> None:
 
 
 def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
-    """Whether a LabelSelector with matchLabels only (what the manifests use) selects."""
-    assert set(selector) <= {"matchLabels"}, selector
-    wanted: dict[str, str] = selector.get("matchLabels", {})
-    return wanted.items() <= labels.items()
+    """Whether a LabelSelector (matchLabels and matchExpressions) selects ``labels``."""
+    assert set(selector) <= {"matchLabels", "matchExpressions"}, selector
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for e in selector.get("matchExpressions", []):
+        key, op, values = e["key"], e["operator"], e.get("values", [])
+        ok = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": key not in labels or labels[key] not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[op]
+        if not ok:
+            return False
+    return True
 
 
-def test_only_prometheus_reaches_the_exporters_port() -> None:
-    """In every overlay with the DaemonSet, one NetworkPolicy selects its pods, restricts
-    ingress, and admits only pods labelled as prometheus-operator labels Prometheus pods
-    (any namespace) on the exporter's metrics port, TCP."""
-    prometheus_pod = {
+def admits(
+    policy: dict[str, Any],
+    to_pod: tuple[str, dict[str, str]],
+    source: tuple[str, dict[str, str], dict[str, str]],
+    port: int,
+    protocol: str = "TCP",
+) -> bool | None:
+    """NetworkPolicy's ingress semantics for the fields the manifests use: whether ``policy``
+    admits ``source`` ``(namespace, namespace labels, pod labels)`` to ``port`` of
+    ``to_pod`` ``(namespace, pod labels)``; None when the policy does not select that pod."""
+    pod_ns, pod_labels = to_pod
+    if policy["metadata"].get("namespace", pod_ns) != pod_ns:
+        return None
+    spec = policy["spec"]
+    if not _selects(spec["podSelector"], pod_labels) or "Ingress" not in spec["policyTypes"]:
+        return None
+    src_ns, src_ns_labels, src_labels = source
+    for rule in spec.get("ingress", []):
+        peers_ok = "from" not in rule or any(
+            (
+                _selects(peer["namespaceSelector"], src_ns_labels)
+                if "namespaceSelector" in peer
+                else src_ns == pod_ns
+            )
+            and _selects(peer.get("podSelector", {}), src_labels)
+            for peer in rule["from"]
+        )
+        ports_ok = "ports" not in rule or any(
+            p.get("protocol", "TCP") == protocol
+            and ("port" not in p or p["port"] <= port <= p.get("endPort", p["port"]))
+            for p in rule["ports"]
+        )
+        if peers_ok and ports_ok:
+            return True
+    return False
+
+
+SCRAPER_PODS = {
+    "prometheus (kube-prometheus)": {
         "app.kubernetes.io/name": "prometheus",
         "app.kubernetes.io/managed-by": "prometheus-operator",
         "prometheus": "k8s",
-    }
-    grafana_pod = {"app.kubernetes.io/name": "grafana"}
+    },
+    "prometheus-agent (kube-prometheus-stack agentMode)": {
+        "app.kubernetes.io/name": "prometheus-agent",
+        "app.kubernetes.io/instance": "kube-prometheus-stack-prometheus",
+        "operator.prometheus.io/name": "kube-prometheus-stack-prometheus",
+    },
+    "vmagent": {
+        "app.kubernetes.io/name": "vmagent",
+        "app.kubernetes.io/instance": "example-vmagent",
+        "managed-by": "vm-operator",
+    },
+    "alloy": {"app.kubernetes.io/name": "alloy", "app.kubernetes.io/instance": "alloy"},
+    "otel collector (operator)": {
+        "app.kubernetes.io/component": "opentelemetry-collector",
+        "app.kubernetes.io/name": "otel-collector",
+        "app.kubernetes.io/managed-by": "opentelemetry-operator",
+    },
+    "otel collector (chart)": {"app.kubernetes.io/name": "opentelemetry-collector"},
+    "labelled by the platform team": {"app": "datadog-agent", "trainmon/scraper": "true"},
+}
+NOT_SCRAPERS = {
+    "grafana": {"app.kubernetes.io/name": "grafana"},
+    "a trainer": {"batch.kubernetes.io/job-name": "llm-pretrain"},
+    "the exporter itself": {"app.kubernetes.io/name": "trainmon-exporter"},
+    "a scraper label with another value": {"trainmon/scraper": "false"},
+}
+
+
+def test_only_scrapers_reach_the_exporters_port() -> None:
+    """In every overlay with the DaemonSet, one NetworkPolicy selects its pods and admits
+    every shipped scraper kind (server and agent mode Prometheus, vmagent, Alloy, an
+    OpenTelemetry Collector) and pods labelled ``trainmon/scraper: "true"``, from any
+    namespace, on the metrics port only; nothing else."""
+    monitoring = ("monitoring", {"kubernetes.io/metadata.name": "monitoring"})
     for path in OVERLAYS:
         objs = rendered(path)
         for ds in [o for o in objs if o["kind"] == "DaemonSet"]:
-            pod = ds["spec"]["template"]["metadata"]["labels"]
+            pod = (ds["metadata"]["namespace"], ds["spec"]["template"]["metadata"]["labels"])
             c = container(ds["spec"]["template"]["spec"], "exporter")
             port = next(p["containerPort"] for p in c["ports"] if p["name"] == "metrics")
-            policies = [
-                o
-                for o in objs
-                if o["kind"] == "NetworkPolicy" and _selects(o["spec"]["podSelector"], pod)
-            ]
-            assert len(policies) == 1, (path, policies)
-            spec = policies[0]["spec"]
-            assert "Ingress" in spec["policyTypes"]
-            (rule,) = spec["ingress"]
-            assert rule["ports"] == [{"port": port, "protocol": "TCP"}]
-            (peer,) = rule["from"]
-            assert peer["namespaceSelector"] == {}  # Prometheus runs in its own namespace
-            assert _selects(peer["podSelector"], prometheus_pod)
-            assert not _selects(peer["podSelector"], grafana_pod)
-            assert not _selects(peer["podSelector"], pod)
+            policies = [o for o in objs if o["kind"] == "NetworkPolicy"]
+            verdicts = [admits(p, pod, (*monitoring, {}), port) for p in policies]
+            assert [v for v in verdicts if v is not None] == [False], (path, verdicts)
+            (policy,) = [p for p, v in zip(policies, verdicts, strict=True) if v is not None]
+            for name, labels in SCRAPER_PODS.items():
+                assert admits(policy, pod, (*monitoring, labels), port), (path, name)
+                assert admits(policy, pod, ("ml-team", {}, labels), port), (path, name)
+                assert not admits(policy, pod, (*monitoring, labels), 22), (path, name)
+                assert not admits(policy, pod, (*monitoring, labels), port, "UDP"), (path, name)
+            for name, labels in NOT_SCRAPERS.items():
+                assert not admits(policy, pod, (*monitoring, labels), port), (path, name)
+
+
+def test_the_sidecars_policy_admits_scrapers_and_keeps_the_jobs_own_traffic() -> None:
+    """The sidecar example's NetworkPolicy: scrapers reach the sidecar's port, other pods of
+    the namespace do not; the job's own pods still reach each other on every other port
+    (torchrun's rendezvous among them), pods of other namespaces on none."""
+    objs = rendered(Path("examples/torchrun-job-sidecar"))
+    policy = the(objs, "NetworkPolicy")
+    job = the(objs, "Job")["spec"]["template"]
+    pod = ("ml-team", job["metadata"]["labels"])
+    sidecar = container(job["spec"], "trainmon")
+    port = next(p["containerPort"] for p in sidecar["ports"] if p["name"] == "trainmon")
+    trainer = container(job["spec"], "trainer")
+    rendezvous = next(p["containerPort"] for p in trainer["ports"])
+    peer = ("ml-team", {}, job["metadata"]["labels"])
+    for name, labels in SCRAPER_PODS.items():
+        assert admits(policy, pod, ("monitoring", {}, labels), port), name
+    assert not admits(policy, pod, peer, port)  # its own namespace reads no status page
+    assert admits(policy, pod, peer, rendezvous) and admits(policy, pod, peer, 40000, "UDP")
+    assert not admits(policy, pod, ("other-team", {}, job["metadata"]["labels"]), rendezvous)
+    for name, labels in NOT_SCRAPERS.items():
+        assert not admits(policy, pod, ("monitoring", {}, labels), port), name
+    # one list of scrapers for both policies (build.py's SCRAPERS)
+    node = the(rendered(Path("overlays/daemonset")), "NetworkPolicy")
+    assert policy["spec"]["ingress"][0]["from"] == node["spec"]["ingress"][0]["from"]
 
 
 def test_the_exporter_image_is_registry_qualified_and_named_in_the_kustomizations() -> None:
@@ -842,6 +940,29 @@ def test_sidecars_are_native_and_scraped_by_port_name() -> None:
         assert env(c)["TRAINMON_COLLECTORS__GPU"]["value"] == "false"  # the sidecar has no GPU
         assert "fsGroup" in template["spec"]["securityContext"]
     assert found == 1
+
+
+def test_a_peak_set_in_a_pod_is_the_peak_of_the_only_gpu_it_may_run_on() -> None:
+    """An exporter that cannot see the GPU (the sidecar) is told its peak: the pod must then be
+    pinned to one GPU model (GPU feature discovery's ``nvidia.com/gpu.product``), and the peak
+    must be that model's dense peak for the client's dtype (bf16, the default) in
+    trainmon_exporter.peaks. A pod that may land on another GPU would be judged against the
+    wrong peak."""
+    from trainmon_exporter import peaks
+
+    seen = 0
+    for where, spec in pod_specs():
+        for c in exporter_containers_of(spec):
+            value = env(c).get("TRAINMON_PEAK_FLOPS", {}).get("value")
+            if value is None:
+                continue
+            seen += 1
+            product = spec.get("nodeSelector", {}).get("nvidia.com/gpu.product")
+            assert product, f"{where}: TRAINMON_PEAK_FLOPS without a pinned GPU product"
+            model = peaks.find_model(product.replace("-", " "), None)
+            assert model is not None, (where, product)
+            assert float(value) == model.dense["bf16"], (where, product, value)
+    assert seen == 1  # the sidecar example
 
 
 def test_sample_limits_leave_room_for_a_full_node() -> None:
