@@ -751,6 +751,53 @@ def test_training_pods_mount_the_socket_through_the_csi_driver() -> None:
     assert seen == len(training_pods()) - 1  # all but the sidecar's
 
 
+def test_the_admission_policy_is_valid_and_adds_what_the_examples_write_by_hand() -> None:
+    """deploy/kubernetes/admission: the MutatingAdmissionPolicy and its binding validate
+    strictly against the Kubernetes release that has v1 of them; the pod they add to is the
+    one the example's pod template writes by hand (the same driver, mount path, socket,
+    exporter uid, socket group and downward-API variables), and a misspelt field fails. Its CEL
+    runs only in an API server (1.36 or newer): not here."""
+    kv = pytest.importorskip("kubernetes_validate", reason="pip install -r requirements-dev.txt")
+    from trainmon_exporter import csi
+
+    objs = rendered(Path("admission"))
+    assert {o["kind"] for o in objs} == {
+        "MutatingAdmissionPolicy",
+        "MutatingAdmissionPolicyBinding",
+    }
+    for o in objs:
+        kv.validate(o, kv.latest_version(), strict=True)
+    policy = the(objs, "MutatingAdmissionPolicy")
+    binding = the(objs, "MutatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["matchResources"]["objectSelector"] == {
+        "matchLabels": {"trainmon/socket": "node"}
+    }
+    assert policy["spec"]["failurePolicy"] == "Ignore"  # never stops a pod from starting
+    (mutation,) = policy["spec"]["mutations"]
+    cel = mutation["applyConfiguration"]["expression"]
+    job = dict(pod_specs())["examples/torchrun-job:Job/llm-pretrain"]
+    trainer = container(job, "trainer")
+    vol = {v["name"]: v for v in job["volumes"]}["trainmon"]
+    mount = next(m for m in trainer["volumeMounts"] if m["name"] == "trainmon")
+    assert vol["csi"]["driver"] == csi.DRIVER_NAME and f'driver: "{csi.DRIVER_NAME}"' in cel
+    assert f'mountPath: "{mount["mountPath"]}", readOnly: true' in cel
+    for name in ("TRAINMON_SOCKET", "TRAINMON_EXPORTER_UID"):
+        assert f'name: "{name}", value: "{env(trainer)[name]["value"]}"' in cel, name
+    for name in ("POD_NAMESPACE", "POD_NAME"):
+        path = env(trainer)[name]["valueFrom"]["fieldRef"]["fieldPath"]
+        assert re.search(rf'name: "{name}",.*?fieldPath: "{re.escape(path)}"', cel, re.S), name
+    ds = the(rendered(Path("overlays/daemonset")), "DaemonSet")["spec"]["template"]["spec"]
+    group = ds["securityContext"]["runAsGroup"]
+    assert job["securityContext"]["supplementalGroups"] == [group]
+    groups = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}["groups"]
+    assert f"[{group}]" in groups and f"g != {group}" in groups
+    broken = copy.deepcopy(policy)
+    broken["spec"]["mutation"] = broken["spec"].pop("mutations")
+    with pytest.raises(kv.ValidationError):
+        kv.validate(broken, kv.latest_version(), strict=True)
+
+
 def test_the_daemonset_runs_on_every_gpu_node_whatever_taints_it() -> None:
     """A node agent: an ``Exists`` toleration without key matches every taint (as
     node-exporter's), and the priority class dcgm-exporter runs with."""
