@@ -14,6 +14,10 @@
   value of :data:`SAMPLE_LIMITS` both into the exporter's ``TRAINMON_SCRAPE_SAMPLE_LIMIT`` and
   into the ``sampleLimit`` of the PodMonitor that scrapes it, so the exporter never sends a
   scrape its Prometheus refuses (it sheds series to stay under its limit instead).
+- ``base/exporter/networkpolicy.yaml`` and ``base/sidecar-networkpolicy/networkpolicy.yaml``:
+  the NetworkPolicies that let only scrapers (:data:`SCRAPERS`, and pods a platform team labels
+  :data:`SCRAPER_LABEL`) reach the exporter's port, one list for the node exporter and the
+  sidecars alike.
 
 The rule files, dashboards and :data:`SAMPLE_LIMITS` stay the one source; ``tests/deploy/test_kubernetes.py`` fails
 when the committed output differs from what this prints. Run it after changing either:
@@ -49,6 +53,29 @@ rank are about 3,400, docs/scaling.md#cardinality-budget) and of a training pod'
 exporter's ``scrape_sample_limit``: past it Prometheus would fail the whole scrape, so the
 exporter sheds its least important series first (docs/exporter.md#the-sample-budget)."""
 SAMPLE_LIMIT_ENV = "TRAINMON_SCRAPE_SAMPLE_LIMIT"
+
+SCRAPERS: dict[str, dict[str, str]] = {
+    "Prometheus (prometheus-operator: kube-prometheus, kube-prometheus-stack)": {
+        "app.kubernetes.io/name": "prometheus"
+    },
+    "Prometheus in agent mode (PrometheusAgent; kube-prometheus-stack's agentMode)": {
+        "app.kubernetes.io/name": "prometheus-agent"
+    },
+    "vmagent (VictoriaMetrics operator and its chart)": {"app.kubernetes.io/name": "vmagent"},
+    "Grafana Alloy (its Helm chart)": {"app.kubernetes.io/name": "alloy"},
+    "OpenTelemetry Collector (its Helm chart)": {
+        "app.kubernetes.io/name": "opentelemetry-collector"
+    },
+    "OpenTelemetry Collector (the OpenTelemetry operator)": {
+        "app.kubernetes.io/component": "opentelemetry-collector"
+    },
+}
+"""The pod labels each scraper's own operator or chart gives its pods, in any namespace: the
+peers the NetworkPolicies admit to the exporter's port."""
+SCRAPER_LABEL = {"trainmon/scraper": "true"}
+"""The label a platform team puts on any other scraper's pods (a renamed release, Datadog's
+agent, a second Prometheus) to admit it: docs/scaling.md#network."""
+EXPORTER_PORT = 9478
 
 
 def rule_files() -> list[Path]:
@@ -176,12 +203,86 @@ def sample_limit_patches() -> dict[Path, str]:
     }
 
 
+def _scraper_peers() -> list[dict[str, Any]]:
+    """One NetworkPolicy peer per scraper of :data:`SCRAPERS`, and one for
+    :data:`SCRAPER_LABEL`, each in any namespace."""
+    labels = [*SCRAPERS.values(), SCRAPER_LABEL]
+    return [{"namespaceSelector": {}, "podSelector": {"matchLabels": dict(m)}} for m in labels]
+
+
+def network_policies() -> dict[Path, str]:
+    """``{path: text}`` of the node exporter's and the sidecars' NetworkPolicies."""
+    source = "SCRAPERS and SCRAPER_LABEL in deploy/kubernetes/build.py"
+    scrapers = "\n".join(f"#   - {name}" for name in SCRAPERS)
+    about = (
+        "# Only scrapers reach the exporter's port (its metrics, JSON API and status page), on\n"
+        f"# TCP {EXPORTER_PORT}, from any namespace: pods labelled as\n{scrapers}\n"
+        f"#   - and any pod a platform team labels {next(iter(SCRAPER_LABEL))}: "
+        f'"{SCRAPER_LABEL["trainmon/scraper"]}".\n'
+        "# Trainers use the Unix socket, which no NetworkPolicy sees; the kubelet's probes come\n"
+        "# from the node and stay allowed. Takes effect where the network plugin enforces\n"
+        "# NetworkPolicies. docs/scaling.md#network\n"
+    )
+    scrape_port = [{"port": EXPORTER_PORT, "protocol": "TCP"}]
+    node = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": "trainmon-exporter",
+            "labels": {
+                "app.kubernetes.io/name": "trainmon-exporter",
+                **LABELS,
+                "app.kubernetes.io/component": "exporter",
+            },
+        },
+        "spec": {
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "trainmon-exporter"}},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": _scraper_peers(), "ports": scrape_port}],
+        },
+    }
+    others = [
+        {"port": 1, "endPort": EXPORTER_PORT - 1, "protocol": "TCP"},
+        {"port": EXPORTER_PORT + 1, "endPort": 65535, "protocol": "TCP"},
+        {"protocol": "UDP"},
+    ]
+    sidecar = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": "trainmon-sidecar",
+            "labels": {"app.kubernetes.io/name": "trainmon-sidecar", **LABELS},
+        },
+        "spec": {
+            "podSelector": {"matchLabels": {"trainmon/sidecar": "true"}},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": _scraper_peers(), "ports": scrape_port},
+                {"from": [{"podSelector": {}}], "ports": others},
+            ],
+        },
+    }
+    sidecar_about = about + (
+        "# A NetworkPolicy that selects a pod isolates it: the second rule keeps what the\n"
+        "# training pods of this namespace send each other (torchrun's rendezvous, NCCL and\n"
+        "# gloo over TCP, UDP) on every other port. Where the namespace denies ingress by\n"
+        "# default and admits its own pods otherwise, delete that rule.\n"
+    )
+    return {
+        HERE / "base" / "exporter" / "networkpolicy.yaml": _header(source) + about + _dump([node]),
+        HERE / "base" / "sidecar-networkpolicy" / "networkpolicy.yaml": _header(source)
+        + sidecar_about
+        + _dump([sidecar]),
+    }
+
+
 def render() -> dict[Path, str]:
     """``{output path: text}`` of every generated file."""
     return {
         OUT / "prometheusrules.yaml": prometheus_rules(),
         OUT / "dashboards.yaml": dashboard_configmaps(),
         **sample_limit_patches(),
+        **network_policies(),
     }
 
 

@@ -2,8 +2,9 @@
 # trainmon Slurm Epilog (slurm.conf: Epilog=/etc/slurm/trainmon-epilog.sh): undoes what
 # trainmon-prolog.sh did when a job ends on a node. Removes the job's id from every file of the
 # job map (and a file left empty), and takes the socket ACL entries of the job's user away once
-# none of that user's jobs on this node holds them, under the lock the prolog takes, and
-# removes the run's owner claim. Same settings as the prolog; never fails.
+# none of that user's jobs on this node holds them, under the lock the prolog takes, forgets the
+# GPUs the job held, and removes the run's owner claim. Same settings as the prolog; never
+# fails.
 
 [ -r "${TRAINMON_SLURM_DEFAULTS:=/etc/default/trainmon-slurm}" ] && . "$TRAINMON_SLURM_DEFAULTS"
 : "${TRAINMON_SOCKET:=/run/trainmon/trainmon.sock}"
@@ -37,10 +38,14 @@ fi
 # a new job waits, or is waited for, so the grant it makes is never revoked here.
 uid=${SLURM_JOB_UID:-}
 held=$TRAINMON_SLURM_STATE/users/$uid
-if [ "$TRAINMON_SOCKET_ACL" = 1 ] && [ -n "$uid" ] && [ -d "$TRAINMON_SLURM_STATE/users" ]; then
+if { [ "$TRAINMON_SOCKET_ACL" = 1 ] && [ -n "$uid" ] && [ -d "$TRAINMON_SLURM_STATE/users" ]; } \
+  || [ -d "$TRAINMON_SLURM_STATE/gpus" ]; then
   (
     flock -w 30 9 || { say "$TRAINMON_SLURM_STATE locked for 30 s: socket access not changed"; exit 0; }
-    [ -d "$held" ] || exit 0
+    for f in "$TRAINMON_SLURM_STATE"/gpus/*; do  # the GPUs this job held are free
+      [ -f "$f" ] && read -r j < "$f" && [ "$j" = "$job" ] && rm -f "$f"
+    done
+    [ "$TRAINMON_SOCKET_ACL" = 1 ] && [ -n "$uid" ] && [ -d "$held" ] || exit 0
     rm -f "$held/$job"
     if rmdir "$held" 2>/dev/null && command -v setfacl >/dev/null 2>&1; then
       dir=$(dirname "$TRAINMON_SOCKET")

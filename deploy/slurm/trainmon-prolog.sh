@@ -16,13 +16,18 @@
 #    that uid may write to the run slurm-<job id>, even if another user's process connects
 #    first. The epilog removes it.
 #
-# All are reconciled first: an epilog that never ran (node crash, slurmd killed) would leave
-# its job in the map, so that dcgm-exporter emits the GPU's series a second time under that
-# job, its user's grant on the socket, and its owner claim, until reboot. Entries of jobs Slurm no longer runs
-# on this node (TRAINMON_RUNNING_JOBS) are dropped, as their epilog would have. When Slurm
-# cannot tell, nothing is dropped. Grants and revocations of the prolog and the epilog take a
-# node-wide lock (flock), so a user's new job never loses access to the epilog of that user's
-# previous job ending at the same moment.
+# All are reconciled first: an epilog that never ran (slurmd killed, an epilog that timed
+# out) would leave its job in the map, so that dcgm-exporter emits the GPU's series a second
+# time under that job, its user's grant on the socket, and its owner claim, until reboot. From
+# node-local state only, by default: Slurm gives a GPU (gres/gpu, SLURM_JOB_GPUS) to one job
+# at a time and frees it only after that job's epilog, so a job that held a GPU this job now
+# has has ended on this node; the prolog records which job holds each GPU
+# (TRAINMON_SLURM_STATE/gpus) and drops every entry of a job it finds displaced, as its epilog
+# would have. No prolog asks slurmctld anything: a 1,000-node job starts 1,000 prologs at once.
+# Jobs without GPUs are reconciled only with TRAINMON_RUNNING_JOBS (below), which asks Slurm;
+# when Slurm cannot tell, nothing is dropped. Grants and revocations of the prolog and the
+# epilog take a node-wide lock (flock), so a user's new job never loses access to the epilog
+# of that user's previous job ending at the same moment.
 #
 # Settings, from /etc/default/trainmon-slurm if it exists (or the file TRAINMON_SLURM_DEFAULTS
 # names):
@@ -32,9 +37,11 @@
 #   TRAINMON_SLURM_STATE   which jobs hold a grant, per user      (/run/trainmon-slurm)
 #   TRAINMON_OWNER_CLAIMS  the owner claims (the exporter's owner_claims_dir); empty: none
 #                          (/run/trainmon-owners)
-#   TRAINMON_RUNNING_JOBS  a command printing the ids of the jobs on this node, one a line;
-#                          empty: no reconciling
-#       (timeout 10 squeue --noheader --nodelist="$SLURMD_NODENAME" --states=CF,R,S,CG --format=%A)
+#   TRAINMON_RUNNING_JOBS  a command printing the ids of the jobs on this node, one a line,
+#                          to reconcile jobs without GPUs too; empty: GPUs only     (empty)
+#       e.g. timeout 10 squeue --noheader --nodelist="$SLURMD_NODENAME" --states=CF,R,S,CG --format=%A
+#       (one call to slurmctld per prolog, from every node of a job at once: size slurmctld
+#       for it, or leave it empty)
 #
 # A prolog that fails drains the node, so this one never fails: problems are logged (syslog,
 # tag trainmon-prolog) and it exits 0.
@@ -45,10 +52,7 @@
 : "${TRAINMON_SOCKET_ACL:=1}"
 : "${TRAINMON_SLURM_STATE:=/run/trainmon-slurm}"
 : "${TRAINMON_OWNER_CLAIMS=/run/trainmon-owners}"
-if [ -z "${TRAINMON_RUNNING_JOBS+set}" ]; then
-  # $SLURMD_NODENAME is expanded when the command runs
-  TRAINMON_RUNNING_JOBS='timeout 10 squeue --noheader --nodelist="$SLURMD_NODENAME" --states=CF,R,S,CG --format=%A'
-fi
+: "${TRAINMON_RUNNING_JOBS=}"
 
 say() { logger -t trainmon-prolog -- "job ${SLURM_JOB_ID:-?}: $*" 2>/dev/null || echo "trainmon-prolog: $*" >&2; }
 
@@ -97,6 +101,50 @@ else
 fi
 is_live() { case "$nl$live$nl" in *"$nl$1$nl"*) return 0 ;; esac; return 1; }
 
+# 0. Node-local: the jobs this job displaces from its GPUs have ended here. SLURM_JOB_GPUS only
+# (gres/gpu, never shared between jobs); CUDA_VISIBLE_DEVICES may name a shared GPU (shards,
+# MPS), where two live jobs hold one GPU. Each GPU's holder is recorded under the node's lock;
+# a requeued job's entries on GPUs it no longer holds are forgotten.
+stale=
+if [ -n "${SLURM_JOB_GPUS:-}" ] && mkdir -p "$TRAINMON_SLURM_STATE/gpus"; then
+  stale=$(
+    (
+      flock -w 30 9 || { say "$TRAINMON_SLURM_STATE locked for 30 s: displaced jobs not reconciled"; exit 0; }
+      mine=
+      for gpu in $(echo "$SLURM_JOB_GPUS" | tr ',' ' '); do
+        case $gpu in *[!0-9.]* | .* | *.) continue ;; esac
+        mine="$mine$nl$gpu"
+        f=$TRAINMON_SLURM_STATE/gpus/$gpu
+        [ -f "$f" ] && while read -r j; do
+          case $j in '' | "$job" | *[!0-9]*) ;; *) echo "$j" ;; esac
+        done < "$f"
+      done > "$TRAINMON_SLURM_STATE/gpus/.displaced.$$"
+      for f in "$TRAINMON_SLURM_STATE"/gpus/*; do
+        [ -f "$f" ] || continue
+        read -r j < "$f" || j=
+        gpu=${f##*/}
+        if grep -qx "$j" "$TRAINMON_SLURM_STATE/gpus/.displaced.$$" 2>/dev/null; then
+          rm -f "$f"
+        elif [ "$j" = "$job" ]; then
+          case "$mine$nl" in *"$nl$gpu$nl"*) ;; *) rm -f "$f" ;; esac
+        fi
+      done
+      for gpu in $(echo "$mine"); do
+        echo "$job" > "$TRAINMON_SLURM_STATE/gpus/$gpu.tmp.$$" \
+          && mv -f "$TRAINMON_SLURM_STATE/gpus/$gpu.tmp.$$" "$TRAINMON_SLURM_STATE/gpus/$gpu"
+      done
+      sort -u "$TRAINMON_SLURM_STATE/gpus/.displaced.$$"
+      rm -f "$TRAINMON_SLURM_STATE/gpus/.displaced.$$"
+    ) 9>>"$TRAINMON_SLURM_STATE/.lock"
+  )
+fi
+for j in $stale; do say "job $j was displaced from its GPUs: it no longer runs here"; done
+is_stale() { case "$nl$stale$nl" in *"$nl$1$nl"*) return 0 ;; esac; return 1; }
+# gone J: job J has ended on this node, by the node's own state or by Slurm's answer
+gone() { is_stale "$1" || { [ "$reconcile" = 1 ] && ! is_live "$1"; }; }
+drops=0
+{ [ "$reconcile" = 1 ] || [ -n "$stale" ]; } && drops=1
+
 # 1. The job map. SLURM_JOB_GPUS holds the node's GPU indices allocated to the job;
 # CUDA_VISIBLE_DEVICES holds the same in prolog and epilog on Slurm releases without it.
 if [ -n "$TRAINMON_JOB_MAP_DIR" ]; then
@@ -105,13 +153,20 @@ if [ -n "$TRAINMON_JOB_MAP_DIR" ]; then
     && mkdir -p "$TRAINMON_JOB_MAP_DIR" && chmod 0755 "$TRAINMON_JOB_MAP_DIR"; then
     (
       flock -w 10 9 || { say "job map locked for 10 s, skipped"; exit 0; }
-      if [ "$reconcile" = 1 ]; then
+      if [ "$drops" = 1 ] || [ -n "${SLURM_JOB_GPUS:-}" ]; then
+        # off J FILE: job J is no longer on FILE's GPU (ended here, or this job requeued
+        # onto other GPUs of this node)
+        off() {
+          gone "$1" && return 0
+          [ "$1" = "$job" ] && [ -n "${SLURM_JOB_GPUS:-}" ] || return 1
+          case ",$SLURM_JOB_GPUS," in *",${2##*/},"*) return 1 ;; esac
+        }
         for f in "$TRAINMON_JOB_MAP_DIR"/*; do
           [ -f "$f" ] || continue
-          stale=0
-          while read -r j; do is_live "$j" || { stale=1; say "job $j no longer runs here: dropped from $f"; }; done < "$f"
-          [ "$stale" = 1 ] || continue
-          while read -r j; do is_live "$j" && echo "$j"; done < "$f" > "$f.tmp.$$"
+          old=0
+          while read -r j; do off "$j" "$f" && { old=1; say "job $j is no longer on GPU ${f##*/}: dropped from $f"; }; done < "$f"
+          [ "$old" = 1 ] || continue
+          while read -r j; do off "$j" "$f" || echo "$j"; done < "$f" > "$f.tmp.$$"
           if [ -s "$f.tmp.$$" ]; then
             chmod 0644 "$f.tmp.$$" && mv -f "$f.tmp.$$" "$f" || say "cannot write $f"
           else
@@ -146,11 +201,11 @@ if [ "$TRAINMON_SOCKET_ACL" = 1 ] && mkdir -p "$TRAINMON_SLURM_STATE/users"; the
     flock -w 30 9 || { say "$TRAINMON_SLURM_STATE locked for 30 s: socket access not changed"; exit 0; }
     have_setfacl=0
     command -v setfacl >/dev/null 2>&1 && have_setfacl=1
-    if [ "$reconcile" = 1 ]; then
+    if [ "$drops" = 1 ]; then
       for held in "$TRAINMON_SLURM_STATE"/users/*/*; do
         [ -f "$held" ] || continue
         j=${held##*/}
-        is_live "$j" && continue
+        gone "$j" || continue
         rm -f "$held"
         u=${held%/*}
         u=${u##*/}
@@ -182,12 +237,12 @@ fi
 # 3. The owner claim of the run slurm-<job id>: written to a temporary name, then renamed, so
 # the exporter reads a whole claim or none.
 if [ -n "$claims" ]; then
-  if [ "$reconcile" = 1 ] && [ -n "$marker" ]; then
+  if [ "$drops" = 1 ] && [ -n "$marker" ]; then
     for f in "$claims"/slurm-*; do
       [ -f "$f" ] || continue
       j=${f##*/slurm-}
       case $j in '' | *[!0-9]*) continue ;; esac
-      is_live "$j" && continue
+      gone "$j" || continue
       [ "$marker" -nt "$f" ] || continue  # not older than the listing (same clock tick too)
       rm -f "$f" && say "job $j no longer runs here: its owner claim dropped"
     done

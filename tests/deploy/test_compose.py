@@ -100,7 +100,8 @@ def test_exporter_image_runs_as_a_non_root_user_owning_the_documented_directory(
     uid, gid = exporter_user()
     assert uid != 0 and gid != 0
     dockerfile = (ROOT / "exporter" / "Dockerfile").read_text()
-    assert f"--uid {uid}" in dockerfile and f"--gid {gid}" in dockerfile
+    # the user and its group, written into /etc/passwd and /etc/group by the image's build
+    assert f"trainmon:x:{uid}:{gid}:" in dockerfile and f"trainmon:x:{gid}:" in dockerfile
     # Every documented setup line gives the directory to that uid, setgid, not world-writable.
     setup = re.compile(r'install -d -o (\d+) -g (?:"[^"]*"|\S+) -m (\d+) /run/trainmon')
     docs = {

@@ -21,7 +21,6 @@
 from __future__ import annotations
 
 import copy
-import functools
 import importlib.util
 import json
 import os
@@ -29,7 +28,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -40,9 +39,10 @@ import yaml
 from trainmon_exporter.settings import Settings, environment_names
 
 from ..conftest import ROOT, child_env, free_port, require_tool, wait_for
+from ..helpers import pod_security
 from ..helpers.cardinality import BUDGET
+from ..helpers.kustomize import K8S, container, kubectl, rendered, the
 
-K8S = ROOT / "deploy" / "kubernetes"
 SCHEMAS = Path(__file__).with_name("schemas") / "prometheus-operator-v0.93.0"
 OVERLAYS = sorted(p.parent.relative_to(K8S) for p in K8S.glob("overlays/*/kustomization.yaml"))
 EXAMPLES = sorted(p.parent.relative_to(K8S) for p in K8S.glob("examples/*/kustomization.yaml"))
@@ -53,6 +53,7 @@ CRD_FILES = {
     "PrometheusRule": "monitoring.coreos.com_prometheusrules.yaml",
 }
 CUSTOM_KINDS = {*CRD_FILES, "PyTorchJob"}
+CLUSTER_SCOPED = {"Namespace", "CSIDriver"}
 
 
 def generator() -> Any:
@@ -61,24 +62,6 @@ def generator() -> Any:
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
-
-
-def kubectl() -> str:
-    return require_tool("kubectl", "kubernetes-client")
-
-
-@functools.cache
-def rendered(path: Path) -> tuple[dict[str, Any], ...]:
-    """The objects ``kubectl kustomize deploy/kubernetes/<path>`` prints."""
-    out = subprocess.run(
-        [kubectl(), "kustomize", str(K8S / path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert out.returncode == 0, f"kubectl kustomize {path}: {out.stderr}"
-    return tuple(d for d in yaml.safe_load_all(out.stdout) if d)
 
 
 def objects(kind: str | None = None) -> Iterator[tuple[Path, dict[str, Any]]]:
@@ -155,9 +138,8 @@ def test_kustomize_renders(path: Path) -> None:
     for o in objs:
         assert o["apiVersion"] and o["kind"] and o["metadata"]["name"], o
     if path in OVERLAYS:
-        assert {o["metadata"].get("namespace") for o in objs if o["kind"] != "Namespace"} == {
-            "trainmon-system"
-        }
+        namespaced = [o for o in objs if o["kind"] not in CLUSTER_SCOPED]
+        assert {o["metadata"].get("namespace") for o in namespaced} == {"trainmon-system"}
 
 
 def test_every_overlay_renders_the_same_daemonset_selector() -> None:
@@ -270,6 +252,7 @@ def test_builtin_objects_validate_against_kubernetes_schemas(version: str) -> No
         "ConfigMap",
         "Namespace",
         "NetworkPolicy",
+        "CSIDriver",
     } <= seen
 
 
@@ -640,15 +623,179 @@ def test_daemonset_shape() -> None:
     assert spec["hostPID"] is True
     assert spec["securityContext"]["runAsNonRoot"] is True
     assert spec["nodeSelector"] and spec["tolerations"]
-    (c,) = spec["containers"]
+    c = container(spec, "exporter")
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert env(c)["TRAINMON_LISTEN"]["value"].endswith(f":{ports['metrics']}")
     assert c["resources"]["requests"] and c["resources"]["limits"]
     assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
-    for vol in spec["volumes"]:
-        assert vol["hostPath"] == {"path": "/run/trainmon", "type": "DirectoryOrCreate"}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["socket-dir"]["hostPath"] == {
+        "path": "/run/trainmon",
+        "type": "DirectoryOrCreate",
+    }
+    assert spec["volumes"][0]["name"] == "socket-dir"  # what the kubelet re-enactment mounts
+
+
+# --------------------------------------------------------------------------- Pod Security
+
+
+def training_pods() -> list[tuple[str, dict[str, Any]]]:
+    """``(where, pod spec)`` of every rendered pod that runs a trainer (not the DaemonSet)."""
+    pods = [
+        (where, spec)
+        for where, spec in pod_specs()
+        if any("TRAINMON_RUN" in env(c) for c in spec["containers"])
+    ]
+    assert len(pods) == len(EXAMPLES) + 1, pods  # the PyTorchJob has two replica types
+    return pods
+
+
+@pytest.mark.parametrize("level", ["baseline", "restricted"])
+def test_every_training_pod_passes_pod_security(level: str) -> None:
+    """Every rendered training pod, the DaemonSet's trainers and the sidecar's alike, is
+    admitted by Pod Security at ``baseline`` and ``restricted``: the socket comes from the
+    CSI driver, not a hostPath."""
+    for where, spec in training_pods():
+        assert pod_security.violations(level, spec) == [], where
+
+
+def test_the_pod_security_check_refuses_the_hostpath_socket() -> None:
+    """The check can fail: a training pod that mounts /run/trainmon as a hostPath, as they did
+    before the CSI driver, is refused at ``baseline``, and so is the node DaemonSet's pod."""
+    for where, spec in training_pods():
+        old = copy.deepcopy(spec)
+        for v in old["volumes"]:
+            if v["name"] == "trainmon" and "csi" in v:
+                v.pop("csi")
+                v["hostPath"] = {"path": "/run/trainmon", "type": "DirectoryOrCreate"}
+                break
+        else:
+            continue  # the sidecar pod: an emptyDir
+        assert pod_security.violations("baseline", old) == ["hostPath volumes ('trainmon')"], where
+    ds = the(rendered(Path("overlays/daemonset")), "DaemonSet")["spec"]["template"]["spec"]
+    refused = pod_security.violations("baseline", ds)
+    assert "host namespaces (hostPID=true)" in refused
+    assert "hostPath volumes ('socket-dir')" in refused
+    assert "privileged (container 'csi-node')" in refused
+
+
+def test_each_namespace_admits_the_pods_rendered_into_it() -> None:
+    """An overlay's namespace enforces a Pod Security level that admits its own pods."""
+    for path in OVERLAYS:
+        objs = rendered(path)
+        (ns,) = [o for o in objs if o["kind"] == "Namespace"]
+        level = ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"]
+        for ds in [o for o in objs if o["kind"] == "DaemonSet"]:
+            spec = ds["spec"]["template"]["spec"]
+            assert pod_security.violations(level, spec) == [], (path, level)
+
+
+def test_training_pods_mount_the_socket_through_the_csi_driver() -> None:
+    """Every training pod of the DaemonSet mode mounts the CSI driver's inline volume,
+    read-only, where TRAINMON_SOCKET points; the driver is the one the DaemonSet's node plugin
+    serves and registers, and it is declared for inline ephemeral volumes only."""
+    from trainmon_exporter import csi
+
+    objs = rendered(Path("overlays/daemonset"))
+    driver = the(objs, "CSIDriver")
+    assert driver["metadata"]["name"] == csi.DRIVER_NAME
+    assert driver["spec"]["volumeLifecycleModes"] == ["Ephemeral"]
+    assert driver["spec"]["attachRequired"] is False
+    assert driver["spec"]["podInfoOnMount"] is True
+    assert driver["spec"]["fsGroupPolicy"] == "None"  # the kubelet never chowns the socket
+    ds = the(objs, "DaemonSet")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in ds["volumes"]}
+    plugin = container(ds, "csi-node")
+    args = dict(a.removeprefix("--").split("=", 1) for a in plugin["args"])
+    exporter_dir = str(Path(env(container(ds, "exporter"))["TRAINMON_SOCKET"]["value"]).parent)
+    mounts = {m["mountPath"]: m for m in plugin["volumeMounts"]}
+    # it binds what the exporter's socket directory is on the node
+    assert volumes[mounts[args["socket-dir"]]["name"]] == volumes["socket-dir"]
+    assert args["socket-dir"] == exporter_dir
+    # its binds reach the host and the pods: the kubelet's pods directory, Bidirectional
+    pods = mounts[args["pods-dir"]]
+    assert volumes[pods["name"]]["hostPath"]["path"] == args["pods-dir"] == "/var/lib/kubelet/pods"
+    assert pods["mountPropagation"] == "Bidirectional"
+    assert plugin["securityContext"]["privileged"] is True  # Bidirectional needs it
+    assert env(plugin)["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    # the registrar tells the kubelet where the plugin's socket is on the node
+    registrar = container(ds, "node-driver-registrar")
+    reg = dict(a.removeprefix("--").split("=", 1) for a in registrar["args"])
+    endpoint = Path(args["endpoint"].removeprefix("unix://"))
+    assert reg["csi-address"] == str(endpoint)
+    plugin_dir = {m["mountPath"]: m["name"] for m in plugin["volumeMounts"]}[str(endpoint.parent)]
+    on_node = Path(volumes[plugin_dir]["hostPath"]["path"]) / endpoint.name
+    assert reg["kubelet-registration-path"] == str(on_node)
+    assert on_node.parent.name == csi.DRIVER_NAME
+    reg_mounts = {m["mountPath"]: m["name"] for m in registrar["volumeMounts"]}
+    assert volumes[reg_mounts["/registration"]]["hostPath"]["path"] == (
+        "/var/lib/kubelet/plugins_registry"
+    )
+    seen = 0
+    for where, spec in training_pods():
+        vols = {v["name"]: v for v in spec["volumes"]}
+        for c in spec["containers"]:
+            if "TRAINMON_SOCKET" not in env(c) or is_exporter_image(c["image"]):
+                continue
+            sock = env(c)["TRAINMON_SOCKET"]["value"]
+            (m,) = [m for m in c["volumeMounts"] if sock.startswith(m["mountPath"] + "/")]
+            if "csi" not in vols[m["name"]]:
+                assert "emptyDir" in vols[m["name"]], where  # the sidecar variant
+                continue
+            seen += 1
+            assert vols[m["name"]]["csi"] == {"driver": csi.DRIVER_NAME, "readOnly": True}, where
+            assert m.get("readOnly") is True, where
+            assert str(Path(sock).parent) == m["mountPath"] and Path(sock).name == "trainmon.sock"
+    assert seen == len(training_pods()) - 1  # all but the sidecar's
+
+
+def test_the_admission_policy_is_valid_and_adds_what_the_examples_write_by_hand() -> None:
+    """deploy/kubernetes/admission: the MutatingAdmissionPolicy and its binding validate
+    strictly against the Kubernetes release that has v1 of them; the pod they add to is the
+    one the example's pod template writes by hand (the same driver, mount path, socket,
+    exporter uid, socket group and downward-API variables), and a misspelt field fails. Its CEL
+    runs only in an API server (1.36 or newer): not here."""
+    kv = pytest.importorskip("kubernetes_validate", reason="pip install -r requirements-dev.txt")
+    from trainmon_exporter import csi
+
+    objs = rendered(Path("admission"))
+    assert {o["kind"] for o in objs} == {
+        "MutatingAdmissionPolicy",
+        "MutatingAdmissionPolicyBinding",
+    }
+    for o in objs:
+        kv.validate(o, kv.latest_version(), strict=True)
+    policy = the(objs, "MutatingAdmissionPolicy")
+    binding = the(objs, "MutatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["matchResources"]["objectSelector"] == {
+        "matchLabels": {"trainmon/socket": "node"}
+    }
+    assert policy["spec"]["failurePolicy"] == "Ignore"  # never stops a pod from starting
+    (mutation,) = policy["spec"]["mutations"]
+    cel = mutation["applyConfiguration"]["expression"]
+    job = dict(pod_specs())["examples/torchrun-job:Job/llm-pretrain"]
+    trainer = container(job, "trainer")
+    vol = {v["name"]: v for v in job["volumes"]}["trainmon"]
+    mount = next(m for m in trainer["volumeMounts"] if m["name"] == "trainmon")
+    assert vol["csi"]["driver"] == csi.DRIVER_NAME and f'driver: "{csi.DRIVER_NAME}"' in cel
+    assert f'mountPath: "{mount["mountPath"]}", readOnly: true' in cel
+    for name in ("TRAINMON_SOCKET", "TRAINMON_EXPORTER_UID"):
+        assert f'name: "{name}", value: "{env(trainer)[name]["value"]}"' in cel, name
+    for name in ("POD_NAMESPACE", "POD_NAME"):
+        path = env(trainer)[name]["valueFrom"]["fieldRef"]["fieldPath"]
+        assert re.search(rf'name: "{name}",.*?fieldPath: "{re.escape(path)}"', cel, re.S), name
+    ds = the(rendered(Path("overlays/daemonset")), "DaemonSet")["spec"]["template"]["spec"]
+    group = ds["securityContext"]["runAsGroup"]
+    assert job["securityContext"]["supplementalGroups"] == [group]
+    groups = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}["groups"]
+    assert f"[{group}]" in groups and f"g != {group}" in groups
+    broken = copy.deepcopy(policy)
+    broken["spec"]["mutation"] = broken["spec"].pop("mutations")
+    with pytest.raises(kv.ValidationError):
+        kv.validate(broken, kv.latest_version(), strict=True)
 
 
 def test_the_daemonset_runs_on_every_gpu_node_whatever_taints_it() -> None:
@@ -661,43 +808,141 @@ def test_the_daemonset_runs_on_every_gpu_node_whatever_taints_it() -> None:
 
 
 def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
-    """Whether a LabelSelector with matchLabels only (what the manifests use) selects."""
-    assert set(selector) <= {"matchLabels"}, selector
-    wanted: dict[str, str] = selector.get("matchLabels", {})
-    return wanted.items() <= labels.items()
+    """Whether a LabelSelector (matchLabels and matchExpressions) selects ``labels``."""
+    assert set(selector) <= {"matchLabels", "matchExpressions"}, selector
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for e in selector.get("matchExpressions", []):
+        key, op, values = e["key"], e["operator"], e.get("values", [])
+        ok = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": key not in labels or labels[key] not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[op]
+        if not ok:
+            return False
+    return True
 
 
-def test_only_prometheus_reaches_the_exporters_port() -> None:
-    """In every overlay with the DaemonSet, one NetworkPolicy selects its pods, restricts
-    ingress, and admits only pods labelled as prometheus-operator labels Prometheus pods
-    (any namespace) on the exporter's metrics port, TCP."""
-    prometheus_pod = {
+def admits(
+    policy: dict[str, Any],
+    to_pod: tuple[str, dict[str, str]],
+    source: tuple[str, dict[str, str], dict[str, str]],
+    port: int,
+    protocol: str = "TCP",
+) -> bool | None:
+    """NetworkPolicy's ingress semantics for the fields the manifests use: whether ``policy``
+    admits ``source`` ``(namespace, namespace labels, pod labels)`` to ``port`` of
+    ``to_pod`` ``(namespace, pod labels)``; None when the policy does not select that pod."""
+    pod_ns, pod_labels = to_pod
+    if policy["metadata"].get("namespace", pod_ns) != pod_ns:
+        return None
+    spec = policy["spec"]
+    if not _selects(spec["podSelector"], pod_labels) or "Ingress" not in spec["policyTypes"]:
+        return None
+    src_ns, src_ns_labels, src_labels = source
+    for rule in spec.get("ingress", []):
+        peers_ok = "from" not in rule or any(
+            (
+                _selects(peer["namespaceSelector"], src_ns_labels)
+                if "namespaceSelector" in peer
+                else src_ns == pod_ns
+            )
+            and _selects(peer.get("podSelector", {}), src_labels)
+            for peer in rule["from"]
+        )
+        ports_ok = "ports" not in rule or any(
+            p.get("protocol", "TCP") == protocol
+            and ("port" not in p or p["port"] <= port <= p.get("endPort", p["port"]))
+            for p in rule["ports"]
+        )
+        if peers_ok and ports_ok:
+            return True
+    return False
+
+
+SCRAPER_PODS = {
+    "prometheus (kube-prometheus)": {
         "app.kubernetes.io/name": "prometheus",
         "app.kubernetes.io/managed-by": "prometheus-operator",
         "prometheus": "k8s",
-    }
-    grafana_pod = {"app.kubernetes.io/name": "grafana"}
+    },
+    "prometheus-agent (kube-prometheus-stack agentMode)": {
+        "app.kubernetes.io/name": "prometheus-agent",
+        "app.kubernetes.io/instance": "kube-prometheus-stack-prometheus",
+        "operator.prometheus.io/name": "kube-prometheus-stack-prometheus",
+    },
+    "vmagent": {
+        "app.kubernetes.io/name": "vmagent",
+        "app.kubernetes.io/instance": "example-vmagent",
+        "managed-by": "vm-operator",
+    },
+    "alloy": {"app.kubernetes.io/name": "alloy", "app.kubernetes.io/instance": "alloy"},
+    "otel collector (operator)": {
+        "app.kubernetes.io/component": "opentelemetry-collector",
+        "app.kubernetes.io/name": "otel-collector",
+        "app.kubernetes.io/managed-by": "opentelemetry-operator",
+    },
+    "otel collector (chart)": {"app.kubernetes.io/name": "opentelemetry-collector"},
+    "labelled by the platform team": {"app": "datadog-agent", "trainmon/scraper": "true"},
+}
+NOT_SCRAPERS = {
+    "grafana": {"app.kubernetes.io/name": "grafana"},
+    "a trainer": {"batch.kubernetes.io/job-name": "llm-pretrain"},
+    "the exporter itself": {"app.kubernetes.io/name": "trainmon-exporter"},
+    "a scraper label with another value": {"trainmon/scraper": "false"},
+}
+
+
+def test_only_scrapers_reach_the_exporters_port() -> None:
+    """In every overlay with the DaemonSet, one NetworkPolicy selects its pods and admits
+    every shipped scraper kind (server and agent mode Prometheus, vmagent, Alloy, an
+    OpenTelemetry Collector) and pods labelled ``trainmon/scraper: "true"``, from any
+    namespace, on the metrics port only; nothing else."""
+    monitoring = ("monitoring", {"kubernetes.io/metadata.name": "monitoring"})
     for path in OVERLAYS:
         objs = rendered(path)
         for ds in [o for o in objs if o["kind"] == "DaemonSet"]:
-            pod = ds["spec"]["template"]["metadata"]["labels"]
-            (c,) = ds["spec"]["template"]["spec"]["containers"]
+            pod = (ds["metadata"]["namespace"], ds["spec"]["template"]["metadata"]["labels"])
+            c = container(ds["spec"]["template"]["spec"], "exporter")
             port = next(p["containerPort"] for p in c["ports"] if p["name"] == "metrics")
-            policies = [
-                o
-                for o in objs
-                if o["kind"] == "NetworkPolicy" and _selects(o["spec"]["podSelector"], pod)
-            ]
-            assert len(policies) == 1, (path, policies)
-            spec = policies[0]["spec"]
-            assert "Ingress" in spec["policyTypes"]
-            (rule,) = spec["ingress"]
-            assert rule["ports"] == [{"port": port, "protocol": "TCP"}]
-            (peer,) = rule["from"]
-            assert peer["namespaceSelector"] == {}  # Prometheus runs in its own namespace
-            assert _selects(peer["podSelector"], prometheus_pod)
-            assert not _selects(peer["podSelector"], grafana_pod)
-            assert not _selects(peer["podSelector"], pod)
+            policies = [o for o in objs if o["kind"] == "NetworkPolicy"]
+            verdicts = [admits(p, pod, (*monitoring, {}), port) for p in policies]
+            assert [v for v in verdicts if v is not None] == [False], (path, verdicts)
+            (policy,) = [p for p, v in zip(policies, verdicts, strict=True) if v is not None]
+            for name, labels in SCRAPER_PODS.items():
+                assert admits(policy, pod, (*monitoring, labels), port), (path, name)
+                assert admits(policy, pod, ("ml-team", {}, labels), port), (path, name)
+                assert not admits(policy, pod, (*monitoring, labels), 22), (path, name)
+                assert not admits(policy, pod, (*monitoring, labels), port, "UDP"), (path, name)
+            for name, labels in NOT_SCRAPERS.items():
+                assert not admits(policy, pod, (*monitoring, labels), port), (path, name)
+
+
+def test_the_sidecars_policy_admits_scrapers_and_keeps_the_jobs_own_traffic() -> None:
+    """The sidecar example's NetworkPolicy: scrapers reach the sidecar's port, other pods of
+    the namespace do not; the job's own pods still reach each other on every other port
+    (torchrun's rendezvous among them), pods of other namespaces on none."""
+    objs = rendered(Path("examples/torchrun-job-sidecar"))
+    policy = the(objs, "NetworkPolicy")
+    job = the(objs, "Job")["spec"]["template"]
+    pod = ("ml-team", job["metadata"]["labels"])
+    sidecar = container(job["spec"], "trainmon")
+    port = next(p["containerPort"] for p in sidecar["ports"] if p["name"] == "trainmon")
+    trainer = container(job["spec"], "trainer")
+    rendezvous = next(p["containerPort"] for p in trainer["ports"])
+    peer = ("ml-team", {}, job["metadata"]["labels"])
+    for name, labels in SCRAPER_PODS.items():
+        assert admits(policy, pod, ("monitoring", {}, labels), port), name
+    assert not admits(policy, pod, peer, port)  # its own namespace reads no status page
+    assert admits(policy, pod, peer, rendezvous) and admits(policy, pod, peer, 40000, "UDP")
+    assert not admits(policy, pod, ("other-team", {}, job["metadata"]["labels"]), rendezvous)
+    for name, labels in NOT_SCRAPERS.items():
+        assert not admits(policy, pod, ("monitoring", {}, labels), port), name
+    # one list of scrapers for both policies (build.py's SCRAPERS)
+    node = the(rendered(Path("overlays/daemonset")), "NetworkPolicy")
+    assert policy["spec"]["ingress"][0]["from"] == node["spec"]["ingress"][0]["from"]
 
 
 def test_the_exporter_image_is_registry_qualified_and_named_in_the_kustomizations() -> None:
@@ -742,6 +987,29 @@ def test_sidecars_are_native_and_scraped_by_port_name() -> None:
         assert env(c)["TRAINMON_COLLECTORS__GPU"]["value"] == "false"  # the sidecar has no GPU
         assert "fsGroup" in template["spec"]["securityContext"]
     assert found == 1
+
+
+def test_a_peak_set_in_a_pod_is_the_peak_of_the_only_gpu_it_may_run_on() -> None:
+    """An exporter that cannot see the GPU (the sidecar) is told its peak: the pod must then be
+    pinned to one GPU model (GPU feature discovery's ``nvidia.com/gpu.product``), and the peak
+    must be that model's dense peak for the client's dtype (bf16, the default) in
+    trainmon_exporter.peaks. A pod that may land on another GPU would be judged against the
+    wrong peak."""
+    from trainmon_exporter import peaks
+
+    seen = 0
+    for where, spec in pod_specs():
+        for c in exporter_containers_of(spec):
+            value = env(c).get("TRAINMON_PEAK_FLOPS", {}).get("value")
+            if value is None:
+                continue
+            seen += 1
+            product = spec.get("nodeSelector", {}).get("nvidia.com/gpu.product")
+            assert product, f"{where}: TRAINMON_PEAK_FLOPS without a pinned GPU product"
+            model = peaks.find_model(product.replace("-", " "), None)
+            assert model is not None, (where, product)
+            assert float(value) == model.dense["bf16"], (where, product, value)
+    assert seen == 1  # the sidecar example
 
 
 def test_sample_limits_leave_room_for_a_full_node() -> None:
@@ -795,7 +1063,7 @@ def test_the_tls_overlay_is_the_daemonset_overlay_with_https_and_basic_auth() ->
     tls = {o["kind"]: o for o in copy.deepcopy(rendered(Path("overlays/daemonset-tls")))}
     assert set(plain) == set(tls)
     spec = tls["DaemonSet"]["spec"]["template"]["spec"]
-    (c,) = spec["containers"]
+    c = container(spec, "exporter")
     web = Path(env(c)["TRAINMON_WEB_CONFIG_FILE"]["value"])
     secrets = {v["name"]: v for v in spec["volumes"] if "secret" in v}
     mounts = [m for m in c["volumeMounts"] if m["name"] in secrets]
@@ -822,10 +1090,10 @@ def test_the_tls_overlay_is_the_daemonset_overlay_with_https_and_basic_auth() ->
         c["volumeMounts"].remove(m)
         spec["volumes"].remove(secrets[m["name"]])
     spec["securityContext"].pop("fsGroup")
-    (p,) = plain["DaemonSet"]["spec"]["template"]["spec"]["containers"]
-    for container in (c, p):
-        container.pop("readinessProbe")
-        container.pop("livenessProbe")
+    p = container(plain["DaemonSet"]["spec"]["template"]["spec"], "exporter")
+    for probed in (c, p):
+        probed.pop("readinessProbe")
+        probed.pop("livenessProbe")
     assert tls == plain
 
 
@@ -980,6 +1248,116 @@ def _volume_as_kubelet_makes_it(root: Path, spec: dict[str, Any]) -> None:
         os.chmod(root, 0o2777 if fs_group is not None else 0o777)
 
 
+class CsiPlugin:
+    """The DaemonSet's ``csi-node`` container run here as the kubelet sees it: its command and
+    arguments, with the node's paths under ``base``, in a mount namespace of its own (the
+    node's mount namespace for it: what it mounts is visible to whoever enters it, and gone
+    with it), its gRPC socket where the registrar tells the kubelet to call it."""
+
+    def __init__(self, ds: dict[str, Any], base: Path, socket_dir: Path) -> None:
+        plugin = container(ds, "csi-node")
+        args = dict(a.removeprefix("--").split("=", 1) for a in plugin["args"])
+        self.pods = base / "kubelet" / "pods"
+        self.pods.mkdir(parents=True)
+        self.endpoint = base / "kubelet" / "plugins" / "csi.sock"
+        argv = [
+            *[sys.executable, "-m", "trainmon_exporter.csi"],
+            f"--endpoint=unix://{self.endpoint}",
+            f"--socket-dir={socket_dir}",
+            f"--pods-dir={self.pods}",
+            *[
+                f"--{k}={v}"
+                for k, v in args.items()
+                if k not in ("endpoint", "socket-dir", "pods-dir")
+            ],
+        ]
+        assert plugin["command"] == ["trainmon-csi-node"]
+        unshare = ["unshare", "--mount", "--propagation", "private", "--"]
+        self.proc = subprocess.Popen(
+            [*unshare, *argv], env=child_env(NODE_NAME="node-1"), stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        wait_for(lambda: self.endpoint.is_socket() or self.proc.poll() is not None, timeout=30)
+        assert self.proc.poll() is None, self.proc.communicate()[0]
+        import grpc
+
+        from trainmon_exporter import csi
+
+        self.m = csi.messages()
+        self.channel = grpc.insecure_channel(f"unix://{self.endpoint}")
+
+    def call(self, service: str, method: str) -> Any:
+        request, response = f"{method}Request", f"{method}Response"
+        return self.channel.unary_unary(
+            f"/csi.v1.{service}/{method}",
+            request_serializer=self.m[request].SerializeToString,
+            response_deserializer=self.m[response].FromString,
+        )
+
+    def publish(self, pod_uid: str, namespace: str, pod: str) -> Path:
+        """NodePublishVolume as the kubelet calls it for the pod's inline volume ``trainmon``:
+        the parent directory made first (0750), the volume handle and context it sends."""
+        import hashlib
+
+        parent = self.pods / pod_uid / "volumes" / "kubernetes.io~csi" / "trainmon"
+        parent.mkdir(parents=True, mode=0o750, exist_ok=True)
+        target = parent / "mount"
+        req = self.m["NodePublishVolumeRequest"](
+            volume_id="csi-" + hashlib.sha256(f"{pod_uid}trainmon".encode()).hexdigest(),
+            target_path=str(target),
+            readonly=True,
+        )
+        req.volume_capability.mount.SetInParent()
+        req.volume_capability.access_mode.mode = 1  # SINGLE_NODE_WRITER
+        req.volume_context.update(
+            {
+                "csi.storage.k8s.io/ephemeral": "true",
+                "csi.storage.k8s.io/pod.name": pod,
+                "csi.storage.k8s.io/pod.namespace": namespace,
+                "csi.storage.k8s.io/pod.uid": pod_uid,
+                "csi.storage.k8s.io/serviceAccount.name": "default",
+            }
+        )
+        self.call("Node", "NodePublishVolume")(req, timeout=10)
+        return target
+
+    def unpublish(self, target: Path) -> None:
+        req = self.m["NodeUnpublishVolumeRequest"](volume_id="csi-x", target_path=str(target))
+        self.call("Node", "NodeUnpublishVolume")(req, timeout=10)
+
+    def mounts(self) -> str:
+        return Path(f"/proc/{self.proc.pid}/mountinfo").read_text()
+
+    def on_node(self, argv: list[str]) -> list[str]:
+        """``argv`` run in the plugin's mount namespace (the node's, where the kubelet is)."""
+        return ["nsenter", f"--mount=/proc/{self.proc.pid}/ns/mnt", "--", *argv]
+
+    def in_container(self, target: Path, mount_path: str) -> Callable[[list[str]], list[str]]:
+        """What the container runtime does with the published volume: a container's own mount
+        namespace and ``/run``, the target bind-mounted read-only at the volumeMount's
+        ``mountPath``; returns the argv prefix that runs a command in such a container."""
+        script = (
+            'mount -t tmpfs -o mode=0755 tmpfs /run && mkdir -p "$1" '
+            '&& mount --bind -o ro "$0" "$1" && shift && exec "$@"'
+        )
+
+        def run(argv: list[str]) -> list[str]:
+            private = ["unshare", "--mount", "--propagation", "private", "--"]
+            return self.on_node([*private, "sh", "-c", script, str(target), mount_path, *argv])
+
+        assert mount_path.startswith("/run/")  # the container's own /run, not the host's
+        return run
+
+    def stop(self) -> str:
+        self.channel.close()
+        self.proc.terminate()
+        try:
+            return self.proc.communicate(timeout=15)[0]
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.communicate()[0]
+
+
 @pytest.mark.parametrize(
     ("exporter_pod", "trainer_pod"),
     [
@@ -999,14 +1377,24 @@ def test_a_non_root_trainer_reaches_the_socket_with_the_manifests_permissions(
 ) -> None:
     """The directory as the kubelet creates it, the init container's command, the exporter
     and the trainer as the uids and groups of the manifests: the trainer's step arrives,
-    and a process outside the socket's group is refused."""
+    and a process outside the socket's group is refused.
+
+    With the DaemonSet, the trainer's pod mounts the CSI driver's volume: the DaemonSet's node
+    plugin runs here with its own arguments, the kubelet's calls are made over its gRPC
+    socket (registration, then NodePublishVolume for the pod), and the trainer connects
+    through the published path in the node's mount namespace. The mount is read-only to
+    every user; NodeUnpublishVolume removes it, after which the path leads nowhere.
+    """
     _need_root_and_setpriv()
+    if shutil.which("unshare") is None or shutil.which("nsenter") is None:
+        pytest.skip("needs unshare and nsenter (util-linux)")
     specs = dict(pod_specs())
     ex_spec, tr_spec = specs[exporter_pod], specs[trainer_pod]
     exporter = next(
         c for c in containers(ex_spec) if is_exporter_image(c["image"]) and "command" not in c
     )
     trainer = next(c for c in tr_spec["containers"] if "TRAINMON_RUN" in env(c))
+    trainer_volume = {v["name"]: v for v in tr_spec["volumes"]}["trainmon"]
     with _kubelet_mount(ex_spec, "socket") as mount:
         for init in ex_spec.get("initContainers", []):
             if "command" in init:  # the DaemonSet's socket-dir preparation
@@ -1032,6 +1420,7 @@ def test_a_non_root_trainer_reaches_the_socket_with_the_manifests_permissions(
             stderr=subprocess.STDOUT,
             text=True,
         )
+        plugin: CsiPlugin | None = None
         try:
             import httpx2 as httpx
 
@@ -1045,10 +1434,34 @@ def test_a_non_root_trainer_reaches_the_socket_with_the_manifests_permissions(
                     return False
 
             wait_for(ready, timeout=30)
+            trainer_sock, inside = sock, (lambda argv: argv)
+            if "csi" in trainer_volume:
+                # The trainer's pod: its volume published by the DaemonSet's plugin.
+                plugin = CsiPlugin(ex_spec, mount.parent, mount)
+                info = plugin.call("Identity", "GetPluginInfo")(
+                    plugin.m["GetPluginInfoRequest"](), timeout=10
+                )
+                assert info.name == trainer_volume["csi"]["driver"]  # what the registrar reads
+                node = plugin.call("Node", "NodeGetInfo")(
+                    plugin.m["NodeGetInfoRequest"](), timeout=10
+                )
+                assert node.node_id == "node-1"  # the kubelet's check on registration
+                target = plugin.publish("0d8e1f2a-pod-uid", "ml-team", "llm-pretrain-0-abcde")
+                assert plugin.publish("0d8e1f2a-pod-uid", "ml-team", "llm-pretrain-0-abcde") == (
+                    target
+                )  # the kubelet retries: idempotent
+                tr_mount = next(m for m in trainer["volumeMounts"] if m["name"] == "trainmon")
+                assert f" {target} " in plugin.mounts()
+                trainer_sock = env(trainer)["TRAINMON_SOCKET"]["value"]
+                inside = plugin.in_container(target, tr_mount["mountPath"])
             tr_uid, tr_gid, tr_groups = _identity(tr_spec, trainer)
             assert tr_uid not in (0, uid), "the trainer must be another, non-root user"
             ok = subprocess.run(
-                _runs_as(tr_uid, tr_gid, tr_groups, [sys.executable, "-c", TRAINER, sock]),
+                inside(
+                    _runs_as(
+                        tr_uid, tr_gid, tr_groups, [sys.executable, "-c", TRAINER, trainer_sock]
+                    )
+                ),
                 capture_output=True,
                 text=True,
                 timeout=60,
@@ -1065,7 +1478,7 @@ def test_a_non_root_trainer_reaches_the_socket_with_the_manifests_permissions(
 
             wait_for(arrived, timeout=10)
             outsider = subprocess.run(
-                _runs_as(tr_uid, tr_gid, [], [sys.executable, "-c", TRAINER, sock]),
+                inside(_runs_as(tr_uid, tr_gid, [], [sys.executable, "-c", TRAINER, trainer_sock])),
                 capture_output=True,
                 text=True,
                 timeout=60,
@@ -1075,7 +1488,27 @@ def test_a_non_root_trainer_reaches_the_socket_with_the_manifests_permissions(
             assert outsider.returncode == 0 and outsider.stdout.split() != ["dropped", "0"], (
                 outsider.stdout + outsider.stderr
             )
+            if plugin is not None:
+                # Read-only for everyone, root included: nothing can be planted beside the socket
+                # or replace it, in the pod or on the node.
+                for argv in (
+                    inside(["touch", f"{Path(trainer_sock).parent}/planted"]),
+                    inside(["rm", "-f", trainer_sock]),
+                    plugin.on_node(["touch", f"{target}/planted"]),
+                ):
+                    rw = subprocess.run(argv, capture_output=True, text=True, check=False)
+                    assert rw.returncode != 0 and "Read-only file system" in rw.stderr, rw
+                plugin.unpublish(target)
+                plugin.unpublish(target)  # idempotent: the kubelet retries
+                assert f" {target} " not in plugin.mounts() and not target.exists()
+                left = subprocess.run(
+                    plugin.on_node(["ls", "-A", str(target.parent)]), capture_output=True, text=True
+                )
+                assert left.returncode == 0 and left.stdout == "", left  # nothing left behind
+                assert Path(sock).is_socket()  # the exporter's own socket is untouched
         finally:
+            if plugin is not None:
+                print(plugin.stop()[-2000:])
             proc.terminate()
             try:
                 proc.communicate(timeout=15)

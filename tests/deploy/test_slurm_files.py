@@ -57,11 +57,31 @@ def test_exporter_unit_verifies(tmp_path: Path) -> None:
     assert "\nExecStart=/opt/trainmon/bin/trainmon-exporter --socket /run/trainmon/" in unit
     for needed in ("RuntimeDirectory=trainmon", "ProtectSystem=strict", "NoNewPrivileges=yes"):
         assert f"\n{needed}\n" in unit
+    # Started before slurmd, so the first job's prolog finds /run/trainmon (the
+    # RuntimeDirectory, made before the exporter's process starts: Type=exec) to grant on.
+    unit_section = unit.split("\n[Service]")[0]
+    assert "\nBefore=slurmd.service\n" in unit_section
+    assert "\nType=exec\n" in unit
     assert "\nPrivateDevices=yes" not in unit  # it would hide /dev/nvidia* from NVML
     text = installed("trainmon-exporter.service", "/opt/trainmon/bin/trainmon-exporter")
     assert verify(text, "trainmon-exporter.service", tmp_path) == ""
     typo = text.replace("ProtectSystem=strict", "ProtectSystem=strikt")
     assert "strikt" in verify(typo, "typo.service", tmp_path)  # the check can fail
+
+
+def test_the_scrape_restriction_drop_in_verifies(tmp_path: Path) -> None:
+    """The drop-in that admits only the Prometheus servers: its directives are valid in the
+    exporter's unit (verified merged into it), and it denies every other address."""
+    drop_in = (SLURM / "scrape-from-prometheus.conf").read_text()
+    lines = [ln for ln in drop_in.splitlines() if ln and not ln.startswith("#")]
+    assert lines[0] == "[Service]" and "IPAddressDeny=any" in lines
+    assert any(ln.startswith("IPAddressAllow=") and "localhost" in ln for ln in lines)
+    text = installed("trainmon-exporter.service", "/opt/trainmon/bin/trainmon-exporter")
+    merged = text.replace("\n[Install]", "\n" + "\n".join(lines[1:]) + "\n\n[Install]")
+    assert "IPAddressDeny=any" in merged
+    assert verify(merged, "trainmon-exporter.service", tmp_path) == ""
+    broken = merged.replace("IPAddressDeny=any", "IPAddressDeny=anything")
+    assert "anything" in verify(broken, "broken.service", tmp_path)  # the check can fail
 
 
 def test_file_sd_unit_verifies(tmp_path: Path) -> None:
@@ -234,12 +254,68 @@ def test_prolog_and_epilog_over_overlapping_jobs(node: Node) -> None:
     assert "65534" not in node.acl(node.sock_path) + node.acl(node.run)
 
 
+def fake_slurm_clients(tmp: Path) -> tuple[str, Path]:
+    """A PATH whose ``squeue``, ``scontrol`` and ``sinfo`` only record that they were called
+    (a call would reach slurmctld on a real cluster); returns it and the record file."""
+    bin_dir, calls = tmp / "slurm-clients", tmp / "slurmctld-calls"
+    bin_dir.mkdir()
+    for name in ("squeue", "scontrol", "sinfo", "sacct"):
+        f = bin_dir / name
+        f.write_text(f'#!/bin/sh\necho "{name} $*" >> {calls}\nexit 1\n')
+        f.chmod(0o755)
+    return f"{bin_dir}:{os.environ['PATH']}", calls
+
+
+def test_a_prolog_drops_a_job_displaced_from_its_gpus_without_asking_slurmctld(
+    node: Node, tmp_path: Path
+) -> None:
+    """Job 41's epilog never ran (slurmd killed, an epilog that timed out). Slurm gives its
+    GPU 1 to job 42, which it does only once 41 has ended on this node: 42's prolog drops
+    every entry of 41 (the job map's files of both its GPUs, its user's grant, its owner
+    claim) from what the node itself recorded, and no Slurm client is called, the default:
+    a 1,000-node job's prologs send slurmctld nothing. A GPU shared between live jobs (only
+    CUDA_VISIBLE_DEVICES, e.g. shards) displaces nobody."""
+    path, calls = fake_slurm_clients(tmp_path)
+    run = {"PATH": path, "SLURMD_NODENAME": "n1"}
+    node.script("trainmon-prolog.sh", 41, SLURM_JOB_GPUS="0,1", **run)
+    node.script("trainmon-prolog.sh", 43, uid=65532, CUDA_VISIBLE_DEVICES="1", **run)
+    assert node.job_map() == {"0": ["41"], "1": ["41", "43"]}  # a shard of GPU 1: kept
+    for f in node.claims.iterdir():  # written a while ago (a claim as old as the listing stays)
+        os.utime(f, (f.stat().st_atime - 60, f.stat().st_mtime - 60))
+    err = node.script("trainmon-prolog.sh", 42, uid=65533, SLURM_JOB_GPUS="1", **run)
+    assert node.job_map() == {"1": ["43", "42"]}, err
+    acl = node.acl(node.sock_path) + node.acl(node.run)
+    assert "65534" not in acl, acl  # 41's user had no other job here
+    assert "user:65533:rw-" in acl and "user:65532:rw-" in acl
+    assert set(node.owners()) == {"slurm-42", "slurm-43"}
+    assert sorted((node.state / "gpus").iterdir()) == [node.state / "gpus" / "1"]
+    assert not calls.exists(), calls.read_text()
+    # Its epilog frees the GPU; the next job on it displaces nobody.
+    node.script("trainmon-epilog.sh", 42, uid=65533, **run)
+    assert list((node.state / "gpus").iterdir()) == []
+    node.script("trainmon-prolog.sh", 44, SLURM_JOB_GPUS="1", **run)
+    assert node.job_map() == {"1": ["43", "44"]}
+    assert not calls.exists(), calls.read_text()
+
+
+def test_a_requeued_job_is_not_displaced_for_gpus_it_no_longer_holds(node: Node) -> None:
+    """Job 41 held GPU 0 and was requeued (its epilog never ran) onto GPU 2 of the same node:
+    when job 50 later gets GPU 0, the running 41 keeps its grant and its claim."""
+    node.script("trainmon-prolog.sh", 41, SLURM_JOB_GPUS="0")
+    node.script("trainmon-prolog.sh", 41, SLURM_JOB_GPUS="2")
+    node.script("trainmon-prolog.sh", 50, uid=65533, SLURM_JOB_GPUS="0")
+    assert "user:65534:rw-" in node.acl(node.sock_path)
+    assert "slurm-41" in node.owners()
+    assert node.job_map() == {"0": ["50"], "2": ["41"]}
+
+
 def test_a_prolog_drops_the_jobs_whose_epilog_never_ran(node: Node) -> None:
-    """Job 41 ends without its epilog (node crash, slurmd killed). The next prolog asks Slurm
-    which jobs run on the node (TRAINMON_RUNNING_JOBS: here a command that answers as
-    ``squeue`` would) and drops 41 from the job map and its user's grant, keeping job 42's."""
-    node.script("trainmon-prolog.sh", 41, SLURM_JOB_GPUS="0,1")
-    node.script("trainmon-prolog.sh", 42, uid=65533, SLURM_JOB_GPUS="1")
+    """Jobs without GPUs: job 41 ends without its epilog. Where the site sets
+    TRAINMON_RUNNING_JOBS (here a command that answers as ``squeue`` would), the next prolog
+    asks Slurm which jobs run on the node and drops 41 from the job map and its user's grant,
+    keeping job 42's."""
+    node.script("trainmon-prolog.sh", 41, CUDA_VISIBLE_DEVICES="0,1")
+    node.script("trainmon-prolog.sh", 42, uid=65533, CUDA_VISIBLE_DEVICES="1")
     assert node.job_map() == {"0": ["41"], "1": ["41", "42"]}
     # Slurm cannot tell (command fails, or prints something else than job ids): nothing dropped.
     for answer in ("exit 1", "echo 42; echo oops"):
@@ -247,7 +323,7 @@ def test_a_prolog_drops_the_jobs_whose_epilog_never_ran(node: Node) -> None:
             "trainmon-prolog.sh",
             43,
             uid=65532,
-            SLURM_JOB_GPUS="2",
+            CUDA_VISIBLE_DEVICES="2",
             SLURMD_NODENAME="n1",
             TRAINMON_RUNNING_JOBS=answer,
         )
@@ -257,7 +333,7 @@ def test_a_prolog_drops_the_jobs_whose_epilog_never_ran(node: Node) -> None:
         "trainmon-prolog.sh",
         44,
         uid=65532,
-        SLURM_JOB_GPUS="0",
+        CUDA_VISIBLE_DEVICES="0",
         SLURMD_NODENAME="n1",
         TRAINMON_RUNNING_JOBS='test "$SLURMD_NODENAME" = n1 && printf "42\\n43\\n"',
     )

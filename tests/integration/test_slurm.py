@@ -266,10 +266,10 @@ def test_killing_one_nodes_trainers_pages_a_crash_naming_the_node(cluster: Clust
 
 
 def test_a_prolog_drops_a_job_whose_epilog_never_ran(cluster: Cluster) -> None:
-    """A job whose epilog never ran (node crash, slurmd killed) stays in the job map and holds
-    its user's grant. The prolog of the next job on the node asks Slurm (``squeue``, the
-    shipped default) which jobs run there and drops it: once that job has ended too, nothing of
-    either is left."""
+    """A job whose epilog never ran (slurmd killed, an epilog that timed out) stays in the job
+    map and holds its user's grant. The next job Slurm gives one of its GPUs displaces it: that
+    job's prolog drops it from the node's own records (no call to slurmctld, the shipped
+    default), and once that job has ended too, nothing of either is left."""
     lab, stale = cluster.lab, "999999"
     for node in NODES:
         # the prolog of a job Slurm never heard of, whose epilog will never run
