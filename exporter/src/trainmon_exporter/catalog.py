@@ -2352,7 +2352,9 @@ HTTP_CONNECTIONS_CLOSED = Family(
         "HTTP connections the exporter closed, by reason: header_timeout (no complete request "
         "head within http_header_timeout_seconds), evicted (oldest connection without a request "
         "in progress, closed to stay under http_limit_concurrency), write_timeout (response "
-        "unread for http_write_timeout_seconds)."
+        "unread for http_write_timeout_seconds), unread (the answer that waited longest for its "
+        "client to read it, closed when a newer request needed the room: a new connection at "
+        "http_limit_concurrency, or a /metrics body beyond http_max_concurrent_scrapes)."
     ),
     ("reason",),
     unit="1",
@@ -2361,7 +2363,11 @@ HTTP_CONNECTIONS_CLOSED = Family(
         "HTTP connections the exporter closed: `header_timeout` (no complete request head within "
         "`http_header_timeout_seconds`), `evicted` (the oldest connection without a request in "
         "progress, closed when a new one reaches `http_limit_concurrency`), `write_timeout` (a "
-        "response left unread for `http_write_timeout_seconds`; its buffered body is freed)."
+        "response left unread for `http_write_timeout_seconds`; its buffered body is freed), "
+        "`unread` (the answer that has waited longest for its client to read it, closed when a "
+        "newer request needs the room: a new connection at `http_limit_concurrency` while every "
+        "other one has a request in progress, or a new `/metrics` body beyond "
+        "`http_max_concurrent_scrapes` held at once)."
     ),
 )
 
@@ -2369,18 +2375,18 @@ HTTP_REQUESTS_REFUSED = Family(
     "trainmon_http_requests_refused",
     COUNTER,
     (
-        "HTTP requests answered 503 at once, by reason: scrape_limit (more than "
-        "http_max_concurrent_scrapes /metrics requests in progress), api_limit (more than "
-        "http_max_concurrent_api JSON API and status page requests in progress)."
+        "HTTP requests answered 503 at once, by reason: api_limit (more than "
+        "http_max_concurrent_api JSON API and status page requests in progress). /metrics is "
+        "never refused."
     ),
     ("reason",),
     unit="1",
     collector="http",
     doc=(
-        "Requests answered 503 at once, with `Retry-After: 1`: `scrape_limit` (more than "
-        "`http_max_concurrent_scrapes` `/metrics` requests in progress), `api_limit` (more than "
-        "`http_max_concurrent_api` `/api/v1/*` and status page requests in progress). A request "
-        "holds its slot until the client has read its body."
+        "Requests answered 503 at once, with `Retry-After: 1`: `api_limit` (more than "
+        "`http_max_concurrent_api` `/api/v1/*` and status page requests in progress; a request "
+        "holds its slot until the client has read its body). `/metrics` is never refused: "
+        "scrapes share collections ([scrapes](exporter.md#scrapes))."
     ),
 )
 
