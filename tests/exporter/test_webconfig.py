@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import http.client
 import re
 import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -347,6 +349,33 @@ def test_checks_past_the_limit_are_refused_at_once(counted: CountingBcrypt) -> N
     assert asyncio.run(verified_then_flood()) == ["rejected", None]
 
 
+def test_a_flooding_address_holds_one_check_and_others_wait_their_turn(
+    counted: CountingBcrypt,
+) -> None:
+    stats = AuthStats()
+    auth = BasicAuth({USER: HASH.encode()}, stats, max_checks=1)
+
+    async def run() -> list[str | None]:
+        flood = [auth.check(basic(USER, f"guess-{i}"), "10.0.0.2") for i in range(4)]
+        flood += [auth.check(basic(USER, f"guess-{i}"), f"2001:db8::{i}") for i in range(4)]
+        return list(await asyncio.gather(*flood, auth.check(basic(USER, PASSWORD), "10.0.0.1")))
+
+    *flood, right = asyncio.run(run())
+    # One check per address (an IPv6 /64 is one address), the right password in its turn.
+    assert right is None
+    assert flood == ["rejected", *["check_limit"] * 3, "rejected", *["check_limit"] * 3]
+    assert counted.calls == 3 and auth.checks == 0
+
+
+def test_client_keys() -> None:
+    assert webconfig.client_key("10.1.2.3") == "10.1.2.3"
+    assert webconfig.client_key("::ffff:10.1.2.3") == "10.1.2.3"
+    assert webconfig.client_key("2001:db8:1:2:aaaa::1") == "2001:db8:1:2::/64"
+    assert webconfig.client_key("2001:db8:1:2:bbbb::9") == "2001:db8:1:2::/64"
+    assert webconfig.client_key(None) == webconfig.client_key("") == ""
+    assert webconfig.client_key("testclient") == "testclient"
+
+
 # ------------------------------------------------------------------------ a real exporter
 
 
@@ -504,3 +533,40 @@ def test_basic_auth_over_plain_http_works_and_warns(tmp_path: Path) -> None:
         assert ex.get_json("/healthz") == {"status": "ok"}
     out = ex.stop()
     assert "passwords cross the network in clear text" in out, out
+
+
+def test_right_after_a_start_the_right_password_gets_in_during_a_flood(tmp_path: Path) -> None:
+    """No password is verified yet (a restart): wrong passwords from two other addresses
+    keep both bcrypt checks busy, and the right one is still let in at its first try."""
+    scrapers = (USER, "second", "third")
+    users = {name: bcrypt_hash(PASSWORD, 10) for name in scrapers}
+    users["probe"] = bcrypt_hash("probe-password", 4)  # the readiness checks' own user
+    path = write_web_config(tmp_path / "web.yml", {"basic_auth_users": users})
+    with LocalExporter("--web.config.file", str(path), auth=("probe", "probe-password")) as ex:
+        stop = threading.Event()
+        answers: list[int] = []
+
+        def flood(source: str) -> None:
+            conn = http.client.HTTPConnection("127.0.0.1", ex.port, source_address=(source, 0))
+            while not stop.is_set():
+                conn.request("GET", "/healthz", headers={"Authorization": basic(USER, "guess")})
+                response = conn.getresponse()
+                response.read()
+                answers.append(response.status)
+            conn.close()
+
+        threads = [
+            threading.Thread(target=flood, args=(source,))
+            for source in ("127.0.0.2", "127.0.0.2", "127.0.0.3", "127.0.0.3")
+        ]
+        for t in threads:
+            t.start()
+        try:
+            time.sleep(0.5)
+            firsts = [request(ex.url + "/healthz", auth=(u, PASSWORD))[0] for u in scrapers]
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(30)
+    assert firsts == [200, 200, 200]
+    assert answers.count(401) >= 2 and 503 in answers  # the flood was checked, and limited

@@ -2396,8 +2396,8 @@ HTTP_AUTH_FAILURES = Family(
     (
         "HTTP requests refused by basic auth (web config file), by reason: missing (no Basic "
         "credentials), malformed (credentials that do not decode), rejected (unknown user or "
-        "wrong password), check_limit (503: http_max_concurrent_auth_checks password checks "
-        "in progress)."
+        "wrong password), check_limit (503: the client's address already had a password "
+        "check in progress or waiting)."
     ),
     ("reason",),
     unit="1",
@@ -2406,8 +2406,9 @@ HTTP_AUTH_FAILURES = Family(
         "Requests refused by the basic auth of the web configuration file (`--web.config.file`, "
         "`basic_auth_users`): `missing` (no Basic credentials; 401), `malformed` (credentials "
         "that do not decode; 401), `rejected` (an unknown user or a wrong password; 401), "
-        "`check_limit` (503 at once: `http_max_concurrent_auth_checks` bcrypt checks were in "
-        "progress). Always 0 without `basic_auth_users`."
+        "`check_limit` (503 at once: the client's address already had a bcrypt check in "
+        "progress or waiting its turn; checks past `http_max_concurrent_auth_checks` wait, one "
+        "per address). Always 0 without `basic_auth_users`."
     ),
 )
 

@@ -380,7 +380,9 @@ class Settings(BaseSettings):
         ge=1,
         le=64,
         description="Most bcrypt password checks in progress at once (each takes about 0.1 s "
-        "of a core at cost 10); more requests with unverified credentials get 503 at once "
+        "of a core at cost 10); more wait their turn, one per client address: a second "
+        "request with unverified credentials from an address that has a check in progress "
+        "or waiting gets 503 at once "
         '(trainmon_http_auth_failures_total{reason="check_limit"}). Credentials already '
         "verified are not checked again.",
     )

@@ -19,11 +19,13 @@ start (the toolkit re-reads it on every request): restart the exporter to apply 
 
 Basic auth covers every route, ``/healthz`` and ``/readyz`` included, as in the toolkit. A
 bcrypt check costs about 0.1 s of CPU at cost 10, so it runs in a worker thread, at most
-``http_max_concurrent_auth_checks`` at once (more get 503 at once), and a user's last verified
-password is kept as its SHA-256 digest: a scraper sending the same credentials every 15 s pays
-for bcrypt once, its later requests cost one constant-time digest comparison. The cache holds
-one entry per configured user, so it is bounded by the file. Every refused request is counted
-in ``trainmon_http_auth_failures_total{reason}``.
+``http_max_concurrent_auth_checks`` at once, shared fairly between client addresses (one check
+in progress or waiting per address, a second one gets 503 at once; the others wait their turn
+in arrival order), and a user's last verified password is kept as its SHA-256 digest: a
+scraper sending the same credentials every 15 s pays for bcrypt once, its later requests cost
+one constant-time digest comparison. The cache holds one entry per configured user, so it is
+bounded by the file. Every refused request is counted in
+``trainmon_http_auth_failures_total{reason}``.
 
 Why this module is one module of about 500 lines: it is everything the file turns on (the
 format's models with their refusals, the TLS context, the basic auth and headers middleware),
@@ -32,10 +34,13 @@ so what trainmon supports of the format is read in one place; most of it is vali
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import collections
 import hashlib
 import hmac
+import ipaddress
 import logging
 import re
 import ssl
@@ -66,7 +71,7 @@ log = logging.getLogger("trainmon_exporter.http")
 AUTH_FAILURE_REASONS = ("missing", "malformed", "rejected", "check_limit")
 """``reason`` values of ``trainmon_http_auth_failures_total``: no Basic credentials, credentials
 that do not decode, an unknown user or a wrong password (both 401), and a password check
-refused with 503 because ``http_max_concurrent_auth_checks`` were in progress."""
+refused with 503 because the client's address already had one in progress or waiting."""
 
 BCRYPT_HASH = re.compile(r"\$2[abxy]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}")
 """A bcrypt hash as htpasswd -B and Python's bcrypt write it: ``$2y$10$`` and 53 characters."""
@@ -366,10 +371,19 @@ class AuthStats:
 class BasicAuth:
     """Checks ``Authorization: Basic`` credentials against bcrypt hashes.
 
+    Password checks are shared fairly between clients: each client address (an IPv6 one by
+    its /64, as one host holds them all) has at most one check in progress or waiting, and
+    checks past ``max_checks`` wait their turn in arrival order. A flood of wrong passwords
+    from one address therefore holds at most one check, and another client's password is
+    checked at once, or after the checks ahead of it (one per flooding address, each about
+    0.1 s at cost 10): right after a restart, before any password is known, the right one
+    gets in during a flood. How long a check may wait is bounded by the connections that can
+    wait (``http_limit_concurrency``).
+
     Args:
         users: user name -> bcrypt hash.
         stats: where refusals are counted.
-        max_checks: bcrypt checks in progress at once; past it a request is refused (503).
+        max_checks: bcrypt checks in progress at once; more wait their turn.
     """
 
     def __init__(self, users: dict[str, bytes], stats: AuthStats, max_checks: int) -> None:
@@ -380,18 +394,23 @@ class BasicAuth:
         self.stats = stats
         self.max_checks = max_checks
         self.checks = 0  # bcrypt checks in progress (event-loop thread only)
+        self._clients: set[str] = set()  # client addresses with a check in progress or waiting
+        self._turns: collections.deque[asyncio.Future[None]] = collections.deque()
 
-    async def check(self, header: bytes | None) -> str | None:
+    async def check(self, header: bytes | None, client: str | None = None) -> str | None:
         """None when ``header`` (the raw Authorization value) holds valid credentials.
 
-        Else the reason of the refusal (counted), one of :data:`AUTH_FAILURE_REASONS`.
+        ``client``: the client's address (the ASGI scope's ``client`` host), which decides
+        whose turn a password check is. Else the reason of the refusal (counted), one of
+        :data:`AUTH_FAILURE_REASONS`: ``check_limit`` when this client already has a check
+        in progress or waiting.
         """
-        reason = await self._check(header)
+        reason = await self._check(header, client_key(client))
         if reason is not None:
             self.stats.fail(reason)
         return reason
 
-    async def _check(self, header: bytes | None) -> str | None:
+    async def _check(self, header: bytes | None, client: str) -> str | None:
         if header is None or header[:6].lower() != b"basic ":
             return "missing"
         try:
@@ -411,20 +430,68 @@ class BasicAuth:
         known = self._verified.get(user)
         if known is not None and hmac.compare_digest(known, digest):
             return None
-        if self.checks >= self.max_checks:
+        if client in self._clients:
             return "check_limit"
         stored = self._users.get(user)
-        self.checks += 1
+        self._clients.add(client)
         try:
-            ok = await anyio.to_thread.run_sync(
-                _checkpw, password, stored if stored is not None else self._decoy
-            )
+            await self._take_turn()
+            try:
+                ok = await anyio.to_thread.run_sync(
+                    _checkpw, password, stored if stored is not None else self._decoy
+                )
+            finally:
+                self._give_turn()
         finally:
-            self.checks -= 1
+            self._clients.discard(client)
         if not ok or stored is None:
             return "rejected"
         self._verified[user] = digest
         return None
+
+    async def _take_turn(self) -> None:
+        """Wait until one of the ``max_checks`` checks is this caller's."""
+        if self.checks < self.max_checks and not self._turns:
+            self.checks += 1
+            return
+        turn = asyncio.get_running_loop().create_future()
+        self._turns.append(turn)
+        try:
+            await turn  # _give_turn hands a check over: self.checks already counts it
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():
+                self._give_turn()  # it was handed over just now: pass it on
+            else:
+                self._turns.remove(turn)
+            raise
+
+    def _give_turn(self) -> None:
+        """A check ended: the next waiting caller's starts, else one fewer is in progress."""
+        while self._turns:
+            turn = self._turns.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                return
+        self.checks -= 1
+
+
+def client_key(host: str | None) -> str:
+    """Whose turn a password check is: the client's address, an IPv6 one by its /64.
+
+    A host gets a /64 to itself (or more), so counting IPv6 addresses one by one would let
+    one host take every turn. ``""`` when the server gave no address.
+    """
+    if not host:
+        return ""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
 
 
 def _checkpw(password: bytes, hashed: bytes) -> bool:
@@ -459,7 +526,8 @@ class WebMiddleware:
             send = self._with_headers(send)
         if self.auth is not None:
             value = next((v for k, v in scope["headers"] if k == b"authorization"), None)
-            reason = await self.auth.check(value)
+            client = scope.get("client")
+            reason = await self.auth.check(value, client[0] if client else None)
             if reason is not None:
                 await _refuse(send, reason)
                 return
