@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import http.client
+import os
 import re
 import socket
 import ssl
@@ -570,3 +571,88 @@ def test_right_after_a_start_the_right_password_gets_in_during_a_flood(tmp_path:
                 t.join(30)
     assert firsts == [200, 200, 200]
     assert answers.count(401) >= 2 and 503 in answers  # the flood was checked, and limited
+
+
+# ------------------------------------------------------------------ certificate renewal
+
+
+def served_certificate(port: int) -> bytes:
+    """The DER certificate a new TLS connection to ``port`` is shown (not verified)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+        ctx.wrap_socket(raw) as tls,
+    ):
+        der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return der
+
+
+def der(path: Path) -> bytes:
+    return ssl.PEM_cert_to_DER_cert(path.read_text())
+
+
+def replace(path: Path, data: bytes) -> None:
+    """Write ``path`` at once, as the kubelet and cert-manager do (a new file renamed)."""
+    new = path.with_suffix(".new")
+    new.write_bytes(data)
+    os.replace(new, path)
+
+
+def test_a_renewed_certificate_is_served_without_a_restart(tmp_path: Path) -> None:
+    """Renewed under a running exporter: new connections get the new certificate, an open
+    one goes on, and a bad renewal keeps the last good certificate (logged and counted)."""
+    for name in ("first", "renewed", "live"):
+        (tmp_path / name).mkdir()
+    first = make_pki(tmp_path / "first")
+    renewed = make_pki(tmp_path / "renewed")  # another CA: a client trusts one or the other
+    live = tmp_path / "live"
+    cert, key = live / "tls.crt", live / "tls.key"
+    replace(cert, first.server_cert.read_bytes())
+    replace(key, first.server_key.read_bytes())
+    path = write_web_config(
+        tmp_path / "web.yml",
+        {"tls_server_config": {"cert_file": "live/tls.crt", "key_file": str(key)}},
+    )
+    ex = LocalExporter(
+        "--web.config.file",
+        str(path),
+        ssl_context=first.client_context(),
+        quiet=False,
+        capture_output=True,
+    )
+    with ex:
+        kept = http.client.HTTPSConnection("127.0.0.1", ex.port, context=first.client_context())
+        kept.request("GET", "/healthz")
+        assert kept.getresponse().read() == b'{"status":"ok"}'
+        assert served_certificate(ex.port) == der(first.server_cert)
+
+        replace(cert, renewed.server_cert.read_bytes())
+        replace(key, renewed.server_key.read_bytes())
+        assert served_certificate(ex.port) == der(renewed.server_cert)
+        url = ex.url + "/healthz"
+        assert request(url, renewed.client_context())[0] == 200  # verified against the new CA
+        with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+            request(url, first.client_context())
+        kept.request("GET", "/healthz")  # the connection opened before goes on
+        assert kept.getresponse().read() == b'{"status":"ok"}'
+        kept.close()
+
+        replace(cert, b"not a certificate\n")  # a bad renewal
+        assert served_certificate(ex.port) == der(renewed.server_cert)
+        replace(cert, first.server_cert.read_bytes())  # a certificate of another key
+        assert served_certificate(ex.port) == der(renewed.server_cert)
+        assert served_certificate(ex.port) == der(renewed.server_cert)  # tried once per change
+        with urllib.request.urlopen(
+            ex.url + "/metrics", timeout=10, context=renewed.client_context()
+        ) as r:
+            metrics = parse_metrics(r.read().decode())
+        reloads = "trainmon_http_tls_reloads_total"
+        assert sample(metrics, reloads, result="success") == 1
+        assert sample(metrics, reloads, result="failure") == 2
+    out = ex.stop()
+    assert out.count("do not load; still serving the previous certificate") == 2, out
+    assert "not a PEM certificate and matching private key" in out
+    assert "key values mismatch" in out

@@ -43,6 +43,7 @@ from trainmon_exporter.views.api import GpusResponse, RunsResponse, gpu_snapshot
 from trainmon_exporter.views.html import StatusPage, render_status
 from trainmon_exporter.webconfig import (
     AuthStats,
+    TlsStats,
     WebConfig,
     WebMiddleware,
     load_web_config,
@@ -67,6 +68,7 @@ class Exporter:
     scrapes: SharedScrapes | None = None
     api_gate: RequestGate | None = None
     auth_stats: AuthStats | None = None
+    tls_stats: TlsStats | None = None
 
 
 class GpusRequiredError(RuntimeError):
@@ -107,6 +109,8 @@ def build_exporter(
     registry.register(http_stats)  # type: ignore[arg-type]
     auth_stats = AuthStats()
     registry.register(auth_stats)  # type: ignore[arg-type]
+    tls_stats = TlsStats()
+    registry.register(tls_stats)  # type: ignore[arg-type]
     gpus = None
     if settings.collectors.gpu or settings.collectors.rank_gpu:
         gpus = GpuSampler(
@@ -148,6 +152,7 @@ def build_exporter(
         scrapes,
         api_gate,
         auth_stats,
+        tls_stats,
     )
 
 

@@ -2412,6 +2412,27 @@ HTTP_AUTH_FAILURES = Family(
     ),
 )
 
+HTTP_TLS_RELOADS = Family(
+    "trainmon_http_tls_reloads",
+    COUNTER,
+    (
+        "Loads of the TLS certificate, key and client CA after their files changed (web "
+        "config file), by result: success (new connections get the new certificate), failure "
+        "(the new files do not load; the certificate loaded before is still served)."
+    ),
+    ("result",),
+    unit="1",
+    collector="http",
+    doc=(
+        "Loads of `tls_server_config`'s `cert_file`, `key_file` and `client_ca_file` after "
+        "one of them changed (checked at each TLS handshake, as a certificate renewal writes "
+        "them): `success` (new connections get the new certificate; open ones keep theirs), "
+        "`failure` (a file is missing, unreadable, not PEM or not a pair: the certificate "
+        "loaded before is still served, an error is logged, and the files are tried again "
+        "when they next change). Always 0 without `tls_server_config`."
+    ),
+)
+
 
 # ---------- log: lines the log limiter suppressed
 
@@ -2744,6 +2765,7 @@ EXPORTER_TABLE: tuple[Family, ...] = (
     HTTP_CONNECTIONS_CLOSED,
     HTTP_REQUESTS_REFUSED,
     HTTP_AUTH_FAILURES,
+    HTTP_TLS_RELOADS,
     EXPORTER_LOG_MESSAGES_SUPPRESSED,
     SCRAPE_COLLECTOR_DURATION_SECONDS,
     SCRAPE_COLLECTOR_SUCCESS,

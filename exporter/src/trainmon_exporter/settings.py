@@ -373,7 +373,8 @@ class Settings(BaseSettings):
         description="Web configuration file (YAML, the Prometheus exporter toolkit's format, "
         "also --web.config.file): tls_server_config serves HTTPS, basic_auth_users requires "
         "a user and password (bcrypt hashes) on every route. Read at start; an invalid file "
-        "stops the exporter. See docs/exporter.md, TLS and basic auth.",
+        "stops the exporter; the certificate, key and client CA it names are read again when "
+        "they change. See docs/exporter.md, TLS and basic auth.",
     )
     http_max_concurrent_auth_checks: int = Field(
         2,

@@ -15,7 +15,9 @@ What trainmon supports of that format: ``tls_server_config`` (``cert_file``, ``k
 ``prefer_server_cipher_suites``), ``http_server_config`` (``headers``; ``http2`` is accepted
 and has no effect: the exporter speaks HTTP/1.1) and ``basic_auth_users``. Any other key is an
 error at start, named, so a file never loses a protection silently. The file is read once at
-start (the toolkit re-reads it on every request): restart the exporter to apply a change.
+start (the toolkit re-reads it on every request): restart the exporter to apply a change. The
+certificate, key and client CA it names are read again when they change
+(:class:`TlsReloader`, checked at each TLS handshake), so a renewal needs no restart.
 
 Basic auth covers every route, ``/healthz`` and ``/readyz`` included, as in the toolkit. A
 bcrypt check costs about 0.1 s of CPU at cost 10, so it runs in a worker thread, at most
@@ -42,6 +44,7 @@ import hashlib
 import hmac
 import ipaddress
 import logging
+import os
 import re
 import ssl
 import threading
@@ -345,6 +348,118 @@ def load_web_config(path: str | Path) -> WebConfig:
         if (value := getattr(tls, name)) is not None and not value.is_absolute()
     }
     return web.model_copy(update={"tls_server_config": tls.model_copy(update=files)})
+
+
+TLS_RELOAD_RESULTS = ("success", "failure")
+"""``result`` values of ``trainmon_http_tls_reloads_total``."""
+
+
+class TlsStats:
+    """Counts of certificate reloads by result (thread-safe), exported by :meth:`collect`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.reloads = dict.fromkeys(TLS_RELOAD_RESULTS, 0)
+
+    def reloaded(self, result: str) -> None:
+        """Count one reload that ended in ``result``."""
+        with self._lock:
+            self.reloads[result] += 1
+
+    def collect(self) -> Iterable[Metric]:
+        """``trainmon_http_tls_reloads_total``, every result from 0 (also without TLS)."""
+        family = catalog.HTTP_TLS_RELOADS.counter()
+        with self._lock:
+            for result, n in self.reloads.items():
+                family.add_metric([result], float(n))
+        return [family]
+
+
+FileState = tuple[int, int, int, int] | str
+"""What :class:`TlsReloader` compares to tell that a file changed: device, inode, size and
+modification time in ns (of the file a symbolic link leads to), or the error of ``stat``."""
+
+
+class TlsReloader:
+    """The server's TLS context, made again when its certificate, key or client CA change.
+
+    Certificates are renewed under a running exporter (cert-manager rewrites a Secret, the
+    kubelet swaps the mounted files; certbot writes new ones). At each TLS handshake, in the
+    server's ``sni_callback`` (OpenSSL calls it for every client hello, with or without SNI),
+    the files are checked with ``stat`` (a few microseconds, against a millisecond of
+    handshake); when one changed they are loaded into a new context, and this handshake and
+    every later one use it. Connections already open keep theirs. Files that do not load
+    (missing, not PEM, a key of another certificate: e.g. a renewal caught between writing
+    the certificate and the key) leave the previous context in use, are logged and counted,
+    and are tried again when they next change. The exporter toolkit reads the files at every
+    handshake instead; checking that they changed gives the same result without parsing PEM
+    on every connection.
+
+    Args:
+        config: the ``tls_server_config`` (paths already made absolute).
+        stats: where reloads are counted.
+
+    Raises:
+        WebConfigError: the files do not load at start (see
+            :meth:`TlsServerConfig.ssl_context`).
+    """
+
+    def __init__(self, config: TlsServerConfig, stats: TlsStats | None = None) -> None:
+        self.config = config
+        self.stats = stats if stats is not None else TlsStats()
+        self._files = [config.cert_file, config.key_file]
+        if config.client_ca_file is not None:
+            self._files.append(config.client_ca_file)
+        self._seen = self._state()  # before loading: a change during the load is seen later
+        self.context = config.ssl_context()
+        """The context handshakes use now (the last that loaded)."""
+        self.server_context = self.context
+        """The context to give the server; its ``sni_callback`` switches each connection to
+        :attr:`context`."""
+        self.server_context.sni_callback = self._on_client_hello
+
+    def _state(self) -> list[FileState]:
+        out: list[FileState] = []
+        for path in self._files:
+            try:
+                st = os.stat(path)
+            except OSError as exc:
+                out.append(exc.strerror or str(exc))
+            else:
+                out.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+        return out
+
+    def check(self) -> bool:
+        """Load the files again if they changed since last seen; True when a new context loaded.
+
+        Never raises: a failure is logged and counted, and the previous context stays.
+        """
+        state = self._state()
+        if state == self._seen:
+            return False
+        self._seen = state
+        try:
+            context = self.config.ssl_context()
+        except WebConfigError as exc:
+            self.stats.reloaded("failure")
+            log.error(
+                "TLS files changed but do not load; still serving the previous certificate: %s", exc
+            )
+            return False
+        self.context = context
+        self.stats.reloaded("success")
+        log.info("TLS certificate reloaded from %s", self.config.cert_file)
+        return True
+
+    def _on_client_hello(
+        self, connection: ssl.SSLObject | ssl.SSLSocket, server_name: str | None, _: Any
+    ) -> None:
+        try:
+            self.check()
+            if self.context is not self.server_context:
+                connection.context = self.context
+        except Exception:  # an exception here would fail the handshake
+            log.exception("TLS certificate reload failed")
 
 
 class AuthStats:
