@@ -656,3 +656,33 @@ def test_a_renewed_certificate_is_served_without_a_restart(tmp_path: Path) -> No
     assert out.count("do not load; still serving the previous certificate") == 2, out
     assert "not a PEM certificate and matching private key" in out
     assert "key values mismatch" in out
+
+
+def test_client_certificates_are_still_required_after_a_renewal(tmp_path: Path) -> None:
+    """A connection switched to the renewed context keeps the client policy: no certificate,
+    or one of the old CA, is refused; one of the new CA is let in."""
+    for name in ("first", "renewed", "live"):
+        (tmp_path / name).mkdir()
+    first, renewed = make_pki(tmp_path / "first"), make_pki(tmp_path / "renewed")
+    live = {name: tmp_path / "live" / name for name in ("tls.crt", "tls.key", "ca.crt")}
+
+    def install(pki: Pki) -> None:
+        for name, source in zip(live, (pki.server_cert, pki.server_key, pki.ca), strict=True):
+            replace(live[name], source.read_bytes())
+
+    install(first)
+    tls = tls_section(first, client_auth_type="RequireAndVerifyClientCert")
+    tls |= {"cert_file": str(live["tls.crt"]), "key_file": str(live["tls.key"])}
+    tls["client_ca_file"] = str(live["ca.crt"])
+    path = write_web_config(tmp_path / "web.yml", {"tls_server_config": tls})
+    with LocalExporter(
+        "--web.config.file", str(path), ssl_context=first.client_context(with_client_cert=True)
+    ) as ex:
+        url = ex.url + "/healthz"
+        install(renewed)
+        assert request(url, renewed.client_context(with_client_cert=True))[0] == 200
+        old_client = renewed.client_context()
+        old_client.load_cert_chain(first.client_cert, first.client_key)
+        for refused in (renewed.client_context(), old_client):
+            with pytest.raises((ssl.SSLError, OSError)):
+                request(url, refused)
