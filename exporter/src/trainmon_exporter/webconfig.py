@@ -354,25 +354,36 @@ TLS_RELOAD_RESULTS = ("success", "failure")
 """``result`` values of ``trainmon_http_tls_reloads_total``."""
 
 
-class TlsStats:
-    """Counts of certificate reloads by result (thread-safe), exported by :meth:`collect`."""
+class _Counts:
+    """Counts by the value of one label (thread-safe), exported by :meth:`collect`."""
+
+    def __init__(self, family: catalog.Family, values: tuple[str, ...]) -> None:
+        self._family = family
+        self._lock = threading.Lock()
+        self.counts = dict.fromkeys(values, 0)
+
+    def _add(self, value: str) -> None:
+        with self._lock:
+            self.counts[value] += 1
+
+    def collect(self) -> Iterable[Metric]:
+        """The family, every value from 0 (also where the feature is off)."""
+        family = self._family.counter()
+        with self._lock:
+            for value, n in self.counts.items():
+                family.add_metric([value], float(n))
+        return [family]
+
+
+class TlsStats(_Counts):
+    """``trainmon_http_tls_reloads_total``: certificate reloads by result."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.reloads = dict.fromkeys(TLS_RELOAD_RESULTS, 0)
+        super().__init__(catalog.HTTP_TLS_RELOADS, TLS_RELOAD_RESULTS)
 
     def reloaded(self, result: str) -> None:
         """Count one reload that ended in ``result``."""
-        with self._lock:
-            self.reloads[result] += 1
-
-    def collect(self) -> Iterable[Metric]:
-        """``trainmon_http_tls_reloads_total``, every result from 0 (also without TLS)."""
-        family = catalog.HTTP_TLS_RELOADS.counter()
-        with self._lock:
-            for result, n in self.reloads.items():
-                family.add_metric([result], float(n))
-        return [family]
+        self._add(result)
 
 
 FileState = tuple[int, int, int, int] | str
@@ -462,25 +473,16 @@ class TlsReloader:
             log.exception("TLS certificate reload failed")
 
 
-class AuthStats:
-    """Counts of refused requests by reason (thread-safe), exported by :meth:`collect`."""
+class AuthStats(_Counts):
+    """``trainmon_http_auth_failures_total``: refused requests by reason."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.failures = dict.fromkeys(AUTH_FAILURE_REASONS, 0)
+        super().__init__(catalog.HTTP_AUTH_FAILURES, AUTH_FAILURE_REASONS)
+        self.failures = self.counts
 
     def fail(self, reason: str) -> None:
         """Count one request refused for ``reason``."""
-        with self._lock:
-            self.failures[reason] += 1
-
-    def collect(self) -> Iterable[Metric]:
-        """``trainmon_http_auth_failures_total``, every reason from 0 (also without auth)."""
-        family = catalog.HTTP_AUTH_FAILURES.counter()
-        with self._lock:
-            for reason, n in self.failures.items():
-                family.add_metric([reason], float(n))
-        return [family]
+        self._add(reason)
 
 
 class BasicAuth:
