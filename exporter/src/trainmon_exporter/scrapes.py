@@ -133,7 +133,8 @@ class SharedScrapes:
         except BaseException:
             self.release(d)
             raise
-        assert d.held is not None
+        if d.held is None:  # closed for a newer body before it could start: nobody reads this
+            return Response(status_code=503, headers={"Retry-After": "1"})
         return _SharedBodyResponse(self, d, d.held.data, media_type=content_type)
 
     async def _fly(self, key: Hashable, flight: _Flight, render: Callable[[], bytes]) -> None:
