@@ -369,7 +369,7 @@ def scrapes(hold: float) -> None:
         t_end = time.monotonic()
         applied_now = None
         while applied_now is None and time.monotonic() - t_end < 30:
-            # /metrics may answer 503 while the readers hold the concurrent-scrape slots
+            # a scrape that fails (a timeout under load) is tried again
             with contextlib.suppress(Exception):
                 applied_now = ex.metric('trainmon_train_steps_total{rank="0",run="normal"}')
         lag = time.monotonic() - t_end
