@@ -13,6 +13,10 @@ Each attack runs against a fresh exporter subprocess while a prober GETs ``/heal
 - ``scrapes``: 64 ranks with 256 custom metrics each (one uid; its quotas and the scrape sample
   limit raised so the whole exposition is served); 4 threads read ``/metrics`` in a loop
   and 4 connections request it without reading the answer, while a trainer logs 100 steps/s.
+- ``never_read``: the same 64 ranks; 4 connections request ``/metrics`` and never read the
+  answer, each reopened as soon as the exporter closes it, while a Prometheus-like scraper
+  GETs ``/metrics`` every second (10 s timeout): how many of its scrapes are answered, against
+  the same scraper alone just before; unread answers closed; RSS.
 - ``series``: one client within every per-rank cap (256 runs x (256 custom metrics + 128
   layers)) plus 100,000 ``Run.track`` operation names: exposition size, scrape time, RSS.
 - ``hello_churn``: the rank table full (``--max-ranks 64``) of live ranks; short connections
@@ -44,6 +48,7 @@ import contextlib
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -364,7 +369,7 @@ def scrapes(hold: float) -> None:
         t_end = time.monotonic()
         applied_now = None
         while applied_now is None and time.monotonic() - t_end < 30:
-            # /metrics may answer 503 while the readers hold the concurrent-scrape slots
+            # a scrape that fails (a timeout under load) is tried again
             with contextlib.suppress(Exception):
                 applied_now = ex.metric('trainmon_train_steps_total{rank="0",run="normal"}')
         lag = time.monotonic() - t_end
@@ -383,6 +388,91 @@ def scrapes(hold: float) -> None:
         )
         for s in lazy + conns:
             s.close()
+
+
+def _closed_by_peer(s: socket.socket) -> bool:
+    """Whether the exporter reset or closed ``s`` (an unread request's connection)."""
+    return s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) != 0
+
+
+def _scrape_every(port: int, seconds: float, every: float = 1.0) -> tuple[list[float], list[str]]:
+    """GET /metrics every ``every`` s for ``seconds`` (10 s timeout, as Prometheus' default):
+    latencies of the answers, and what became of the others (``503``, ``timeout``...)."""
+    lat: list[float] = []
+    bad: list[str] = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        t = time.perf_counter()
+        try:
+            st, _ = get(port, "/metrics", timeout=10)
+            if st == 200:
+                lat.append(time.perf_counter() - t)
+            else:
+                bad.append(str(st))
+        except OSError as exc:
+            bad.append(type(exc).__name__)
+        time.sleep(max(0.0, every - (time.perf_counter() - t)))
+    return lat, bad
+
+
+def never_read(hold: float) -> None:
+    """4 /metrics requests never read, reopened when closed; a Prometheus-like scraper beside."""
+    ranks = fd_budget(64 + 8, "never_read") - 8
+    quotas = ("--max-ranks-per-uid", "128", "--max-series-per-uid", "50000")
+    with Exporter(*quotas, "--scrape-sample-limit", "100000") as ex:
+        conns = _fill(ex.socket, ranks, 256)
+        time.sleep(1.0)
+        size = len(get(ex.port, "/metrics", timeout=60)[1])
+        base_lat, base_bad = _scrape_every(ex.port, max(2.0, hold / 2))
+        rss0 = ex.rss_mib()
+        prober = Prober(ex.port)
+        prober.start()
+        cpu0, t0 = ex.cpu_seconds(), time.monotonic()
+        stop = threading.Event()
+        reopened = [0]
+        rss_max = [rss0]
+
+        def squat() -> None:
+            lazy = [_unread(ex.port, "/metrics") for _ in range(4)]
+            while not stop.wait(0.05):
+                for i, s in enumerate(lazy):
+                    if _closed_by_peer(s):
+                        s.close()
+                        lazy[i] = _unread(ex.port, "/metrics")
+                        reopened[0] += 1
+                rss_max[0] = max(rss_max[0], ex.rss_mib())
+            for s in lazy:
+                s.close()
+
+        squatter = threading.Thread(target=squat, daemon=True)
+        squatter.start()
+        time.sleep(0.5)  # the four unread answers are waiting before the first scrape
+        lat, bad = _scrape_every(ex.port, hold)
+        stop.set()
+        squatter.join(30)
+        prober.stop()
+        closed = ex.metric('trainmon_http_connections_closed_total{reason="unread"}')
+        timeouts = ex.metric('trainmon_http_connections_closed_total{reason="write_timeout"}')
+        tried = len(lat) + len(bad)
+        base_tried = len(base_lat) + len(base_bad)
+        ok = not bad and tried > 0
+        ratio = statistics.median(lat) / statistics.median(base_lat) if lat and base_lat else 0.0
+        _report(
+            "never_read",
+            ex,
+            prober,
+            cpu0,
+            t0,
+            f"exposition {size / 1e6:.1f} MB; scrapes alone first: {len(base_lat)} of "
+            f"{base_tried} answered ({latency_summary(base_lat, len(base_bad))}); beside 4 "
+            f"connections that never read (reopened {reopened[0]} times as the exporter closed "
+            f"them: unread {closed}, write_timeout {timeouts}): {len(lat)} of {tried} answered "
+            f"({', '.join(bad) or 'none refused or failed'}; {latency_summary(lat, len(bad))}, "
+            f"p50 {ratio:.1f}x alone); every scrape answered {_held(ok)}; RSS {rss0:.0f} MiB "
+            f"before, at most {rss_max[0]:.0f} during",
+        )
+        for c in conns:
+            c.close()
 
 
 def series(hold: float) -> None:
@@ -780,6 +870,7 @@ ATTACKS = {
     "flood": flood,
     "multi_flood": multi_flood,
     "scrapes": scrapes,
+    "never_read": never_read,
     "series": series,
     "hello_churn": hello_churn,
     "api_memory": api_memory,

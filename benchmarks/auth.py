@@ -5,16 +5,18 @@ Three real exporter processes in turn, in the same run: plain HTTP (the baseline
 cost ``--cost``), all with a self-signed CA made here. For each, ``--requests`` GETs of
 ``/healthz`` on one keep-alive connection (as Prometheus scrapes) and on a fresh connection
 each (a TLS handshake each). Then, on the basic-auth exporter, ``--flood`` threads send wrong
-passwords as fast as they are answered for ``--seconds`` while one scraper with the right
-password requests ``/healthz`` every 50 ms.
+passwords as fast as they are answered for ``--seconds`` from two other addresses (127.0.0.2
+and 127.0.0.3, so both default password checks are busy) while one scraper with the right
+password requests ``/healthz`` every 50 ms, and a user whose password was never verified (as
+after a restart) sends its first request half a second into the flood.
 
     python benchmarks/auth.py [--requests 300 --cost 10 --flood 4 --seconds 5]
     python benchmarks/auth.py --smoke      # seconds: bcrypt cost 4, a few requests
 
 Prints p50 / p99 / max milliseconds per setting, the first authenticated request (the one
 bcrypt check) against the second (a cached digest), and the scraper's latency during the
-flood with how the flood's requests were answered (401, or 503 past
-``http_max_concurrent_auth_checks``).
+flood with how the flood's requests were answered (401, or 503 for a second check from one
+address), and the never-verified user's first answer and its latency.
 """
 
 from __future__ import annotations
@@ -44,10 +46,16 @@ def basic(password: str, user: str = USER) -> dict[str, str]:
     return {"Authorization": f"Basic {token}"}
 
 
-def connection(port: int, ctx: ssl.SSLContext | None) -> http.client.HTTPConnection:
+def connection(
+    port: int, ctx: ssl.SSLContext | None, source: str | None = None
+) -> http.client.HTTPConnection:
+    """A connection to the exporter, from the local address ``source`` if given."""
+    address = None if source is None else (source, 0)
     if ctx is None:
-        return http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    return http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=ctx)
+        return http.client.HTTPConnection("127.0.0.1", port, timeout=10, source_address=address)
+    return http.client.HTTPSConnection(
+        "127.0.0.1", port, timeout=10, context=ctx, source_address=address
+    )
 
 
 def timed_get(conn: http.client.HTTPConnection, headers: dict[str, str]) -> tuple[float, int]:
@@ -80,21 +88,29 @@ def measure(
     return latency_summary(keep), latency_summary(fresh)
 
 
-def flood(port: int, ctx: ssl.SSLContext, threads: int, seconds: float) -> tuple[str, Counter[int]]:
-    """The right-password scraper's latency while ``threads`` send wrong passwords."""
+FLOOD_SOURCES = ("127.0.0.2", "127.0.0.3")
+
+
+def flood(
+    port: int, ctx: ssl.SSLContext, threads: int, seconds: float
+) -> tuple[str, Counter[int], tuple[float, int]]:
+    """The right-password scraper's latency while ``threads`` send wrong passwords (from
+    :data:`FLOOD_SOURCES` in turn), and the first request of the never-verified user
+    ``late`` half a second in: ``(seconds, status)``."""
     answers: Counter[int] = Counter()
     lock = threading.Lock()
     stop = threading.Event()
 
     def attacker(i: int) -> None:
-        conn = connection(port, ctx)
+        source = FLOOD_SOURCES[i % len(FLOOD_SOURCES)]
+        conn = connection(port, ctx, source)
         wrong = basic(f"guess-{i}")
         while not stop.is_set():
             try:
                 _, status = timed_get(conn, wrong)
             except (OSError, http.client.HTTPException):
                 conn.close()
-                conn = connection(port, ctx)
+                conn = connection(port, ctx, source)
                 continue
             with lock:
                 answers[status] += 1
@@ -107,8 +123,14 @@ def flood(port: int, ctx: ssl.SSLContext, threads: int, seconds: float) -> tuple
     right = basic(PASSWORD)
     lat = []
     failed = 0
-    deadline = time.monotonic() + seconds
+    late = (0.0, 0)
+    start = time.monotonic()
+    deadline = start + seconds
     while time.monotonic() < deadline:
+        if not late[1] and time.monotonic() - start > min(0.5, seconds / 2):
+            first = connection(port, ctx)
+            late = timed_get(first, basic(PASSWORD, "late"))
+            first.close()
         dt, status = timed_get(conn, right)
         if status == 200:
             lat.append(dt)
@@ -119,7 +141,7 @@ def flood(port: int, ctx: ssl.SSLContext, threads: int, seconds: float) -> tuple
     for w in workers:
         w.join(10)
     conn.close()
-    return latency_summary(lat, failed), answers
+    return latency_summary(lat, failed), answers, late
 
 
 def main() -> int:
@@ -138,7 +160,8 @@ def main() -> int:
         ctx = pki.client_context()
         tls = {"cert_file": str(pki.server_cert), "key_file": str(pki.server_key)}
         # "fresh" is a second user no request has used yet: its first request pays for bcrypt
-        users = {USER: bcrypt_hash(PASSWORD, args.cost), "fresh": bcrypt_hash(PASSWORD, args.cost)}
+        # "late" is verified for the first time during the flood, as after a restart
+        users = {u: bcrypt_hash(PASSWORD, args.cost) for u in (USER, "fresh", "late")}
         settings: list[tuple[str, dict[str, object] | None, ssl.SSLContext | None]] = [
             ("plain HTTP (baseline)", None, None),
             ("HTTPS", {"tls_server_config": tls}, ctx),
@@ -169,11 +192,13 @@ def main() -> int:
                 keep, fresh = measure(ex.port, client_ctx, headers, args.requests)
                 print(f"{name}\n  keep-alive:       {keep}\n  fresh connection: {fresh}")
                 if auth:
-                    summary, answers = flood(ex.port, ctx, args.flood, args.seconds)
+                    summary, answers, late = flood(ex.port, ctx, args.flood, args.seconds)
                     print(
                         f"  during a flood of wrong passwords from {args.flood} connections "
-                        f"({args.seconds:g} s): scraper {summary}; flood answered "
-                        f"{answers[401]} x 401, {answers[503]} x 503"
+                        f"on {len(FLOOD_SOURCES)} other addresses ({args.seconds:g} s): "
+                        f"scraper {summary}; flood answered {answers[401]} x 401, "
+                        f"{answers[503]} x 503; a never-verified user's first request: "
+                        f"{late[1]} in {late[0] * 1e3:.1f} ms"
                     )
     return 0
 

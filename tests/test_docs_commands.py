@@ -61,6 +61,9 @@ SKIP: dict[str, str] = {
     "victoria-metrics ": "a long-running storage server; tests/deploy run it on loopback",
     "vmalert ": "needs a VictoriaMetrics and an Alertmanager at the documented addresses",
     "torchrun --standalone --nproc_per_node=8": "eight training processes (a GPU node)",
+    "git checkout v": "a release's tag, made when the release is; tests/deploy/test_image_files.py "
+    "reads this block and checks the reference it pushes",
+    "export SOURCE_DATE_EPOCH=": "part of the release block above",
     "kustomize ": "edits a kustomization for a registry that does not exist here",
     "kubectl apply": "needs a Kubernetes cluster; tests/deploy render and validate the manifests",
     "kubectl create secret": "needs a Kubernetes cluster and the certificate files; "

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import http.client
+import os
 import re
 import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -347,6 +350,33 @@ def test_checks_past_the_limit_are_refused_at_once(counted: CountingBcrypt) -> N
     assert asyncio.run(verified_then_flood()) == ["rejected", None]
 
 
+def test_a_flooding_address_holds_one_check_and_others_wait_their_turn(
+    counted: CountingBcrypt,
+) -> None:
+    stats = AuthStats()
+    auth = BasicAuth({USER: HASH.encode()}, stats, max_checks=1)
+
+    async def run() -> list[str | None]:
+        flood = [auth.check(basic(USER, f"guess-{i}"), "10.0.0.2") for i in range(4)]
+        flood += [auth.check(basic(USER, f"guess-{i}"), f"2001:db8::{i}") for i in range(4)]
+        return list(await asyncio.gather(*flood, auth.check(basic(USER, PASSWORD), "10.0.0.1")))
+
+    *flood, right = asyncio.run(run())
+    # One check per address (an IPv6 /64 is one address), the right password in its turn.
+    assert right is None
+    assert flood == ["rejected", *["check_limit"] * 3, "rejected", *["check_limit"] * 3]
+    assert counted.calls == 3 and auth.checks == 0
+
+
+def test_client_keys() -> None:
+    assert webconfig.client_key("10.1.2.3") == "10.1.2.3"
+    assert webconfig.client_key("::ffff:10.1.2.3") == "10.1.2.3"
+    assert webconfig.client_key("2001:db8:1:2:aaaa::1") == "2001:db8:1:2::/64"
+    assert webconfig.client_key("2001:db8:1:2:bbbb::9") == "2001:db8:1:2::/64"
+    assert webconfig.client_key(None) == webconfig.client_key("") == ""
+    assert webconfig.client_key("testclient") == "testclient"
+
+
 # ------------------------------------------------------------------------ a real exporter
 
 
@@ -504,3 +534,155 @@ def test_basic_auth_over_plain_http_works_and_warns(tmp_path: Path) -> None:
         assert ex.get_json("/healthz") == {"status": "ok"}
     out = ex.stop()
     assert "passwords cross the network in clear text" in out, out
+
+
+def test_right_after_a_start_the_right_password_gets_in_during_a_flood(tmp_path: Path) -> None:
+    """No password is verified yet (a restart): wrong passwords from two other addresses
+    keep both bcrypt checks busy, and the right one is still let in at its first try."""
+    scrapers = (USER, "second", "third")
+    users = {name: bcrypt_hash(PASSWORD, 10) for name in scrapers}
+    users["probe"] = bcrypt_hash("probe-password", 4)  # the readiness checks' own user
+    path = write_web_config(tmp_path / "web.yml", {"basic_auth_users": users})
+    with LocalExporter("--web.config.file", str(path), auth=("probe", "probe-password")) as ex:
+        stop = threading.Event()
+        answers: list[int] = []
+
+        def flood(source: str) -> None:
+            conn = http.client.HTTPConnection("127.0.0.1", ex.port, source_address=(source, 0))
+            while not stop.is_set():
+                conn.request("GET", "/healthz", headers={"Authorization": basic(USER, "guess")})
+                response = conn.getresponse()
+                response.read()
+                answers.append(response.status)
+            conn.close()
+
+        threads = [
+            threading.Thread(target=flood, args=(source,))
+            for source in ("127.0.0.2", "127.0.0.2", "127.0.0.3", "127.0.0.3")
+        ]
+        for t in threads:
+            t.start()
+        try:
+            time.sleep(0.5)
+            firsts = [request(ex.url + "/healthz", auth=(u, PASSWORD))[0] for u in scrapers]
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(30)
+    assert firsts == [200, 200, 200]
+    assert answers.count(401) >= 2 and 503 in answers  # the flood was checked, and limited
+
+
+# ------------------------------------------------------------------ certificate renewal
+
+
+def served_certificate(port: int) -> bytes:
+    """The DER certificate a new TLS connection to ``port`` is shown (not verified)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+        ctx.wrap_socket(raw) as tls,
+    ):
+        der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return der
+
+
+def der(path: Path) -> bytes:
+    return ssl.PEM_cert_to_DER_cert(path.read_text())
+
+
+def replace(path: Path, data: bytes) -> None:
+    """Write ``path`` at once, as the kubelet and cert-manager do (a new file renamed)."""
+    new = path.with_suffix(".new")
+    new.write_bytes(data)
+    os.replace(new, path)
+
+
+def test_a_renewed_certificate_is_served_without_a_restart(tmp_path: Path) -> None:
+    """Renewed under a running exporter: new connections get the new certificate, an open
+    one goes on, and a bad renewal keeps the last good certificate (logged and counted)."""
+    for name in ("first", "renewed", "live"):
+        (tmp_path / name).mkdir()
+    first = make_pki(tmp_path / "first")
+    renewed = make_pki(tmp_path / "renewed")  # another CA: a client trusts one or the other
+    live = tmp_path / "live"
+    cert, key = live / "tls.crt", live / "tls.key"
+    replace(cert, first.server_cert.read_bytes())
+    replace(key, first.server_key.read_bytes())
+    path = write_web_config(
+        tmp_path / "web.yml",
+        {"tls_server_config": {"cert_file": "live/tls.crt", "key_file": str(key)}},
+    )
+    ex = LocalExporter(
+        "--web.config.file",
+        str(path),
+        ssl_context=first.client_context(),
+        quiet=False,
+        capture_output=True,
+    )
+    with ex:
+        kept = http.client.HTTPSConnection("127.0.0.1", ex.port, context=first.client_context())
+        kept.request("GET", "/healthz")
+        assert kept.getresponse().read() == b'{"status":"ok"}'
+        assert served_certificate(ex.port) == der(first.server_cert)
+
+        replace(cert, renewed.server_cert.read_bytes())
+        replace(key, renewed.server_key.read_bytes())
+        assert served_certificate(ex.port) == der(renewed.server_cert)
+        url = ex.url + "/healthz"
+        assert request(url, renewed.client_context())[0] == 200  # verified against the new CA
+        with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+            request(url, first.client_context())
+        kept.request("GET", "/healthz")  # the connection opened before goes on
+        assert kept.getresponse().read() == b'{"status":"ok"}'
+        kept.close()
+
+        replace(cert, b"not a certificate\n")  # a bad renewal
+        assert served_certificate(ex.port) == der(renewed.server_cert)
+        replace(cert, first.server_cert.read_bytes())  # a certificate of another key
+        assert served_certificate(ex.port) == der(renewed.server_cert)
+        assert served_certificate(ex.port) == der(renewed.server_cert)  # tried once per change
+        with urllib.request.urlopen(
+            ex.url + "/metrics", timeout=10, context=renewed.client_context()
+        ) as r:
+            metrics = parse_metrics(r.read().decode())
+        reloads = "trainmon_http_tls_reloads_total"
+        assert sample(metrics, reloads, result="success") == 1
+        assert sample(metrics, reloads, result="failure") == 2
+    out = ex.stop()
+    assert out.count("do not load; still serving the previous certificate") == 2, out
+    assert "not a PEM certificate and matching private key" in out
+    assert "key values mismatch" in out
+
+
+def test_client_certificates_are_still_required_after_a_renewal(tmp_path: Path) -> None:
+    """A connection switched to the renewed context keeps the client policy: no certificate,
+    or one of the old CA, is refused; one of the new CA is let in."""
+    for name in ("first", "renewed", "live"):
+        (tmp_path / name).mkdir()
+    first, renewed = make_pki(tmp_path / "first"), make_pki(tmp_path / "renewed")
+    live = {name: tmp_path / "live" / name for name in ("tls.crt", "tls.key", "ca.crt")}
+
+    def install(pki: Pki) -> None:
+        for name, source in zip(live, (pki.server_cert, pki.server_key, pki.ca), strict=True):
+            replace(live[name], source.read_bytes())
+
+    install(first)
+    tls = tls_section(first, client_auth_type="RequireAndVerifyClientCert")
+    tls |= {"cert_file": str(live["tls.crt"]), "key_file": str(live["tls.key"])}
+    tls["client_ca_file"] = str(live["ca.crt"])
+    path = write_web_config(tmp_path / "web.yml", {"tls_server_config": tls})
+    with LocalExporter(
+        "--web.config.file", str(path), ssl_context=first.client_context(with_client_cert=True)
+    ) as ex:
+        url = ex.url + "/healthz"
+        install(renewed)
+        assert request(url, renewed.client_context(with_client_cert=True))[0] == 200
+        old_client = renewed.client_context()
+        old_client.load_cert_chain(first.client_cert, first.client_key)
+        for refused in (renewed.client_context(), old_client):
+            with pytest.raises((ssl.SSLError, OSError)):
+                request(url, refused)

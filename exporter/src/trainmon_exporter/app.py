@@ -24,7 +24,6 @@ import anyio.to_thread
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from prometheus_client import CollectorRegistry, disable_created_metrics
-from prometheus_client.exposition import choose_encoder, generate_latest
 
 from trainmon_exporter import __version__
 from trainmon_exporter.claims import OwnerClaims
@@ -35,6 +34,7 @@ from trainmon_exporter.ingest import IngestMetrics, IngestServer, connection_cap
 from trainmon_exporter.logsetup import LogMetrics, report_pending
 from trainmon_exporter.nvml import NvmlBackend, PynvmlBackend
 from trainmon_exporter.sampler import FAILED, NOT_STARTED, GpuSampler, GpuSnapshot
+from trainmon_exporter.scrapes import SharedScrapes, scrape_format
 from trainmon_exporter.settings import Settings
 from trainmon_exporter.shed import SampleBudget
 from trainmon_exporter.sockfile import IngestSocket
@@ -43,6 +43,7 @@ from trainmon_exporter.views.api import GpusResponse, RunsResponse, gpu_snapshot
 from trainmon_exporter.views.html import StatusPage, render_status
 from trainmon_exporter.webconfig import (
     AuthStats,
+    TlsStats,
     WebConfig,
     WebMiddleware,
     load_web_config,
@@ -64,9 +65,10 @@ class Exporter:
     started: float
     gpus: GpuSampler | None = None
     http_stats: HttpStats | None = None
-    scrape_gate: RequestGate | None = None
+    scrapes: SharedScrapes | None = None
     api_gate: RequestGate | None = None
     auth_stats: AuthStats | None = None
+    tls_stats: TlsStats | None = None
 
 
 class GpusRequiredError(RuntimeError):
@@ -107,6 +109,8 @@ def build_exporter(
     registry.register(http_stats)  # type: ignore[arg-type]
     auth_stats = AuthStats()
     registry.register(auth_stats)  # type: ignore[arg-type]
+    tls_stats = TlsStats()
+    registry.register(tls_stats)  # type: ignore[arg-type]
     gpus = None
     if settings.collectors.gpu or settings.collectors.rank_gpu:
         gpus = GpuSampler(
@@ -134,7 +138,7 @@ def build_exporter(
         idle_timeout=settings.ingest_idle_timeout_seconds,
         max_bytes_per_second=settings.ingest_max_bytes_per_second,
     )
-    gate = RequestGate(settings.http_max_concurrent_scrapes, http_stats, "scrape_limit")
+    scrapes = SharedScrapes(settings.http_max_concurrent_scrapes, http_stats)
     api_gate = RequestGate(settings.http_max_concurrent_api, http_stats, "api_limit")
     return Exporter(
         settings,
@@ -145,9 +149,10 @@ def build_exporter(
         time.time(),
         gpus,
         http_stats,
-        gate,
+        scrapes,
         api_gate,
         auth_stats,
+        tls_stats,
     )
 
 
@@ -233,8 +238,8 @@ def create_app(
     )
     app.state.exporter = ex
 
-    gate = ex.scrape_gate
-    assert gate is not None
+    scrapes = ex.scrapes
+    assert scrapes is not None
     text = TextExposition()
     text_lock = threading.Lock()
     budget = SampleBudget(ex.registry, settings.scrape_sample_limit)
@@ -248,28 +253,17 @@ def create_app(
     async def metrics(request: Request) -> Response:
         """Prometheus exposition (text 0.0.4, or OpenMetrics when asked for).
 
-        Collected in a worker thread; at most ``http_max_concurrent_scrapes`` at once (503
-        past it), each holding its slot until its body is written; never more than
-        ``scrape_sample_limit`` samples (:class:`SampleBudget` sheds the least important
-        series first). The text format comes from
-        :class:`TextExposition` (prometheus-client's bytes, each series' label text kept
-        between scrapes); OpenMetrics from prometheus-client.
+        Never refused: collected in a worker thread, one collection at a time, shared by
+        every scrape that arrived while the previous one ran; at most
+        ``http_max_concurrent_scrapes`` distinct bodies kept for clients still reading
+        (:class:`SharedScrapes`); never more than ``scrape_sample_limit`` samples
+        (:class:`SampleBudget` sheds the least important series first). The text format
+        comes from :class:`TextExposition` (prometheus-client's bytes, each series' label text
+        kept between scrapes); OpenMetrics from prometheus-client.
         """
-        if not gate.enter():
-            return PlainTextResponse(
-                "too many concurrent scrapes (http_max_concurrent_scrapes)\n",
-                status_code=503,
-                headers={"Retry-After": "1"},
-            )
-        try:
-            encoder, content_type = choose_encoder(request.headers.get("accept", ""))
-            if encoder is generate_latest:
-                encoder = render_text
-            body = await anyio.to_thread.run_sync(encoder, budget)
-        except BaseException:
-            gate.leave()
-            raise
-        return GatedResponse(gate, body, media_type=content_type)
+        key, content_type, encoder = scrape_format(request.headers.get("accept", ""))
+        encode = render_text if encoder is None else encoder
+        return await scrapes.response(key, lambda: encode(budget), content_type, request.scope)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

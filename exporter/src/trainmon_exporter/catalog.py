@@ -2352,7 +2352,9 @@ HTTP_CONNECTIONS_CLOSED = Family(
         "HTTP connections the exporter closed, by reason: header_timeout (no complete request "
         "head within http_header_timeout_seconds), evicted (oldest connection without a request "
         "in progress, closed to stay under http_limit_concurrency), write_timeout (response "
-        "unread for http_write_timeout_seconds)."
+        "unread for http_write_timeout_seconds), unread (the answer that waited longest for its "
+        "client to read it, closed when a newer request needed the room: a new connection at "
+        "http_limit_concurrency, or a /metrics body beyond http_max_concurrent_scrapes)."
     ),
     ("reason",),
     unit="1",
@@ -2361,7 +2363,11 @@ HTTP_CONNECTIONS_CLOSED = Family(
         "HTTP connections the exporter closed: `header_timeout` (no complete request head within "
         "`http_header_timeout_seconds`), `evicted` (the oldest connection without a request in "
         "progress, closed when a new one reaches `http_limit_concurrency`), `write_timeout` (a "
-        "response left unread for `http_write_timeout_seconds`; its buffered body is freed)."
+        "response left unread for `http_write_timeout_seconds`; its buffered body is freed), "
+        "`unread` (the answer that has waited longest for its client to read it, closed when a "
+        "newer request needs the room: a new connection at `http_limit_concurrency` while every "
+        "other one has a request in progress, or a new `/metrics` body beyond "
+        "`http_max_concurrent_scrapes` held at once)."
     ),
 )
 
@@ -2369,18 +2375,18 @@ HTTP_REQUESTS_REFUSED = Family(
     "trainmon_http_requests_refused",
     COUNTER,
     (
-        "HTTP requests answered 503 at once, by reason: scrape_limit (more than "
-        "http_max_concurrent_scrapes /metrics requests in progress), api_limit (more than "
-        "http_max_concurrent_api JSON API and status page requests in progress)."
+        "HTTP requests answered 503 at once, by reason: api_limit (more than "
+        "http_max_concurrent_api JSON API and status page requests in progress). /metrics is "
+        "never refused."
     ),
     ("reason",),
     unit="1",
     collector="http",
     doc=(
-        "Requests answered 503 at once, with `Retry-After: 1`: `scrape_limit` (more than "
-        "`http_max_concurrent_scrapes` `/metrics` requests in progress), `api_limit` (more than "
-        "`http_max_concurrent_api` `/api/v1/*` and status page requests in progress). A request "
-        "holds its slot until the client has read its body."
+        "Requests answered 503 at once, with `Retry-After: 1`: `api_limit` (more than "
+        "`http_max_concurrent_api` `/api/v1/*` and status page requests in progress; a request "
+        "holds its slot until the client has read its body). `/metrics` is never refused: "
+        "scrapes share collections ([scrapes](exporter.md#scrapes))."
     ),
 )
 
@@ -2390,8 +2396,8 @@ HTTP_AUTH_FAILURES = Family(
     (
         "HTTP requests refused by basic auth (web config file), by reason: missing (no Basic "
         "credentials), malformed (credentials that do not decode), rejected (unknown user or "
-        "wrong password), check_limit (503: http_max_concurrent_auth_checks password checks "
-        "in progress)."
+        "wrong password), check_limit (503: the client's address already had a password "
+        "check in progress or waiting)."
     ),
     ("reason",),
     unit="1",
@@ -2400,8 +2406,30 @@ HTTP_AUTH_FAILURES = Family(
         "Requests refused by the basic auth of the web configuration file (`--web.config.file`, "
         "`basic_auth_users`): `missing` (no Basic credentials; 401), `malformed` (credentials "
         "that do not decode; 401), `rejected` (an unknown user or a wrong password; 401), "
-        "`check_limit` (503 at once: `http_max_concurrent_auth_checks` bcrypt checks were in "
-        "progress). Always 0 without `basic_auth_users`."
+        "`check_limit` (503 at once: the client's address already had a bcrypt check in "
+        "progress or waiting its turn; checks past `http_max_concurrent_auth_checks` wait, one "
+        "per address). Always 0 without `basic_auth_users`."
+    ),
+)
+
+HTTP_TLS_RELOADS = Family(
+    "trainmon_http_tls_reloads",
+    COUNTER,
+    (
+        "Loads of the TLS certificate, key and client CA after their files changed (web "
+        "config file), by result: success (new connections get the new certificate), failure "
+        "(the new files do not load; the certificate loaded before is still served)."
+    ),
+    ("result",),
+    unit="1",
+    collector="http",
+    doc=(
+        "Loads of `tls_server_config`'s `cert_file`, `key_file` and `client_ca_file` after "
+        "one of them changed (checked at each TLS handshake, as a certificate renewal writes "
+        "them): `success` (new connections get the new certificate; open ones keep theirs), "
+        "`failure` (a file is missing, unreadable, not PEM or not a pair: the certificate "
+        "loaded before is still served, an error is logged, and the files are tried again "
+        "when they next change). Always 0 without `tls_server_config`."
     ),
 )
 
@@ -2737,6 +2765,7 @@ EXPORTER_TABLE: tuple[Family, ...] = (
     HTTP_CONNECTIONS_CLOSED,
     HTTP_REQUESTS_REFUSED,
     HTTP_AUTH_FAILURES,
+    HTTP_TLS_RELOADS,
     EXPORTER_LOG_MESSAGES_SUPPRESSED,
     SCRAPE_COLLECTOR_DURATION_SECONDS,
     SCRAPE_COLLECTOR_SUCCESS,

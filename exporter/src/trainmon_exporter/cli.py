@@ -458,11 +458,16 @@ def _serve(settings: Settings, listener: IngestSocket) -> int:
         probe.stop()
     from trainmon_exporter.app import create_app
     from trainmon_exporter.httplimits import HttpStats, protocol_class
-    from trainmon_exporter.webconfig import WebConfigError, load_web_config
+    from trainmon_exporter.webconfig import TlsReloader, WebConfigError, load_web_config
 
     try:  # TLS and basic auth (--web.config.file): a bad file or certificate stops here
         web = load_web_config(settings.web_config_file) if settings.web_config_file else None
-        tls = web.ssl_context() if web is not None else None
+        app = create_app(settings, listener=listener, web=web)
+        reloader = None
+        if web is not None and web.tls_server_config is not None:
+            # The certificate is read again when its files change (a renewal needs no restart).
+            reloader = TlsReloader(web.tls_server_config, app.state.exporter.tls_stats)
+        tls = reloader.server_context if reloader is not None else None
     except WebConfigError as exc:
         return _fail(str(exc))
     if web is None or not web.basic_auth_users:
@@ -474,7 +479,6 @@ def _serve(settings: Settings, listener: IngestSocket) -> int:
         # (no limit_concurrency, no eviction): the header timeout bounds the handshake too.
         # uvicorn has no setting for it; asyncio reads this constant at each connection.
         asyncio.constants.SSL_HANDSHAKE_TIMEOUT = settings.http_header_timeout_seconds
-    app = create_app(settings, listener=listener, web=web)
     stats = app.state.exporter.http_stats
     config = uvicorn.Config(
         app,

@@ -329,8 +329,9 @@ class Settings(BaseSettings):
         le=4096,
         description="Most HTTP connections at once (uvicorn limit_concurrency). A new "
         "connection at the limit closes the oldest one with no request in progress (idle or "
-        "half-sent; reason evicted); when every one has a request in progress, new requests "
-        "get 503.",
+        "half-sent; reason evicted), else the one whose answer has waited longest for its "
+        "client to read it (reason unread); when every other one has a request in progress "
+        "that is not waiting on its client, new requests get 503.",
     )
     http_timeout_keep_alive_seconds: int = Field(
         5,
@@ -361,24 +362,28 @@ class Settings(BaseSettings):
         4,
         ge=1,
         le=64,
-        description="Most /metrics requests in progress at once (each holds one exposition "
-        "in memory until written); more get 503 at once "
-        '(trainmon_http_requests_refused_total{reason="scrape_limit"}). An HA pair of '
-        "Prometheus servers scrapes twice per interval.",
+        description="Most distinct /metrics bodies kept in memory at once for clients still "
+        "reading them. Scrapes are never refused: one collection at a time is shared by every "
+        "scrape that arrived while the previous one ran. A newer body beyond this closes the "
+        "connection that has gone longest without reading its answer "
+        '(trainmon_http_connections_closed_total{reason="unread"}).',
     )
     web_config_file: Path | None = Field(
         None,
         description="Web configuration file (YAML, the Prometheus exporter toolkit's format, "
         "also --web.config.file): tls_server_config serves HTTPS, basic_auth_users requires "
         "a user and password (bcrypt hashes) on every route. Read at start; an invalid file "
-        "stops the exporter. See docs/exporter.md, TLS and basic auth.",
+        "stops the exporter; the certificate, key and client CA it names are read again when "
+        "they change. See docs/exporter.md, TLS and basic auth.",
     )
     http_max_concurrent_auth_checks: int = Field(
         2,
         ge=1,
         le=64,
         description="Most bcrypt password checks in progress at once (each takes about 0.1 s "
-        "of a core at cost 10); more requests with unverified credentials get 503 at once "
+        "of a core at cost 10); more wait their turn, one per client address: a second "
+        "request with unverified credentials from an address that has a check in progress "
+        "or waiting gets 503 at once "
         '(trainmon_http_auth_failures_total{reason="check_limit"}). Credentials already '
         "verified are not checked again.",
     )

@@ -15,15 +15,19 @@ What trainmon supports of that format: ``tls_server_config`` (``cert_file``, ``k
 ``prefer_server_cipher_suites``), ``http_server_config`` (``headers``; ``http2`` is accepted
 and has no effect: the exporter speaks HTTP/1.1) and ``basic_auth_users``. Any other key is an
 error at start, named, so a file never loses a protection silently. The file is read once at
-start (the toolkit re-reads it on every request): restart the exporter to apply a change.
+start (the toolkit re-reads it on every request): restart the exporter to apply a change. The
+certificate, key and client CA it names are read again when they change
+(:class:`TlsReloader`, checked at each TLS handshake), so a renewal needs no restart.
 
 Basic auth covers every route, ``/healthz`` and ``/readyz`` included, as in the toolkit. A
 bcrypt check costs about 0.1 s of CPU at cost 10, so it runs in a worker thread, at most
-``http_max_concurrent_auth_checks`` at once (more get 503 at once), and a user's last verified
-password is kept as its SHA-256 digest: a scraper sending the same credentials every 15 s pays
-for bcrypt once, its later requests cost one constant-time digest comparison. The cache holds
-one entry per configured user, so it is bounded by the file. Every refused request is counted
-in ``trainmon_http_auth_failures_total{reason}``.
+``http_max_concurrent_auth_checks`` at once, shared fairly between client addresses (one check
+in progress or waiting per address, a second one gets 503 at once; the others wait their turn
+in arrival order), and a user's last verified password is kept as its SHA-256 digest: a
+scraper sending the same credentials every 15 s pays for bcrypt once, its later requests cost
+one constant-time digest comparison. The cache holds one entry per configured user, so it is
+bounded by the file. Every refused request is counted in
+``trainmon_http_auth_failures_total{reason}``.
 
 Why this module is one module of about 500 lines: it is everything the file turns on (the
 format's models with their refusals, the TLS context, the basic auth and headers middleware),
@@ -32,11 +36,15 @@ so what trainmon supports of the format is read in one place; most of it is vali
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import collections
 import hashlib
 import hmac
+import ipaddress
 import logging
+import os
 import re
 import ssl
 import threading
@@ -66,7 +74,7 @@ log = logging.getLogger("trainmon_exporter.http")
 AUTH_FAILURE_REASONS = ("missing", "malformed", "rejected", "check_limit")
 """``reason`` values of ``trainmon_http_auth_failures_total``: no Basic credentials, credentials
 that do not decode, an unknown user or a wrong password (both 401), and a password check
-refused with 503 because ``http_max_concurrent_auth_checks`` were in progress."""
+refused with 503 because the client's address already had one in progress or waiting."""
 
 BCRYPT_HASH = re.compile(r"\$2[abxy]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}")
 """A bcrypt hash as htpasswd -B and Python's bcrypt write it: ``$2y$10$`` and 53 characters."""
@@ -342,34 +350,157 @@ def load_web_config(path: str | Path) -> WebConfig:
     return web.model_copy(update={"tls_server_config": tls.model_copy(update=files)})
 
 
-class AuthStats:
-    """Counts of refused requests by reason (thread-safe), exported by :meth:`collect`."""
+TLS_RELOAD_RESULTS = ("success", "failure")
+"""``result`` values of ``trainmon_http_tls_reloads_total``."""
+
+
+class _Counts:
+    """Counts by the value of one label (thread-safe), exported by :meth:`collect`."""
+
+    def __init__(self, family: catalog.Family, values: tuple[str, ...]) -> None:
+        self._family = family
+        self._lock = threading.Lock()
+        self.counts = dict.fromkeys(values, 0)
+
+    def _add(self, value: str) -> None:
+        with self._lock:
+            self.counts[value] += 1
+
+    def collect(self) -> Iterable[Metric]:
+        """The family, every value from 0 (also where the feature is off)."""
+        family = self._family.counter()
+        with self._lock:
+            for value, n in self.counts.items():
+                family.add_metric([value], float(n))
+        return [family]
+
+
+class TlsStats(_Counts):
+    """``trainmon_http_tls_reloads_total``: certificate reloads by result."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.failures = dict.fromkeys(AUTH_FAILURE_REASONS, 0)
+        super().__init__(catalog.HTTP_TLS_RELOADS, TLS_RELOAD_RESULTS)
+
+    def reloaded(self, result: str) -> None:
+        """Count one reload that ended in ``result``."""
+        self._add(result)
+
+
+FileState = tuple[int, int, int, int] | str
+"""What :class:`TlsReloader` compares to tell that a file changed: device, inode, size and
+modification time in ns (of the file a symbolic link leads to), or the error of ``stat``."""
+
+
+class TlsReloader:
+    """The server's TLS context, made again when its certificate, key or client CA change.
+
+    Certificates are renewed under a running exporter (cert-manager rewrites a Secret, the
+    kubelet swaps the mounted files; certbot writes new ones). At each TLS handshake, in the
+    server's ``sni_callback`` (OpenSSL calls it for every client hello, with or without SNI),
+    the files are checked with ``stat`` (a few microseconds, against a millisecond of
+    handshake); when one changed they are loaded into a new context, and this handshake and
+    every later one use it. Connections already open keep theirs. Files that do not load
+    (missing, not PEM, a key of another certificate: e.g. a renewal caught between writing
+    the certificate and the key) leave the previous context in use, are logged and counted,
+    and are tried again when they next change. The exporter toolkit reads the files at every
+    handshake instead; checking that they changed gives the same result without parsing PEM
+    on every connection.
+
+    Args:
+        config: the ``tls_server_config`` (paths already made absolute).
+        stats: where reloads are counted.
+
+    Raises:
+        WebConfigError: the files do not load at start (see
+            :meth:`TlsServerConfig.ssl_context`).
+    """
+
+    def __init__(self, config: TlsServerConfig, stats: TlsStats | None = None) -> None:
+        self.config = config
+        self.stats = stats if stats is not None else TlsStats()
+        self._files = [config.cert_file, config.key_file]
+        if config.client_ca_file is not None:
+            self._files.append(config.client_ca_file)
+        self._seen = self._state()  # before loading: a change during the load is seen later
+        self.context = config.ssl_context()
+        """The context handshakes use now (the last that loaded)."""
+        self.server_context = self.context
+        """The context to give the server; its ``sni_callback`` switches each connection to
+        :attr:`context`."""
+        self.server_context.sni_callback = self._on_client_hello
+
+    def _state(self) -> list[FileState]:
+        out: list[FileState] = []
+        for path in self._files:
+            try:
+                st = os.stat(path)
+            except OSError as exc:
+                out.append(exc.strerror or str(exc))
+            else:
+                out.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+        return out
+
+    def check(self) -> bool:
+        """Load the files again if they changed since last seen; True when a new context loaded.
+
+        Never raises: a failure is logged and counted, and the previous context stays.
+        """
+        state = self._state()
+        if state == self._seen:
+            return False
+        self._seen = state
+        try:
+            context = self.config.ssl_context()
+        except WebConfigError as exc:
+            self.stats.reloaded("failure")
+            log.error(
+                "TLS files changed but do not load; still serving the previous certificate: %s", exc
+            )
+            return False
+        self.context = context
+        self.stats.reloaded("success")
+        log.info("TLS certificate reloaded from %s", self.config.cert_file)
+        return True
+
+    def _on_client_hello(
+        self, connection: ssl.SSLObject | ssl.SSLSocket, server_name: str | None, _: Any
+    ) -> None:
+        try:
+            self.check()
+            if self.context is not self.server_context:
+                connection.context = self.context
+        except Exception:  # an exception here would fail the handshake
+            log.exception("TLS certificate reload failed")
+
+
+class AuthStats(_Counts):
+    """``trainmon_http_auth_failures_total``: refused requests by reason."""
+
+    def __init__(self) -> None:
+        super().__init__(catalog.HTTP_AUTH_FAILURES, AUTH_FAILURE_REASONS)
+        self.failures = self.counts
 
     def fail(self, reason: str) -> None:
         """Count one request refused for ``reason``."""
-        with self._lock:
-            self.failures[reason] += 1
-
-    def collect(self) -> Iterable[Metric]:
-        """``trainmon_http_auth_failures_total``, every reason from 0 (also without auth)."""
-        family = catalog.HTTP_AUTH_FAILURES.counter()
-        with self._lock:
-            for reason, n in self.failures.items():
-                family.add_metric([reason], float(n))
-        return [family]
+        self._add(reason)
 
 
 class BasicAuth:
     """Checks ``Authorization: Basic`` credentials against bcrypt hashes.
 
+    Password checks are shared fairly between clients: each client address (an IPv6 one by
+    its /64, as one host holds them all) has at most one check in progress or waiting, and
+    checks past ``max_checks`` wait their turn in arrival order. A flood of wrong passwords
+    from one address therefore holds at most one check, and another client's password is
+    checked at once, or after the checks ahead of it (one per flooding address, each about
+    0.1 s at cost 10): right after a restart, before any password is known, the right one
+    gets in during a flood. How long a check may wait is bounded by the connections that can
+    wait (``http_limit_concurrency``).
+
     Args:
         users: user name -> bcrypt hash.
         stats: where refusals are counted.
-        max_checks: bcrypt checks in progress at once; past it a request is refused (503).
+        max_checks: bcrypt checks in progress at once; more wait their turn.
     """
 
     def __init__(self, users: dict[str, bytes], stats: AuthStats, max_checks: int) -> None:
@@ -380,18 +511,23 @@ class BasicAuth:
         self.stats = stats
         self.max_checks = max_checks
         self.checks = 0  # bcrypt checks in progress (event-loop thread only)
+        self._clients: set[str] = set()  # client addresses with a check in progress or waiting
+        self._turns: collections.deque[asyncio.Future[None]] = collections.deque()
 
-    async def check(self, header: bytes | None) -> str | None:
+    async def check(self, header: bytes | None, client: str | None = None) -> str | None:
         """None when ``header`` (the raw Authorization value) holds valid credentials.
 
-        Else the reason of the refusal (counted), one of :data:`AUTH_FAILURE_REASONS`.
+        ``client``: the client's address (the ASGI scope's ``client`` host), which decides
+        whose turn a password check is. Else the reason of the refusal (counted), one of
+        :data:`AUTH_FAILURE_REASONS`: ``check_limit`` when this client already has a check
+        in progress or waiting.
         """
-        reason = await self._check(header)
+        reason = await self._check(header, client_key(client))
         if reason is not None:
             self.stats.fail(reason)
         return reason
 
-    async def _check(self, header: bytes | None) -> str | None:
+    async def _check(self, header: bytes | None, client: str) -> str | None:
         if header is None or header[:6].lower() != b"basic ":
             return "missing"
         try:
@@ -411,20 +547,68 @@ class BasicAuth:
         known = self._verified.get(user)
         if known is not None and hmac.compare_digest(known, digest):
             return None
-        if self.checks >= self.max_checks:
+        if client in self._clients:
             return "check_limit"
         stored = self._users.get(user)
-        self.checks += 1
+        self._clients.add(client)
         try:
-            ok = await anyio.to_thread.run_sync(
-                _checkpw, password, stored if stored is not None else self._decoy
-            )
+            await self._take_turn()
+            try:
+                ok = await anyio.to_thread.run_sync(
+                    _checkpw, password, stored if stored is not None else self._decoy
+                )
+            finally:
+                self._give_turn()
         finally:
-            self.checks -= 1
+            self._clients.discard(client)
         if not ok or stored is None:
             return "rejected"
         self._verified[user] = digest
         return None
+
+    async def _take_turn(self) -> None:
+        """Wait until one of the ``max_checks`` checks is this caller's."""
+        if self.checks < self.max_checks and not self._turns:
+            self.checks += 1
+            return
+        turn = asyncio.get_running_loop().create_future()
+        self._turns.append(turn)
+        try:
+            await turn  # _give_turn hands a check over: self.checks already counts it
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():
+                self._give_turn()  # it was handed over just now: pass it on
+            else:
+                self._turns.remove(turn)
+            raise
+
+    def _give_turn(self) -> None:
+        """A check ended: the next waiting caller's starts, else one fewer is in progress."""
+        while self._turns:
+            turn = self._turns.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                return
+        self.checks -= 1
+
+
+def client_key(host: str | None) -> str:
+    """Whose turn a password check is: the client's address, an IPv6 one by its /64.
+
+    A host gets a /64 to itself (or more), so counting IPv6 addresses one by one would let
+    one host take every turn. ``""`` when the server gave no address.
+    """
+    if not host:
+        return ""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
 
 
 def _checkpw(password: bytes, hashed: bytes) -> bool:
@@ -459,7 +643,8 @@ class WebMiddleware:
             send = self._with_headers(send)
         if self.auth is not None:
             value = next((v for k, v in scope["headers"] if k == b"authorization"), None)
-            reason = await self.auth.check(value)
+            client = scope.get("client")
+            reason = await self.auth.check(value, client[0] if client else None)
             if reason is not None:
                 await _refuse(send, reason)
                 return
