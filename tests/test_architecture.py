@@ -151,6 +151,10 @@ def test_only_the_run_reaches_its_sender() -> None:
     """Integrations and adapters use the public ``Run`` API; the sending machinery is the run's."""
     importers = {m for m, imps in graph().items() if "trainmon_client._sender" in imps}
     assert importers == {"trainmon_client._run"}
+    # ... and the sender knows its run as SendingRun: no import of _run, even for types.
+    tree = ast.parse(modules()["trainmon_client._sender"].read_text())
+    froms = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert "trainmon_client._run" not in froms
 
 
 def test_log_never_calls_into_the_sender() -> None:

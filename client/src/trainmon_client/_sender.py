@@ -1,8 +1,9 @@
 """A run's sender: the flusher thread, and the way from the queue ``log()`` fills to the socket.
 
-A :class:`Sender` belongs to one :class:`~trainmon_client._run.Run` and owns what lies between
-the run's queue and the exporter: the :class:`~trainmon_client._encoder.Encoder`, the
-:class:`~trainmon_client._transport.Transport`, the flusher thread and the lock that wakes it.
+A :class:`Sender` belongs to one run (``Run``, known here as a :class:`SendingRun`) and owns
+what lies between the run's queue and the exporter: the
+:class:`~trainmon_client._encoder.Encoder`, the :class:`~trainmon_client._transport.Transport`,
+the flusher thread and the lock that wakes it.
 
 - **The flush** (:meth:`Sender.flush`): apply the device copies that landed, note what the
   exporter has read, encode the queued steps and any rare record, send the packets, count
@@ -24,9 +25,10 @@ thread, off the training loop.
 
 The sender keeps no count: what it sends, drops and refuses is counted on its run, the one
 owner of every total (docs/architecture.md), and it reads the run's queue, device copies and
-identity as they are at each flush. It works under the run's lock (the flusher takes it; the
-run's methods call in holding it), and ``log()`` never calls it: the run keeps the
-attributes the hot path reads on itself, this sender's :attr:`~Sender.wake` among them.
+identity as they are at each flush; :class:`SendingRun` lists all it touches. It works under
+the run's lock (the flusher takes it; the run's methods call in holding it), and ``log()``
+never calls it: the run keeps the attributes the hot path reads on itself, this sender's
+:attr:`~Sender.wake` among them.
 
 Clocks: ``_perf`` and ``_wall`` are read through these module globals at call time, as in
 :mod:`~trainmon_client._run`; a test that puts steps on a fake clock replaces both modules'.
@@ -39,18 +41,16 @@ import os
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING
+from collections import deque
+from typing import Any, Protocol
 
 from trainmon_client import _protocol as P
-from trainmon_client._device import add_allocator_stats, torch_gpu_uuid
+from trainmon_client._device import Deferred, DeviceCopies, add_allocator_stats, torch_gpu_uuid
 from trainmon_client._encoder import Encoder, carries_names
 from trainmon_client._transport import Outcome, Transport
 from trainmon_client._version import __version__
 
-if TYPE_CHECKING:
-    from trainmon_client._run import Run
-
-__all__ = ["FLUSH_BURST_BYTES", "MIN_FLUSH_WAIT_S", "Sender"]
+__all__ = ["FLUSH_BURST_BYTES", "MIN_FLUSH_WAIT_S", "Sender", "SendingRun"]
 
 log = logging.getLogger("trainmon_client")
 
@@ -63,6 +63,42 @@ MIN_FLUSH_WAIT_S = 0.02
 """Shortest wait between two flushes that :data:`FLUSH_BURST_BYTES` makes."""
 _perf = time.perf_counter
 _wall = time.time
+
+
+class SendingRun(Protocol):
+    """What a sender reads and counts on its run (``Run``): its whole contract with the run."""
+
+    # Who the run is (HELLO); the sender fills in gpu_uuid when it was left to detect.
+    run_id: str
+    rank: int
+    local_rank: int
+    world_size: int
+    socket_path: str
+    flush_interval: float
+    flops_per_token: float | None
+    gpu_uuid: str | None
+    dtype: str
+    cuda_memory: bool
+    namespace: str
+    pod: str
+    _detect_uuid: bool
+    _started_at: float
+    # Its state: closed, the lock every flush holds, the queue log() fills, the device copies.
+    _closed: bool
+    _lock: threading.RLock
+    _pending: deque[tuple[Any, float, dict[str, Any]]]
+    _waiting: deque[Deferred]
+    _copies: DeviceCopies
+    # Its counts: read into every TOTALS record, and counted here for what the sender does.
+    _overhead: float
+    _flush_seconds: float
+    _sent_total: int
+    _dropped_disconnected: int
+    _dropped_backpressure: int
+    _dropped_encode: int
+    _dropped_in_flight: int
+    _refused: int
+    _internal_errors: int
 
 
 class Sender:
@@ -81,7 +117,7 @@ class Sender:
         thread: the flusher thread once :meth:`start` ran, None before and in a forked child.
     """
 
-    def __init__(self, run: Run, exporter_uid: int | None) -> None:
+    def __init__(self, run: SendingRun, exporter_uid: int | None) -> None:
         self._run = run
         self.pid = os.getpid()
         self.transport = Transport(run.socket_path, exporter_uid, run_id=run.run_id, rank=run.rank)
