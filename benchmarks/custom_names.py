@@ -32,7 +32,7 @@ from contextlib import AbstractContextManager, contextmanager
 from prometheus_client.parser import text_string_to_metric_families
 
 import trainmon_client
-from trainmon_client import _run, _transport
+from trainmon_client import _sender, _transport
 from trainmon_client._encoder import MAX_CUSTOM_NAMES
 from trainmon_exporter.local import LocalExporter
 
@@ -57,15 +57,15 @@ def counters(ex: LocalExporter) -> dict[str, float]:
 @contextmanager
 def configured(buffer: int | None, burst: int | None) -> Iterator[None]:
     """Run with ``SEND_BUFFER_BYTES`` and ``FLUSH_BURST_BYTES`` replaced (None: as shipped)."""
-    saved = _transport.SEND_BUFFER_BYTES, _run.FLUSH_BURST_BYTES
+    saved = _transport.SEND_BUFFER_BYTES, _sender.FLUSH_BURST_BYTES
     if buffer is not None:
         _transport.SEND_BUFFER_BYTES = buffer
     if burst is not None:
-        _run.FLUSH_BURST_BYTES = burst
+        _sender.FLUSH_BURST_BYTES = burst
     try:
         yield
     finally:
-        _transport.SEND_BUFFER_BYTES, _run.FLUSH_BURST_BYTES = saved
+        _transport.SEND_BUFFER_BYTES, _sender.FLUSH_BURST_BYTES = saved
 
 
 def trial(
@@ -79,7 +79,7 @@ def trial(
     t0 = time.perf_counter()
     for step in range(steps):
         run.log(step, loss=1.0, **{n: float(step + i) for i, n in enumerate(names)})
-        sock = run._transport._sock
+        sock = run._sender.transport._sock
         if sock is not None and not sndbuf:
             sndbuf = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)  # as granted
         delay = t0 + (step + 1) / rate - time.perf_counter()

@@ -19,6 +19,8 @@ PACKAGES = {
 }
 LONG = 500
 """Lines past which a module must say at its top why it is one module."""
+CLIENT_MOST = 900
+"""Lines no client module may pass: the public API and the sender each stay one read."""
 
 
 def modules() -> dict[str, Path]:
@@ -144,6 +146,34 @@ def test_long_modules_say_why_at_their_top() -> None:
             if "Why this module" not in doc:
                 unexplained.append(f"{name} ({text.count(chr(10))} lines)")
     assert not unexplained, unexplained
+
+
+def test_no_client_module_passes_the_most_lines() -> None:
+    long = [
+        f"{name} ({lines} lines)"
+        for name, path in modules().items()
+        if name.startswith("trainmon_client")
+        and (lines := path.read_text().count("\n")) > CLIENT_MOST
+    ]
+    assert not long, long
+
+
+def test_only_the_run_reaches_its_sender() -> None:
+    """Integrations and adapters use the public ``Run`` API; the sending machinery is the run's."""
+    importers = {m for m, imps in graph().items() if "trainmon_client._sender" in imps}
+    assert importers == {"trainmon_client._run"}
+    # ... and the sender knows its run as SendingRun: no import of _run, even for types.
+    tree = ast.parse(modules()["trainmon_client._sender"].read_text())
+    froms = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert "trainmon_client._run" not in froms
+
+
+def test_log_never_calls_into_the_sender() -> None:
+    """``Run.log()``, the hot path, reads the run's own attributes (docs/architecture.md)."""
+    tree = ast.parse(modules()["trainmon_client._run"].read_text())
+    run = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Run")
+    log = next(n for n in run.body if isinstance(n, ast.FunctionDef) and n.name == "log")
+    assert "_sender" not in ast.unparse(log)
 
 
 def test_no_test_module_imports_another() -> None:

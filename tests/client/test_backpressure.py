@@ -18,7 +18,7 @@ import pytest
 
 from trainmon_client import _protocol as P
 from trainmon_client._encoder import MAX_CUSTOM_NAMES, carries_names
-from trainmon_client._run import FLUSH_BURST_BYTES
+from trainmon_client._sender import FLUSH_BURST_BYTES
 from trainmon_client._transport import SEND_BUFFER_BYTES, Transport
 
 from ..conftest import sample, wait_for

@@ -96,7 +96,7 @@ def test_only_an_explicit_argument_raises(monkeypatch: pytest.MonkeyPatch) -> No
     run = trainmon_client.init(socket_path="/nonexistent/t.sock")
     assert run.run_id == "bad_run"
     assert set(run.sanitised_env) == {"TRAINMON_RUN", "TRAINMON_EXPORTER_UID"}
-    assert run._transport.exporter_uid == -1  # fails closed: no listener has uid -1
+    assert run._sender.transport.exporter_uid == -1  # fails closed: no listener has uid -1
     run.finish()
     with pytest.raises(ValueError, match="run id"):
         trainmon_client.init(run="bad run", socket_path="/nonexistent/t.sock")

@@ -49,7 +49,7 @@ def test_a_duplicate_rank_is_told_why_once(
         second.log(step, loss=1.0)
         step += 1
         time.sleep(0.01)
-    assert second._transport.refusals >= 2
+    assert second._sender.transport.refusals >= 2
     (message,) = _warnings(caplog)
     assert "(duplicate_rank: rank 0 of run 'dup' is already connected)" in message
     assert "give each process its own rank" in message

@@ -434,10 +434,13 @@ def test_rank_gpu_join_and_mfu_against_a_hand_computation(
     # tokens/s comes from the client's clock stamps (set here by hand: the wall time of a step
     # is its perf_counter mapped to the wall clock, so both clocks are faked).
     import trainmon_client._run as client_run
+    import trainmon_client._sender as client_sender
 
     t = [time.time() - 5.0]
-    real_wall, real_perf = client_run._wall, client_run._perf
-    client_run._wall = client_run._perf = lambda: t[0]
+    clocked = (client_run, client_sender)  # the run stamps steps, the sender maps the stamps
+    real = [(mod._wall, mod._perf) for mod in clocked]
+    for mod in clocked:
+        mod._wall = mod._perf = lambda: t[0]
     try:
         for step in range(5):
             for r in runs:
@@ -447,7 +450,8 @@ def test_rank_gpu_join_and_mfu_against_a_hand_computation(
         # finished rank has no current throughput, so no MFU).
         wait_for(lambda: all((ex.rank("mfu", i) or {}).get("steps_total") == 5 for i in range(5)))
     finally:
-        client_run._wall, client_run._perf = real_wall, real_perf
+        for mod, (wall, perf) in zip(clocked, real, strict=True):
+            mod._wall, mod._perf = wall, perf
     m = ex.metrics()
     promtool_check_metrics(ex.metrics_text())
     flops = 1e6 * 6 * 124_000_000  # tokens/s x 6 x params = 7.44e14 FLOP/s

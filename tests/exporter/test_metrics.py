@@ -169,7 +169,7 @@ def test_a_rank_that_reconnects_resumes_its_state(exporter: InProcessExporter) -
         wait_for(lambda a=attempt: (k := exporter.rank("resume", 0)) and k["step"] == a * 10)
         with r._lock:  # the process dies without finish(): its socket closes, no FINISH
             r._closed = True
-            r._transport.close()
+            r._sender.close()
         wait_for(lambda: exporter.rank("resume", 0)["status"] == "crashed")
     m = exporter.metrics()
     assert (

@@ -161,7 +161,7 @@ def test_the_hello_off_kubernetes_is_the_one_older_exporters_know(
     with in_pod("team-a", "p-0"):
         podded = connect(exporter, "podded")
     for run, expected in ((plain, set()), (podded, {"namespace", "pod"})):
-        records = [r for packet in run._hello_packets() for r in P.iter_records(packet)]
+        records = [r for packet in run._sender.hello_packets() for r in P.iter_records(packet)]
         fields = [P.decode_hello(payload) for rtype, payload in records if rtype == P.HELLO]
         assert len(fields) == 1
         assert set(fields[0]) == set(P.HELLO_FIELDS) - {"namespace", "pod"} | expected

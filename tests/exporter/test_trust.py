@@ -252,4 +252,5 @@ def test_a_trainer_can_refuse_a_listener_of_another_uid(
 def test_a_malformed_expected_uid_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRAINMON_EXPORTER_UID", "root")  # not a uid: one warning, fails closed
     run = trainmon_client.init(run="r", socket_path="/nonexistent/t.sock")
-    assert run._transport.exporter_uid == -1 and run.sanitised_env == ("TRAINMON_EXPORTER_UID",)
+    assert run._sender.transport.exporter_uid == -1
+    assert run.sanitised_env == ("TRAINMON_EXPORTER_UID",)

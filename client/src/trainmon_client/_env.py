@@ -1,4 +1,4 @@
-"""Where a training process learns its rank, world size and run id from the launcher.
+"""Where a training process learns its rank, world size, run id and flush interval.
 
 Values from the environment never make ``init()`` raise (a job name with quotes, spaces or a
 newline in ``TRAINMON_RUN``, a ``RANK`` that is not a number): each bad one is replaced or
@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import logging
+import math
 import os
 import re
 import socket
@@ -272,6 +273,26 @@ def detect_pod(
         note(issues, "POD_NAME", f"POD_NAME={pod[:60]!r} is not a Kubernetes pod name; ignored")
         pod = ""
     return namespace, pod
+
+
+def detect_flush_interval(env: Mapping[str, str], issues: list[str]) -> float:
+    """``TRAINMON_FLUSH_INTERVAL`` (seconds, within [0, 60]), else 0.5 with a warning."""
+    raw = env.get("TRAINMON_FLUSH_INTERVAL", "").strip()
+    if not raw:
+        return 0.5
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if 0.0 <= value <= 60.0:
+        return value
+    note(
+        issues,
+        "TRAINMON_FLUSH_INTERVAL",
+        f"TRAINMON_FLUSH_INTERVAL={raw[:60]!r} is not a number of seconds within [0, 60]; "
+        "using 0.5",
+    )
+    return 0.5
 
 
 def _process_start(pid: int) -> float | None:

@@ -2,18 +2,18 @@
 
 Design (see docs/client.md): ``log()`` keeps the keyword dict the call already built (after
 converting anything that is not a plain float or int, so a tensor changed later cannot change
-what was logged), appends it to a queue and returns: no encoding and no syscall, ever. A
-flusher thread, asleep between flushes, wakes every ``flush_interval`` seconds (sooner when
-more than ``FLUSH_BURST_BYTES`` queue in one, and at once for a run's first step, a NaN or
-infinite value, or ``MAX_PENDING`` queued steps), encodes the queued steps as fixed-layout
-binary STEP records and sends them as ``SOCK_SEQPACKET`` packets without blocking. It holds
-the GIL only while it encodes (tens of microseconds a flush), so it never competes with the
-training loop step by step. A failed send drops the packet and counts it; the socket
-reconnects lazily with exponential backoff. ``finish()`` flushes in the caller's thread.
-Nothing in ``log()`` raises.
+what was logged), appends it to a queue and returns: no encoding and no syscall, ever. It
+wakes the flusher thread at once for a run's first step, a NaN or infinite value, or
+``MAX_PENDING`` queued steps; otherwise the flusher wakes on its own schedule, encodes the
+queued steps and sends them without blocking (:mod:`~trainmon_client._sender`). A failed send
+drops the packet and counts it. ``finish()`` flushes in the caller's thread. Nothing in
+``log()`` raises.
 
-:class:`Run` is the public API and the glue between the parts, each in its own module:
+This module is the public surface: :func:`init`, :class:`Run` and :class:`Operation`. The
+run's parts each have a module:
 
+- :mod:`~trainmon_client._sender`: the flusher thread, the flush (encoder in, transport out),
+  HELLO, ``finish()``'s last flush, the fork guard;
 - :mod:`~trainmon_client._encoder`: names, plans, cumulative totals, packets (bytes out);
 - :mod:`~trainmon_client._transport`: the socket, what became of each packet, and
   ``finish()``'s deadline;
@@ -23,23 +23,20 @@ Nothing in ``log()`` raises.
 - :mod:`~trainmon_client._watch`: per-layer statistics, sent through the run's ``LayerSink``
   methods.
 
-The run keeps its lock, its flusher thread, the queue ``log()`` fills, and every cumulative
-count (refused, dropped by reason, sent, overhead, internal errors): the parts return or
-report what happened, and the run counts it. ``log()`` stays here whole, with the attributes
-it reads on the run itself (``_waiting`` is the device copies' queue, shared), so the split
-adds nothing to the hot path; flush-time code pays one attribute hop per call into a part.
+The run keeps its lock (with the guard against a signal handler re-entering it), the queue
+``log()`` fills, and every cumulative count (refused, dropped by reason, sent, overhead,
+internal errors): the parts return or report what happened, and the run counts it (the sender
+counts on the run itself). ``log()`` reads only the run's own attributes (``_waiting`` is the
+device copies' queue, ``_wake`` the sender's wake lock, both shared), so the split adds
+nothing to the hot path; the calls that send at once pay one attribute hop into the sender.
 
-Why this module is one module well over the 500 lines its split aimed at: half of it is
-the public API's docstrings, which are the client's reference documentation, and ``init()``
-with its checks is another hundred. The rest is the glue that had to stay: the flusher thread,
-and the flush path that feeds the encoder, hands its packets to the transport and counts each
-outcome. Moving that glue out would need either the run's counters in another object, one
-more attribute hop for ``log()`` (which updates ``_overhead``), or parts that count into
-each other; keeping the run the one owner of its totals was the simpler contract.
+Why this module is one module over 500 lines: most of it is the public API's docstrings, the
+client's reference documentation, and ``init()`` with its checks is another hundred.
 
 Clocks: ``_perf`` (``time.perf_counter``) and ``_wall`` (``time.time``) are read through these
 module globals at call time, for ``log()``'s stamps and the wall-clock times of records;
-tests replace them to put steps on a fake clock.
+tests replace them, and the sender's (which map the stamps to wall-clock time), to put steps
+on a fake clock.
 """
 
 from __future__ import annotations
@@ -47,40 +44,32 @@ from __future__ import annotations
 import logging
 import math
 import os
-import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from types import TracebackType
 from typing import Any, TypeVar
 
 from trainmon_client import _lifecycle
 from trainmon_client import _protocol as P
-from trainmon_client._device import REFUSED, DeviceCopies, add_allocator_stats, torch_gpu_uuid
-from trainmon_client._encoder import Encoder, as_step, carries_names
+from trainmon_client._device import REFUSED, DeviceCopies, torch_gpu_uuid
+from trainmon_client._encoder import as_step
 from trainmon_client._env import (
     default_socket,
+    detect_flush_interval,
     detect_pod,
     detect_ranks,
     detect_run_id,
     misspelt_variables,
-    note,
 )
-from trainmon_client._transport import Outcome, Transport, expected_exporter_uid
-from trainmon_client._version import __version__
+from trainmon_client._sender import Sender
+from trainmon_client._transport import expected_exporter_uid
 
 log = logging.getLogger("trainmon_client")
 
 MAX_PENDING = 256
 """Records queued by ``log()`` before a flush is forced, whatever the interval."""
-FLUSH_BURST_BYTES = 96 * 1024
-"""Bytes of packets one flush should hand the socket at most: a quarter of the smallest send
-buffer the client gets (``SO_SNDBUF``, see :mod:`~trainmon_client._transport`), so the exporter,
-reading every 0.1 s, empties it long before it fills. The flusher waits the time these take to
-queue at the rate of its last flush (within ``flush_interval``)."""
-MIN_FLUSH_WAIT_S = 0.02
-"""Shortest wait between two flushes that :data:`FLUSH_BURST_BYTES` makes."""
 DTYPES = ("bf16", "fp16", "fp8", "tf32", "fp32")
 """Values of ``init(dtype=...)``."""
 T = TypeVar("T")
@@ -197,7 +186,6 @@ class Run:
         self.cuda_memory = cuda_memory
         self._detect_uuid = gpu_uuid is None
         self._closed = not enabled
-        self._pid = os.getpid()
         self._started_at = _wall()
         # Steps queued by log(), encoded by the flusher: append (log) and popleft (flusher) are
         # each atomic, so the hot path takes no lock.
@@ -207,14 +195,10 @@ class Run:
         self._copies = DeviceCopies(self)
         self._waiting = self._copies.waiting  # device copies in flight: log() polls them
         issues = list(sanitised_env)
-        self._transport = Transport(
-            socket_path, expected_exporter_uid(os.environ, issues), run_id=run_id, rank=rank
-        )
+        self._sender = Sender(self, expected_exporter_uid(os.environ, issues))
         self.sanitised_env = tuple(issues)
         """Environment variables whose values were bad and were replaced or ignored at start
         (e.g. ``("TRAINMON_RUN",)``), each warned about once and counted in :attr:`refused`."""
-        self._encoder = Encoder(lambda: self._transport.connected)
-        self._resend_names = False
         # The run's cumulative counts (see dropped, sent, refused, overhead_seconds).
         self._overhead = 0.0  # seconds inside log() and the other calls (caller's thread)
         self._data_wait = 0.0  # seconds timed() waited for items since the last log()
@@ -234,12 +218,7 @@ class Run:
         self._lock = threading.RLock()
         self._inside: set[int] = set()  # thread ids taking or holding _lock
         self._finish_deferred: bool | None = None  # a finish(failed=...) a handler asked for
-        # Held while no flush is asked for; log() releases it to wake the flusher. A bare lock
-        # is released in one C call, with no lock of its own: unlike Event.set(), which takes
-        # its Condition's lock and deadlocks a signal handler that interrupted it.
-        self._wake = threading.Lock()
-        self._wake.acquire()
-        self._flusher: threading.Thread | None = None
+        self._wake = self._sender.wake  # log() releases it to wake the flusher
         # Queue length at which log() wakes the flusher: 0 (every call) until the first wake
         # (the first step is sent at once), then MAX_PENDING, or 0 with a flush_interval of 0.
         self._wake_at = 0
@@ -247,10 +226,7 @@ class Run:
             _lifecycle.attach(self)
             # Started here, not by the first log(): starting a thread takes locks of the
             # threading module, which a signal handler's log() must never wait for.
-            self._flusher = threading.Thread(
-                target=self._flush_loop, name=f"trainmon-flush-{self.rank}", daemon=True
-            )
-            self._flusher.start()
+            self._sender.start()
 
     # ------------------------------------------------------------------------- public API
 
@@ -362,23 +338,12 @@ class Run:
                 return
             self._closed = True
             try:
-                transport = self._transport
-                if not transport.connected:
-                    transport.retry_now()  # one last attempt, whatever the backoff
-                now = _perf()
-                packets = self._prepare(now, finish=P.FINISH_FAILED if failed else P.FINISH_OK)
-                if packets is not None:
-                    # Off the hot path: wait (briefly) for room rather than lose the FINISH
-                    # record, which is how the exporter tells a finished rank from a crashed
-                    # one; one deadline for everything left, however many packets.
-                    transport.start_deadline()
-                    self._send_packets(packets, now, wait=True)
-                    self._dropped_in_flight += transport.await_read()
+                self._sender.send_finish(P.FINISH_FAILED if failed else P.FINISH_OK)
             except Exception:
                 self._internal_errors += 1
                 log.debug("trainmon_client: finish() failed internally", exc_info=True)
             finally:
-                self._transport.close()
+                self._sender.close()
                 _lifecycle.detach(self)
         finally:
             self._leave()
@@ -408,10 +373,10 @@ class Run:
             if self._closed:  # finished meanwhile (a signal handler's finish())
                 return
             values = self._copies.snapshot(metrics, defer=False)
-            record, refused = self._encoder.eval_record(step, _wall(), values)
+            record, refused = self._sender.encoder.eval_record(step, _wall(), values)
             self._refused += refused
             if record is not None:
-                self._send_now(record, now)
+                self._sender.send_now(record, now)
         except Exception:
             self._internal_errors += 1
             log.debug("trainmon_client: eval() failed internally", exc_info=True)
@@ -471,7 +436,7 @@ class Run:
             if s is None or sec is REFUSED or sec < 0:
                 self._refused += 1
                 return
-            self._send_now(P.encode_checkpoint(s, _wall(), sec, bool(restore)), now)
+            self._sender.send_now(P.encode_checkpoint(s, _wall(), sec, bool(restore)), now)
         except Exception:
             self._internal_errors += 1
             log.debug("trainmon_client: checkpoint() failed internally", exc_info=True)
@@ -592,8 +557,8 @@ class Run:
         def send(values: list[float] | None) -> None:  # called under the lock
             if values is None:
                 self._refused += len(names)
-            else:
-                self._send_layers(step, names, codes, values, checks_total, seconds_total)
+            elif not self._closed:
+                self._sender.add_layers(step, names, codes, values, checks_total, seconds_total)
 
         copies = self._copies
         if copies.has_room(table):
@@ -614,23 +579,6 @@ class Run:
             finally:
                 self._leave()
 
-    def _send_layers(
-        self,
-        step: int,
-        names: list[str],
-        codes: list[int],
-        values: list[float],
-        checks_total: int,
-        seconds_total: float,
-    ) -> None:
-        if self._closed:
-            return
-        ids, values, refused = self._encoder.layer_ids(names, codes, values)
-        self._refused += refused
-        self._encode_steps()
-        record = P.encode_layers(step, _wall(), checks_total, seconds_total, ids, codes, values)
-        self._encoder.add(record, data=True)
-
     def _track_begin(self, name: str) -> int:
         if self._closed:
             return 0
@@ -642,11 +590,12 @@ class Run:
         try:
             if self._closed:
                 return 0
-            field_id = self._encoder.intern(name)
+            sender = self._sender
+            field_id = sender.encoder.intern(name)
             if not field_id:
                 self._refused += 1
                 return 0
-            self._send_now(self._encoder.track_started(field_id), now)
+            sender.send_now(sender.encoder.track_started(field_id), now)
             return field_id
         except Exception:
             self._internal_errors += 1
@@ -667,7 +616,8 @@ class Run:
         try:
             if self._closed:
                 return
-            self._send_now(self._encoder.track_stopped(field_id, seconds), now)
+            sender = self._sender
+            sender.send_now(sender.encoder.track_stopped(field_id, seconds), now)
         except Exception:
             self._internal_errors += 1
             log.debug("trainmon_client: track() failed internally", exc_info=True)
@@ -748,7 +698,7 @@ class Run:
     @property
     def connected(self) -> bool:
         """Whether the last send reached an exporter."""
-        return self._transport.connected
+        return self._sender.transport.connected
 
     @property
     def refused_reason(self) -> str | None:
@@ -759,7 +709,7 @@ class Run:
         also logged once as a warning with the fix. Records sent meanwhile count as
         ``disconnected`` or ``in_flight``.
         """
-        refusal = self._transport.refusal
+        refusal = self._sender.transport.refusal
         return None if refusal is None else refusal.reason
 
     @property
@@ -776,7 +726,7 @@ class Run:
             f"socket={self.socket_path!r}, connected={self.connected})"
         )
 
-    # ------------------------------------------------------------------------- flusher
+    # ------------------------------------------------------------- the lock and the flusher
 
     def _enter(self, block: bool = True) -> bool:
         """Take the run's lock, unless this thread is already taking or holding it: False then.
@@ -815,188 +765,13 @@ class Run:
         except RuntimeError:  # not held: a wake-up is already pending
             pass
 
-    def _flush_loop(self) -> None:
-        """The flusher thread: sleep until woken or ``flush_interval`` passes, then flush.
-
-        It sleeps on the wake lock (no GIL held) and ends once the run is closed. With a
-        ``flush_interval`` of 0 it only wakes when ``log()`` wakes it, once per step. The next
-        sleep is the time :data:`FLUSH_BURST_BYTES` takes to queue at the rate of the last
-        flush (bytes over the time since the one before), within :data:`MIN_FLUSH_WAIT_S` and
-        ``flush_interval``: a trainer that logs many values a step sends them in bursts its
-        socket's send buffer holds between two reads of the exporter, and one that logs a few
-        still flushes once an interval.
-        """
-        wake = self._wake
-        interval = self.flush_interval if self.flush_interval > 0.0 else -1
-        timeout = interval
-        last = _perf()
-        while not self._closed:
-            wake.acquire(True, timeout)
-            sent = 0
-            with self._lock:
-                if self._closed:
-                    return
-                cpu0 = time.thread_time()
-                now = _perf()
-                try:
-                    sent = self._flush(now)
-                except Exception:
-                    self._internal_errors += 1
-                    log.debug("trainmon_client: flush failed internally", exc_info=True)
-                self._flush_seconds += time.thread_time() - cpu0
-            if interval > 0:
-                # The wait that lets FLUSH_BURST_BYTES queue at the rate of the last flush.
-                timeout = interval
-                if sent > 0 and now > last:
-                    timeout = (now - last) * FLUSH_BURST_BYTES / sent
-                    timeout = min(interval, max(MIN_FLUSH_WAIT_S, timeout))
-            last = now
-
-    # ------------------------------------------------------------------------- flush path
-
-    def _flush(self, now: float) -> int:
-        """Encode what is pending and send it (or drop and count it); its bytes, sent or not.
-
-        Never raises OSError.
-        """
-        packets = self._prepare(now)
-        if not packets:
-            return 0
-        self._send_packets(packets, now)
-        return sum(len(packet) for packet, _ in packets)
-
-    def _send_now(self, record: bytes, now: float) -> None:
-        """Queue ``record`` after every pending step and flush at once (rare records)."""
-        self._encode_steps()
-        self._encoder.add(record, data=True)
-        self._flush(now)
-
-    def _prepare(self, now: float, finish: int | None = None) -> list[tuple[bytes, int]] | None:
-        """Apply landed device copies, check the connection, encode; the packets to send.
-
-        ``finish``: a FINISH status, to wait for every copy and close with a FINISH record.
-        None in a forked child, which never touches the parent's socket.
-        """
-        if os.getpid() != self._pid:
-            self._pending.clear()
-            return None
-        if self.cuda_memory and self._pending:
-            add_allocator_stats(self._pending[-1][2])
-        if self._waiting:
-            self._copies.resolve(block=finish is not None)
-        transport = self._transport
-        if transport.connected:
-            self._dropped_in_flight += transport.check(now)
-        if self._resend_names and transport.connected:
-            self._resend_names = False
-            self._encoder.add_names()
-        self._encode_steps()
-        if finish is not None:
-            self._encoder.add(P.encode_finish(finish, _wall()))
-        return self._encoder.take_packets()
-
-    def _encode_steps(self) -> None:
-        """Encode the steps ``log()`` queued (up to the first one waiting for device copies)."""
-        refused, failed = self._encoder.add_steps(
-            self._pending,
-            self._copies.owners,
-            _wall() - _perf(),  # perf_counter -> Unix time, read once per flush
-            self._overhead + self._flush_seconds,
-            self._dropped_disconnected,
-            self._dropped_backpressure,
-            self._refused,
-        )
-        self._refused += refused
-        self._dropped_encode += failed
-
-    def _send_packets(
-        self, packets: list[tuple[bytes, int]], now: float, wait: bool = False
-    ) -> None:
-        """Send ``packets`` (each with its data-record count) in order; count what is lost.
-
-        With ``wait`` (``finish()``), each send waits for room until the one deadline;
-        whatever is left then is dropped as ``backpressure``.
-        """
-        for i, (packet, n) in enumerate(packets):
-            left = None
-            if wait:
-                left = self._transport.time_left()
-                if left <= 0.0:
-                    self._dropped_backpressure += sum(m for _, m in packets[i:])
-                    return
-            if not self._send(packet, n, now, left):
-                self._dropped_disconnected += sum(m for _, m in packets[i + 1 :])
-                return
-
-    def _send(self, packet: bytes, n: int, now: float, wait: float | None = None) -> bool:
-        """Send one packet holding ``n`` data records with its TOTALS; False when disconnected.
-
-        Connects first if needed. Counts the outcome (see :mod:`trainmon_client._transport`).
-        ``wait``: seconds ``finish()`` may wait for room. The first packet on a connection
-        this call opens never waits, as its HELLO did not: the buffer is empty, and waiting
-        would only let an exporter that refuses the HELLO close the connection first (the
-        packet is then ``disconnected`` rather than sent and ``in_flight``).
-        """
-        transport = self._transport
-        if not transport.connected:
-            if not transport.connect(now, self._hello_packets):
-                self._dropped_disconnected += n
-                return False
-            wait = None
-        totals = P.Totals(
-            transport.sent_connection + n,
-            self._sent_total + n,
-            self._dropped_disconnected,
-            self._dropped_backpressure,
-            self._dropped_encode,
-            self._dropped_in_flight,
-            self._refused,
-        )
-        result = transport.send(packet + P.encode_totals(totals), n, now, wait)
-        if result.outcome is Outcome.SENT:
-            self._sent_total += n
-            return True
-        if result.outcome is Outcome.BACKPRESSURE:
-            self._dropped_backpressure += n
-            if not self._resend_names:  # a dropped NAME leaves its values unreadable
-                self._resend_names = carries_names(packet)
-            return True
-        self._dropped_in_flight += result.in_flight
-        self._dropped_disconnected += n
-        return False
-
-    def _hello_packets(self) -> list[bytes]:
-        if self._detect_uuid and self.gpu_uuid is None:
-            # init() often runs before the model moves to the GPU; by the first flush CUDA
-            # is initialised.
-            self.gpu_uuid = torch_gpu_uuid(self.local_rank)
-        return self._encoder.hello_packets(
-            {
-                "run": self.run_id,
-                "rank": self.rank,
-                "local_rank": self.local_rank,
-                "world_size": self.world_size,
-                "hostname": socket.gethostname(),
-                "pid": self._pid,
-                "client_version": __version__,
-                "gpu_uuid": self.gpu_uuid,
-                "started_at": self._started_at,
-                "flops_per_token": self.flops_per_token,
-                "dtype": self.dtype,
-                # Only in a pod: elsewhere the HELLO stays what older exporters know.
-                **({"namespace": self.namespace} if self.namespace else {}),
-                **({"pod": self.pod} if self.pod else {}),
-            }
-        )
-
     def _disable_in_child(self) -> None:
         """A forked child (e.g. a DataLoader worker): never write to the parent's socket."""
         self._closed = True
-        self._transport.abandon()  # the parent owns the descriptor; the child must not close it
+        self._sender.abandon()  # the parent's socket and flusher thread
         self._lock = threading.RLock()  # the parent's flusher may have held it at the fork
         self._inside = set()
         self._pending.clear()  # the parent's steps: the parent sends them
-        self._flusher = None
 
 
 def init(
@@ -1088,7 +863,7 @@ def init(
             "and _ . : @ + -"
         )
     if flush_interval is None:
-        flush_interval = _env_interval(env, issues)
+        flush_interval = detect_flush_interval(env, issues)
     if not (0.0 <= flush_interval <= 60.0):
         raise ValueError(f"flush_interval must be within [0, 60] seconds, got {flush_interval}")
     if flops_per_token is None and num_params is not None:
@@ -1117,23 +892,3 @@ def init(
         namespace=namespace,
         pod=pod,
     )
-
-
-def _env_interval(env: Mapping[str, str], issues: list[str]) -> float:
-    """``TRAINMON_FLUSH_INTERVAL`` (seconds, within [0, 60]), else 0.5 with a warning."""
-    raw = env.get("TRAINMON_FLUSH_INTERVAL", "").strip()
-    if not raw:
-        return 0.5
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if 0.0 <= value <= 60.0:
-        return value
-    note(
-        issues,
-        "TRAINMON_FLUSH_INTERVAL",
-        f"TRAINMON_FLUSH_INTERVAL={raw[:60]!r} is not a number of seconds within [0, 60]; "
-        "using 0.5",
-    )
-    return 0.5
