@@ -159,8 +159,9 @@ class GpuSample:
     ``clock_events`` (reason -> 1.0 or 0.0, every reason of
     :data:`~trainmon_exporter.nvml.CLOCK_EVENT_REASONS`), ``ecc`` ((error type, counter type)
     -> count), ``remapped_rows`` (cause -> rows), ``xid`` (code -> events since the exporter
-    started) and ``processes`` ((host PID, used GPU memory in bytes or None)). Identity fields
-    NVML could not read are empty (``""``; ``pci_device_id`` 0): the GPU is still sampled.
+    started), ``xid_at`` (code -> when its last event was drained, Unix s) and ``processes``
+    ((host PID, used GPU memory in bytes or None)). Identity fields NVML could not read are
+    empty (``""``; ``pci_device_id`` 0): the GPU is still sampled.
     """
 
     index: int
@@ -174,6 +175,7 @@ class GpuSample:
     remapped_rows: dict[str, float]
     xid: dict[str, int]
     processes: tuple[tuple[int, int | None], ...]
+    xid_at: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +232,7 @@ class _Gpu:
     gpm: bool
     gpm_prev: Any = None
     xid: dict[str, int] = field(default_factory=dict)
+    xid_at: dict[str, float] = field(default_factory=dict)
 
 
 class GpuSampler:
@@ -533,6 +536,7 @@ class GpuSampler:
             remapped_rows=remapped,
             xid=dict(g.xid),
             processes=procs,
+            xid_at=dict(g.xid_at),
         )
 
     def _field_values(self, h: Any) -> tuple[float | None, ...]:
@@ -604,6 +608,7 @@ class GpuSampler:
             if code not in g.xid and len(g.xid) >= MAX_XID_CODES:
                 code = "other"
             g.xid[code] = g.xid.get(code, 0) + 1
+            g.xid_at[code] = time.time()
             log.error("GPU %d (%s): XID %d", g.index, g.uuid, xid)
 
     def _read(self, reading: str, fn: Callable[[], T]) -> T | None:

@@ -36,9 +36,9 @@ NONFINITE_FIELDS = ("loss", "grad_norm", "lr", "custom")
 """``field`` label values of ``trainmon_train_nonfinite_values_total``; ``custom`` sums every
 custom metric, so each series exists at 0 from a rank's first message."""
 STATUSES = ("running", "finished", "failed", "crashed")
-SERIES_PER_RANK = 120
+SERIES_PER_RANK = 121
 """Series one rank costs in the exposition before any custom metric, operation, evaluation
-value or layer: the rank budget of docs/scaling.md#cardinality-budget (123, measured with every
+value or layer: the rank budget of docs/scaling.md#cardinality-budget (124, measured with every
 feature and one tracked operation) less that operation's 3."""
 SERIES_PER_LAYER = len(P.LAYER_STATS) + len(P.LAYER_QUANTILES)
 """Series one exported layer costs at most (each statistic and gradient quantile)."""
@@ -266,7 +266,7 @@ class RankState:
         if rolled_back:
             self.rollbacks += 1
         if restarted or rolled_back:
-            self.analytics.reseed()
+            self.analytics.reseed(rollback=rolled_back)
         if restarted or (self.window and when < self.window[-1].time):
             # The client's totals started over, or its wall clock stepped back: the rate window
             # starts again from this step instead of spanning the step.
@@ -339,6 +339,7 @@ class RankState:
         self.history.append(
             HistoryPoint(step, when, loss, tokens, restarted or rolled_back, good, accounted)
         )
+        self.analytics.totals.observe_step(self, ids)
         if unknown:
             drop("unknown_field", unknown)
         if capped:
@@ -393,6 +394,7 @@ class RankState:
         self.dropped_encode_error = totals.dropped_encode_error
         self.dropped_in_flight = totals.dropped_in_flight
         self.refused_values = totals.refused_values
+        self.analytics.totals.observe_totals(self)
         now = totals.sent_connection - applied
         if now > gap:
             self.unapplied_total += now - gap
@@ -568,6 +570,7 @@ class Store:
         self._owner_runs: dict[int | None, OrderedDict[str, None]] = {}
         self.max_owner_records = 4 * self.max_ranks_per_uid
         self.hellos_refused: dict[tuple[str, str], int] = {}
+        self.hellos_refused_at: dict[tuple[str, str], float] = {}  # same keys: latest, Unix s
         # The owner claims consulted at every HELLO (a run's uid, registered by a privileged
         # process such as the Slurm prolog); None: no claims.
         self.claims: OwnerClaims | None = None
@@ -656,6 +659,7 @@ class Store:
             if label not in known and len(known) >= MAX_REFUSED_UIDS:
                 key = (reason, "other")
         self.hellos_refused[key] = self.hellos_refused.get(key, 0) + 1
+        self.hellos_refused_at[key] = time.time()
 
     def _refused_uids(self) -> set[str]:
         return {u for _, u in self.hellos_refused if u not in ("other", "unknown")}

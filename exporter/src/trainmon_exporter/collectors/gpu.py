@@ -95,6 +95,7 @@ class GpuCollector:
         ecc = catalog.GPU_ECC_ERRORS.counter()
         remapped = catalog.GPU_REMAPPED_ROWS.counter()
         xid = catalog.GPU_XID_ERRORS.counter()
+        xid_at = catalog.GPU_XID_ERRORS_LAST_TIMESTAMP_SECONDS.gauge()
         for g in snap.gpus:
             labels = [str(g.index), g.uuid]
             for fam, read in readings:
@@ -111,6 +112,8 @@ class GpuCollector:
                 remapped.add_metric([*labels, cause], rows)
             for code, n in sorted(g.xid.items()):
                 xid.add_metric([*labels, code], float(n))
+            for code, when in sorted(g.xid_at.items()):
+                xid_at.add_metric([*labels, code], when)
         duration = catalog.GPU_SAMPLE_DURATION_SECONDS.gauge()
         duration.add_metric([], snap.sample_seconds)
         age = catalog.GPU_SAMPLE_TIMESTAMP_SECONDS.gauge()
@@ -122,6 +125,7 @@ class GpuCollector:
             ecc,
             remapped,
             xid,
+            xid_at,
             duration,
             age,
             *state,
