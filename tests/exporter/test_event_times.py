@@ -371,3 +371,20 @@ def test_a_gradient_explosion_is_stamped(exporter: InProcessExporter) -> None:
         assert len(rank_samples(exporter, name, "boom")) == 1
     finally:
         sock.close()
+
+
+def test_a_gpu_lost_while_sampled_is_stamped_and_one_lost_before_the_start_is_not() -> None:
+    from trainmon_exporter.sampler import GpuSampler
+
+    gpus = [FakeGpu(), FakeGpu(), FakeGpu()]
+    gpus[2].lost = True  # lost before the exporter enumerated it: its loss predates us
+    s = GpuSampler(FakeNvmlBackend(gpus))
+    s.open()
+    snap = s.sample_once()
+    assert (snap.lost_total, snap.lost_at) == (1, None)
+    before = time.time()
+    gpus[1].lost = True  # falls off the bus while sampled
+    snap = s.sample_once()
+    s.stop()
+    assert snap.lost_total == 2
+    assert snap.lost_at is not None and before <= snap.lost_at <= time.time()

@@ -2217,6 +2217,18 @@ GPU_LOST = Family(
     ),
 )
 
+GPU_LOST_LAST_TIMESTAMP_SECONDS = _event_time(
+    GPU_LOST,
+    "a GPU the sampler had sampled was found lost",
+    (
+        "When this exporter last found a GPU it had sampled lost (NVML_ERROR_GPU_IS_LOST while "
+        "sampling, or gone when NVML came back after failing). GPUs already lost when it first "
+        "enumerates them count in `trainmon_gpu_lost_total` only: their loss predates the "
+        "exporter. Absent until the first one. Event alerts fire on `time() - this` under their "
+        "window ([alerting.md](alerting.md#event-alerts))."
+    ),
+)
+
 GPU_READ_ERRORS = Family(
     "trainmon_gpu_read_errors",
     COUNTER,
@@ -2848,6 +2860,7 @@ GPU_TABLE: tuple[Family, ...] = (
     GPU_EXPECTED,
     GPU_DEVICES,
     GPU_LOST,
+    GPU_LOST_LAST_TIMESTAMP_SECONDS,
     GPU_READ_ERRORS,
     GPU_SAMPLE_DURATION_SECONDS,
     GPU_SAMPLE_TIMESTAMP_SECONDS,

@@ -75,6 +75,9 @@ class GpuCollector:
         snap = self.sampler.snapshot
         lost = catalog.GPU_LOST.counter()
         lost.add_metric([], float(snap.lost_total))
+        lost_at = catalog.GPU_LOST_LAST_TIMESTAMP_SECONDS.gauge()
+        if snap.lost_at is not None:
+            lost_at.add_metric([], snap.lost_at)
         errors = catalog.GPU_READ_ERRORS.counter()
         for kind in ERROR_KINDS:
             errors.add_metric([kind], float(snap.read_errors.get(kind, 0)))
@@ -84,7 +87,7 @@ class GpuCollector:
         expected.add_metric([], 1.0 if snap.expected else 0.0)
         devices = catalog.GPU_DEVICES.gauge()
         devices.add_metric([], float(len(snap.gpus)))
-        state = [available, expected, devices, lost, errors]
+        state = [available, expected, devices, lost, lost_at, errors]
         if not snap.ok:
             return state
         readings = [
