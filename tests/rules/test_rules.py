@@ -17,6 +17,7 @@ PROM = ROOT / "deploy" / "prometheus"
 RULE_FILES = [
     PROM / "trainmon.rules.yml",
     PROM / "trainmon.alerts.yml",
+    PROM / "trainmon.watchdog.alerts.yml",
     PROM / "trainmon.dcgm.rules.yml",
 ]
 
@@ -48,7 +49,11 @@ def test_promtool_unit_tests(name: str) -> None:
 
 
 def alerts() -> list[dict[str, object]]:
-    return list(yaml.safe_load((PROM / "trainmon.alerts.yml").read_text())["groups"][0]["rules"])
+    return [
+        rule
+        for name in ("trainmon.alerts.yml", "trainmon.watchdog.alerts.yml")
+        for rule in yaml.safe_load((PROM / name).read_text())["groups"][0]["rules"]
+    ]
 
 
 def test_every_alert_has_the_conventional_shape_and_a_unit_test() -> None:

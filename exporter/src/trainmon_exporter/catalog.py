@@ -2343,9 +2343,9 @@ INGEST_HELLOS_REFUSED = Family(
         "`peer_not_allowed`, `bad_hello`, or a protocol reason such as `malformed`) and the uid "
         "of the process that sent it (`SO_PEERCRED`; `unknown` where the kernel gave none). The "
         "`uid` label is bounded: the first 64 uids refused since the exporter started get their "
-        "own value, later ones share `other`. A series appears with its first refusal, so "
-        "rules read it with `unless ... offset` as well as `increase()` "
-        "(`TrainmonTrainerRefused`)."
+        "own value, later ones share `other`. A series appears with its first refusal (its "
+        "first sample may be above 0); `TrainmonTrainerRefused` reads the time of the last one "
+        "instead (`trainmon_ingest_hellos_refused_last_timestamp_seconds`)."
     ),
 )
 
