@@ -110,8 +110,8 @@ def test_alerts_read_the_exporters_verdicts_not_copies_of_its_thresholds() -> No
     assert rules["TrainmonTrainingHung"]["expr"] == "trainmon_train_hung == 1"
     assert rules["TrainmonInputBound"]["expr"] == "trainmon_train_input_bound == 1"
     # Repeated rollbacks: the exporter exports the time of the rollback_repeats-th latest one.
-    repeat = "trainmon_train_step_rollbacks_repeat_timestamp_seconds > time() - 1800"
-    assert rules["TrainmonRepeatedRollbacks"]["expr"] == repeat
+    repeat = "last_over_time(trainmon_train_step_rollbacks_repeat_timestamp_seconds[30m])"
+    assert rules["TrainmonRepeatedRollbacks"]["expr"] == f"{repeat} > time() - 1800"
     for name, rule in rules.items():
         ratio = re.search(r"trainmon_train_(throughput|straggler)_ratio\s*[<>]", rule["expr"])
         assert not ratio, f"{name} compares a ratio with a copy of its threshold"

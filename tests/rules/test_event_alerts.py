@@ -170,3 +170,37 @@ def test_each_case_fails_on_the_rules_it_replaced_and_passes_on_the_shipped_ones
     new = case_files(tmp_path / "new", str(PROM / "trainmon.alerts.yml"))[case]
     out = promtool_test(new)
     assert out.returncode == 0, f"{name}:\n{out.stdout}{out.stderr}"
+
+
+def test_ongoing_events_through_a_failed_scrape_fail_on_instant_event_times(
+    tmp_path: Path,
+) -> None:
+    """alerts_test.yml's case of events that go on through a failed scrape can fail: with the
+    instant event time (no last_over_time), the NaN alert resolves at the failed scrape (and
+    would page again at the next), and the drop alert's for: starts over."""
+    doc = shipped_alerts()
+    changed = 0
+    for rule in doc["groups"][0]["rules"]:  # type: ignore[index]
+        expr = re.sub(r"last_over_time\(([^\[]+)\[\d+m\]\)", r"\1", str(rule["expr"]))
+        changed += expr != rule["expr"]
+        rule["expr"] = expr
+    assert changed == len(OLD_EXPRS)
+    rules = tmp_path / "instant.alerts.yml"
+    rules.write_text(yaml.safe_dump(doc, sort_keys=False))
+    tests = yaml.safe_load((ROOT / "tests" / "rules" / "alerts_test.yml").read_text())
+    (case,) = [
+        t
+        for t in tests["tests"]
+        if any("stale" in str(s["values"]) for s in t["input_series"])
+        and {a["alertname"] for a in t["alert_rule_test"]}
+        == {"TrainmonNonFiniteValues", "TrainmonClientDroppingMessages"}
+    ]
+    path = tmp_path / "ongoing_test.yml"
+    path.write_text(
+        yaml.safe_dump({**tests, "rule_files": [rules.name], "tests": [case]}, sort_keys=False)
+    )
+    out = promtool_test(path)
+    assert out.returncode != 0, out.stdout
+    failed = re.findall(r"alertname: (\w+), time: (\d+m)", out.stderr)
+    assert ("TrainmonNonFiniteValues", "5m") in failed, out.stderr
+    assert ("TrainmonClientDroppingMessages", "7m") in failed, out.stderr
