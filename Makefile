@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 DEMO_VENV  ?= .venv-demo
 DEMO_STAMP := $(DEMO_VENV)/.installed
 
-.PHONY: venv check test lint generate demo bench clean
+.PHONY: venv check test lint generate demo bench clean release-check
 
 $(STAMP): requirements-dev.txt requirements-demo.txt client/pyproject.toml exporter/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,11 @@ check: lint
 ## make test: lint and the whole test suite (what CI runs)
 test: lint
 	$(BIN)/python -m pytest
+
+## make release-check: a release's own checks, not part of `make test` (minutes): two builds
+## of the exporter's image from one commit give the same layers
+release-check: $(STAMP)
+	$(BIN)/python -m pytest -m release -s
 
 ## make generate: rebuild every generated file (dashboards, their Kubernetes ConfigMaps and
 ## PrometheusRules, the metric tables of docs/metrics.md, the golden captures); tests fail

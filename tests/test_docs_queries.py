@@ -45,40 +45,37 @@ def promtool_eval(tmp_path: Path, series: list[dict[str, str]], tests: list[dict
     assert out.returncode == 0, out.stdout + out.stderr
 
 
-def test_nan_query_sees_a_short_runs_nan(tmp_path: Path) -> None:
-    nan = next(q for c, q in example_queries().items() if "NaN" in c)
+def test_nan_query_sees_a_short_runs_nan_and_an_old_one_after_a_gap_not(tmp_path: Path) -> None:
+    nan = next(q for c, q in example_queries().items() if "NaN/Inf in loss" in c)
     labels = 'run="{run}",rank="0",field="loss"'
+    name = "trainmon_train_nonfinite_values_last_timestamp_seconds"
     series = [
-        # A run that hit NaN before its first scrape: the series is born at 1 and ends.
-        {
-            "series": "trainmon_train_nonfinite_values_total{" + labels.format(run="short") + "}",
-            "values": "_ _ 1 1",
-        },
-        # A long run: 0 for a while, then one NaN.
-        {
-            "series": "trainmon_train_nonfinite_values_total{" + labels.format(run="long") + "}",
-            "values": "0x5 1 1",
-        },
-        # A healthy run: no NaN, nothing reported.
-        {
-            "series": "trainmon_train_nonfinite_values_total{" + labels.format(run="ok") + "}",
-            "values": "0x8",
-        },
+        # A run that hit NaN (at 1m50s) before its first scrape, and ended.
+        {"series": name + "{" + labels.format(run="short") + "}", "values": "_ _ 110 110"},
+        # A long run: one NaN at 5m50s; then its exporter misses a scrape at 12m.
+        {"series": name + "{" + labels.format(run="long") + "}", "values": "_x6 350x5 stale 350x5"},
+        # A healthy run has no such series.
     ]
-    short = {"labels": "trainmon_train_nonfinite_values_total{" + labels.format(run="short") + "}"}
     promtool_eval(
         tmp_path,
         series,
         [
-            # At 3m the short run has two samples, both 1: increase() is 0, the NaN is shown.
-            {"expr": nan, "eval_time": "3m", "exp_samples": [short | {"value": 1}]},
+            {
+                "expr": nan,
+                "eval_time": "3m",
+                "exp_samples": [
+                    {"labels": name + "{" + labels.format(run="short") + "}", "value": 110}
+                ],
+            },
             {
                 "expr": nan,
                 "eval_time": "7m",
                 "exp_samples": [
-                    {"labels": "{" + labels.format(run="long") + "}", "value": 1},
+                    {"labels": name + "{" + labels.format(run="long") + "}", "value": 350}
                 ],
             },
+            # The scrape gap brings the old NaN back as nothing new.
+            {"expr": nan, "eval_time": "13m", "exp_samples": []},
         ],
     )
 

@@ -87,6 +87,11 @@ ALERT_COPIES = [
         rf"by more than {NUMBER} %",
         [100 * DEFAULTS.eval_overfit_gap],
     ),
+    (
+        "TrainmonRepeatedRollbacks",
+        rf"than before {NUMBER} times or more within 30 minutes \(threshold {NUMBER};",
+        [DEFAULTS.rollback_repeats, DEFAULTS.rollback_repeats],
+    ),
 ]
 
 
@@ -104,6 +109,9 @@ def test_alerts_read_the_exporters_verdicts_not_copies_of_its_thresholds() -> No
     assert "trainmon_train_straggling == 1" in rules["TrainmonStragglerRank"]["expr"]
     assert rules["TrainmonTrainingHung"]["expr"] == "trainmon_train_hung == 1"
     assert rules["TrainmonInputBound"]["expr"] == "trainmon_train_input_bound == 1"
+    # Repeated rollbacks: the exporter exports the time of the rollback_repeats-th latest one.
+    repeat = "last_over_time(trainmon_train_step_rollbacks_repeat_timestamp_seconds[30m])"
+    assert rules["TrainmonRepeatedRollbacks"]["expr"] == f"{repeat} > time() - 1800"
     for name, rule in rules.items():
         ratio = re.search(r"trainmon_train_(throughput|straggler)_ratio\s*[<>]", rule["expr"])
         assert not ratio, f"{name} compares a ratio with a copy of its threshold"

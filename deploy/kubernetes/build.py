@@ -4,7 +4,11 @@
   ``monitoring.coreos.com/v1``) per rule file ``deploy/prometheus/*.rules.yml`` and
   ``*.alerts.yml``, its ``spec.groups`` being the file's ``groups`` unchanged. The object's
   name is the file's name without ``.yml``, dots turned to dashes (``trainmon.alerts.yml`` ->
-  ``trainmon-alerts``): :func:`rule_object_name`.
+  ``trainmon-alerts``): :func:`rule_object_name`. The Watchdog's file is left out: the
+  Prometheus Operator's stacks (kube-prometheus, kube-prometheus-stack) ship a Watchdog of
+  their own, and a second one would reach their dead-man switch as another alert.
+- ``base/watchdog/prometheusrule.yaml``: the Watchdog's ``PrometheusRule``, for a Prometheus
+  that has none (an overlay adds ``base/watchdog`` then).
 - ``base/monitoring/dashboards.yaml``: one ``ConfigMap`` per dashboard
   ``deploy/grafana/dashboards/*.json``, labelled ``grafana_dashboard: "1"`` (the label the
   Grafana sidecar of kube-prometheus-stack and the Grafana operator's docs look for), with
@@ -41,6 +45,8 @@ ROOT = HERE.parents[1]
 RULES = ROOT / "deploy" / "prometheus"
 DASHBOARDS = ROOT / "deploy" / "grafana" / "dashboards"
 OUT = HERE / "base" / "monitoring"
+WATCHDOG = RULES / "trainmon.watchdog.alerts.yml"
+"""The Watchdog's rule file: in ``base/watchdog``, not ``base/monitoring``."""
 LABELS = {"app.kubernetes.io/part-of": "trainmon"}
 MAX_CONFIGMAP_BYTES = 256 * 1024
 """Largest dashboard ConfigMap accepted: ``kubectl apply`` (client side) copies the object
@@ -79,8 +85,9 @@ EXPORTER_PORT = 9478
 
 
 def rule_files() -> list[Path]:
-    """The shipped rule files, in name order."""
-    return sorted([*RULES.glob("*.rules.yml"), *RULES.glob("*.alerts.yml")])
+    """The shipped rule files of ``base/monitoring``, in name order (the Watchdog's aside)."""
+    files = [*RULES.glob("*.rules.yml"), *RULES.glob("*.alerts.yml")]
+    return sorted(p for p in files if p != WATCHDOG)
 
 
 def rule_object_name(path: Path) -> str:
@@ -114,23 +121,30 @@ def _dump(docs: list[dict[str, Any]]) -> str:
     )
 
 
+def _prometheus_rule(path: Path) -> dict[str, Any]:
+    """The ``PrometheusRule`` of one rule file."""
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {
+            "name": rule_object_name(path),
+            "labels": {**LABELS, "app.kubernetes.io/name": rule_object_name(path)},
+        },
+        "spec": {"groups": yaml.safe_load(path.read_text())["groups"]},
+    }
+
+
 def prometheus_rules() -> str:
     """The ``PrometheusRule`` objects, as one multi-document YAML text."""
-    docs = []
-    for path in rule_files():
-        groups = yaml.safe_load(path.read_text())["groups"]
-        docs.append(
-            {
-                "apiVersion": "monitoring.coreos.com/v1",
-                "kind": "PrometheusRule",
-                "metadata": {
-                    "name": rule_object_name(path),
-                    "labels": {**LABELS, "app.kubernetes.io/name": rule_object_name(path)},
-                },
-                "spec": {"groups": groups},
-            }
-        )
-    return _header("deploy/prometheus/*.rules.yml and *.alerts.yml") + _dump(docs)
+    docs = [_prometheus_rule(path) for path in rule_files()]
+    return _header(
+        "deploy/prometheus/*.rules.yml and *.alerts.yml, trainmon.watchdog.alerts.yml aside"
+    ) + _dump(docs)
+
+
+def watchdog_rule() -> str:
+    """The Watchdog's ``PrometheusRule``, as YAML text."""
+    return _header(f"deploy/prometheus/{WATCHDOG.name}") + _dump([_prometheus_rule(WATCHDOG)])
 
 
 def dashboard_configmaps() -> str:
@@ -280,6 +294,7 @@ def render() -> dict[Path, str]:
     """``{output path: text}`` of every generated file."""
     return {
         OUT / "prometheusrules.yaml": prometheus_rules(),
+        HERE / "base" / "watchdog" / "prometheusrule.yaml": watchdog_rule(),
         OUT / "dashboards.yaml": dashboard_configmaps(),
         **sample_limit_patches(),
         **network_policies(),

@@ -187,9 +187,8 @@ def test_every_shipped_alert_shows_in_the_alerts_firing_panel(tmp_path: Path) ->
     promtool = require_tool("promtool", "prometheus")
     shipped = {
         str(r["alert"])
-        for g in yaml.safe_load(
-            (ROOT / "deploy" / "prometheus" / "trainmon.alerts.yml").read_text()
-        )["groups"]
+        for f in ("trainmon.alerts.yml", "trainmon.watchdog.alerts.yml")
+        for g in yaml.safe_load((ROOT / "deploy" / "prometheus" / f).read_text())["groups"]
         for r in g["rules"]
         if "alert" in r
     }

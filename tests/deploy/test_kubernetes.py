@@ -46,7 +46,9 @@ from ..helpers.kustomize import K8S, container, kubectl, rendered, the
 SCHEMAS = Path(__file__).with_name("schemas") / "prometheus-operator-v0.93.0"
 OVERLAYS = sorted(p.parent.relative_to(K8S) for p in K8S.glob("overlays/*/kustomization.yaml"))
 EXAMPLES = sorted(p.parent.relative_to(K8S) for p in K8S.glob("examples/*/kustomization.yaml"))
-KUSTOMIZATIONS = [*OVERLAYS, *EXAMPLES]
+WATCHDOG = Path("base/watchdog")
+"""The Watchdog's PrometheusRule, which no overlay includes (its stacks ship their own)."""
+KUSTOMIZATIONS = [*OVERLAYS, *EXAMPLES, WATCHDOG]
 K8S_VERSIONS = ["1.29.0", "latest"]
 CRD_FILES = {
     "PodMonitor": "monitoring.coreos.com_podmonitors.yaml",
@@ -114,6 +116,20 @@ def test_one_prometheusrule_per_rule_file_with_its_groups_unchanged() -> None:
         assert set(rules) == set(sources), path
         for name, obj in rules.items():
             assert obj["spec"]["groups"] == yaml.safe_load(sources[name].read_text())["groups"]
+
+
+def test_no_overlay_ships_a_second_watchdog() -> None:
+    """kube-prometheus and kube-prometheus-stack have a Watchdog of their own (general.rules):
+    no overlay renders trainmon's, which base/watchdog holds for a Prometheus without one."""
+    for path in OVERLAYS:
+        text = json.dumps([o for o in rendered(path) if o["kind"] == "PrometheusRule"])
+        assert '"Watchdog"' not in text, path
+    (rule,) = rendered(WATCHDOG)
+    assert rule["kind"] == "PrometheusRule"
+    alerts = [r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]]
+    assert alerts == ["Watchdog"]
+    source = ROOT / "deploy" / "prometheus" / "trainmon.watchdog.alerts.yml"
+    assert rule["spec"]["groups"] == yaml.safe_load(source.read_text())["groups"]
 
 
 def test_dashboards_are_configmaps_the_grafana_sidecar_loads() -> None:
@@ -419,16 +435,16 @@ def test_the_crd_check_rejects_a_broken_podmonitor(change: Any, error: str, tmp_
 # --------------------------------------------------------------------------- rules
 
 
-def extracted_rules(tmp: Path, overlay: Path) -> dict[str, Path]:
-    """Write each rendered PrometheusRule's groups as a rule file named like its source.
+def extracted_rules(tmp: Path, *paths: Path) -> dict[str, Path]:
+    """Write each PrometheusRule ``paths`` render as a rule file named like its source.
 
     Returns ``{source file name: extracted path}``.
     """
     gen = generator()
-    by_object = {gen.rule_object_name(p): p.name for p in gen.rule_files()}
+    by_object = {gen.rule_object_name(p): p.name for p in [*gen.rule_files(), gen.WATCHDOG]}
     tmp.mkdir(parents=True, exist_ok=True)
     out = {}
-    for obj in rendered(overlay):
+    for obj in (o for path in paths for o in rendered(path)):
         if obj["kind"] == "PrometheusRule":
             source = by_object[obj["metadata"]["name"]]
             path = tmp / source
@@ -457,7 +473,7 @@ UNIT_TESTS = sorted(p.name for p in (ROOT / "tests" / "rules").glob("*_test.yml"
 def test_promtool_unit_tests_pass_on_the_rendered_rules(name: str, tmp_path: Path) -> None:
     """tests/rules/<name>, its rule_files swapped for the rendered PrometheusRules' groups."""
     promtool = require_tool("promtool", "prometheus")
-    files = extracted_rules(tmp_path / "rules", Path("overlays/daemonset"))
+    files = extracted_rules(tmp_path / "rules", Path("overlays/daemonset"), WATCHDOG)
     text = (ROOT / "tests" / "rules" / name).read_text()
     # The paths are swapped in the text: a YAML round trip would rewrite values such as
     # "0x20" (promtool's "0, 20 times") as the hex integer 32.

@@ -224,7 +224,7 @@ class Target:
         self.exporter.store.expire(now_mono=float("inf"))  # every disconnected rank goes
 
     def internal_errors(self) -> float:
-        return self.ingest.metrics._invalid["internal_error"]._value.get()  # type: ignore[no-any-return]
+        return self.ingest.metrics.invalid_total.labels("internal_error")._value.get()  # type: ignore[no-any-return]
 
     def next_run(self) -> str:
         return f"fuzz-{next(self.runs):09d}"  # one length: the same draws give the same bytes

@@ -27,7 +27,11 @@ import yaml
 from ..conftest import ROOT, free_port
 
 PROM_DIR = ROOT / "deploy" / "prometheus"
-RULE_FILES = [PROM_DIR / "trainmon.rules.yml", PROM_DIR / "trainmon.alerts.yml"]
+RULE_FILES = [
+    PROM_DIR / "trainmon.rules.yml",
+    PROM_DIR / "trainmon.alerts.yml",
+    PROM_DIR / "trainmon.watchdog.alerts.yml",
+]
 
 
 def require_binaries(*names: str, package: str) -> None:

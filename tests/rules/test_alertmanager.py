@@ -12,7 +12,10 @@ import yaml
 from ..conftest import ROOT, require_tool
 
 CONFIG = ROOT / "alertmanager" / "alertmanager.yml"
-ALERTS = ROOT / "deploy" / "prometheus" / "trainmon.alerts.yml"
+ALERTS = [
+    ROOT / "deploy" / "prometheus" / "trainmon.alerts.yml",
+    ROOT / "deploy" / "prometheus" / "trainmon.watchdog.alerts.yml",
+]
 EXPECTED = {"critical": "pagerduty", "warning": "slack", "info": "slack"}
 
 
@@ -44,7 +47,9 @@ def test_each_severity_reaches_its_receiver(severity: str, receiver: str) -> Non
 
 
 def test_every_shipped_alert_is_routed_by_its_severity() -> None:
-    for rule in yaml.safe_load(ALERTS.read_text())["groups"][0]["rules"]:
+    rules = [r for f in ALERTS for r in yaml.safe_load(f.read_text())["groups"][0]["rules"]]
+    assert "Watchdog" in {r["alert"] for r in rules}
+    for rule in rules:
         sev = rule["labels"]["severity"]
         expected = "watchdog" if rule["alert"] == "Watchdog" else EXPECTED[sev]
         assert route(f"alertname={rule['alert']}", f"severity={sev}", "run=r") == expected

@@ -17,6 +17,7 @@ PROM = ROOT / "deploy" / "prometheus"
 RULE_FILES = [
     PROM / "trainmon.rules.yml",
     PROM / "trainmon.alerts.yml",
+    PROM / "trainmon.watchdog.alerts.yml",
     PROM / "trainmon.dcgm.rules.yml",
 ]
 
@@ -48,7 +49,11 @@ def test_promtool_unit_tests(name: str) -> None:
 
 
 def alerts() -> list[dict[str, object]]:
-    return list(yaml.safe_load((PROM / "trainmon.alerts.yml").read_text())["groups"][0]["rules"])
+    return [
+        rule
+        for name in ("trainmon.alerts.yml", "trainmon.watchdog.alerts.yml")
+        for rule in yaml.safe_load((PROM / name).read_text())["groups"][0]["rules"]
+    ]
 
 
 def test_every_alert_has_the_conventional_shape_and_a_unit_test() -> None:
@@ -117,22 +122,14 @@ def test_rules_key_runs_by_cluster_namespace_and_run() -> None:
     assert fleet_key_problems("x{run=%q,rank=%q}") == ["{run=%q,rank=%q}"]
 
 
-def test_the_dcgm_turnover_test_fails_a_join_that_keeps_finished_ranks(tmp_path: Path) -> None:
-    """tests/rules/dcgm_test.yml can fail: with the record built from every exported rank
-    (finished ones stay until the series TTL), its turnover case meets the many-to-many
-    error Prometheus raises for a GPU with a finished and a live rank."""
-    rules = yaml.safe_load((PROM / "trainmon.dcgm.rules.yml").read_text())
-    (rule,) = rules["groups"][0]["rules"]
-    assert "trainmon_run_up" in rule["expr"], "the record no longer keeps only live ranks"
-    rule["expr"] = (
-        "max by (cluster, namespace, run, rank, UUID) "
-        '(label_replace(trainmon_rank_info{uuid!=""}, "UUID", "$1", "uuid", "(.+)"))'
-    )
-    (tmp_path / "every_rank.rules.yml").write_text(yaml.safe_dump(rules))
-    text = (ROOT / "tests" / "rules" / "dcgm_test.yml").read_text()
-    src = "../../deploy/prometheus/trainmon.dcgm.rules.yml"
-    assert text.count(src) == 1
-    (tmp_path / "dcgm_test.yml").write_text(text.replace(src, "every_rank.rules.yml"))
+def dcgm_test_with(tmp_path: Path, rules: dict[str, object], tests: slice) -> str:
+    """promtool's output for ``tests`` of tests/rules/dcgm_test.yml run against ``rules``."""
+    (tmp_path / "changed.rules.yml").write_text(yaml.safe_dump(rules))
+    doc = yaml.safe_load((ROOT / "tests" / "rules" / "dcgm_test.yml").read_text())
+    assert doc["rule_files"] == ["../../deploy/prometheus/trainmon.dcgm.rules.yml"]
+    doc["rule_files"] = ["changed.rules.yml"]
+    doc["tests"] = doc["tests"][tests]
+    (tmp_path / "dcgm_test.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
     out = subprocess.run(
         [promtool(), "test", "rules", "dcgm_test.yml"],
         capture_output=True,
@@ -140,4 +137,50 @@ def test_the_dcgm_turnover_test_fails_a_join_that_keeps_finished_ranks(tmp_path:
         cwd=tmp_path,
         check=False,
     )
-    assert out.returncode != 0 and "many-to-many" in out.stdout + out.stderr, out.stdout
+    assert out.returncode != 0, out.stdout
+    return out.stdout + out.stderr
+
+
+def test_the_dcgm_turnover_test_fails_a_join_that_keeps_finished_ranks(tmp_path: Path) -> None:
+    """tests/rules/dcgm_test.yml can fail: with the ranks' record built from every exported
+    rank (finished ones stay until the series TTL), a GPU with a finished and a live rank is
+    a shared one, and its turnover case no longer finds the live rank."""
+    rules = yaml.safe_load((PROM / "trainmon.dcgm.rules.yml").read_text())
+    ranks = next(
+        r for r in rules["groups"][0]["rules"] if r["record"] == "rank:trainmon_rank_info:uuid"
+    )
+    assert "trainmon_run_up" in ranks["expr"], "the record no longer keeps only live ranks"
+    ranks["expr"] = (
+        "max by (cluster, namespace, run, rank, UUID) "
+        '(label_replace(trainmon_rank_info{uuid!=""}, "UUID", "$1", "uuid", "(.+)"))'
+    )
+    out = dcgm_test_with(tmp_path, rules, slice(1, 2))
+    assert 'run="a.new"' in out and "time: 6m" in out, out
+
+
+def test_the_dcgm_shared_gpu_test_fails_the_join_of_every_live_rank(tmp_path: Path) -> None:
+    """tests/rules/dcgm_test.yml's shared-GPU case can fail: with one join record per live
+    rank (as before the record degraded per GPU), two live ranks on one GPU make the documented
+    join many-to-many, and Prometheus fails the whole query."""
+    every_rank = (
+        "max by (cluster, namespace, run, rank, UUID) (label_replace("
+        'trainmon_rank_info{uuid!=""} and on (cluster, namespace, job, instance, run, rank) '
+        '(trainmon_run_up == 1), "UUID", "$1", "uuid", "(.+)"))'
+    )
+    rules = {
+        "groups": [
+            {
+                "name": "trainmon.dcgm",
+                "rules": [
+                    {"record": "rank:trainmon_rank_info:uuid", "expr": every_rank},
+                    {
+                        "record": "uuid:trainmon_rank_info:count",
+                        "expr": "count by (cluster, UUID) (rank:trainmon_rank_info:uuid)",
+                    },
+                    {"record": "rank:trainmon_rank_info:dcgm_uuid", "expr": every_rank},
+                ],
+            }
+        ]
+    }
+    out = dcgm_test_with(tmp_path, rules, slice(2, 3))
+    assert "many-to-many" in out, out

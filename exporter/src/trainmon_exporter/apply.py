@@ -8,6 +8,12 @@ its cap), then dispatched once, by type, to the :class:`~trainmon_exporter.state
 :class:`~trainmon_exporter.state.rank.RankState` method that applies it. Nothing here changes a
 rank's state itself.
 
+Why this module is one module of about 530 lines: it is the one place where a record's meaning
+is checked against what its connection may send (the HELLO's schema and ownership, the names a
+connection binds, the refusals and drops each counted), then dispatched once; the packet being
+applied in slices and the counters that stamp the time of an invalid record are that checking's
+own bookkeeping.
+
 Bad input never raises out of here: a refused packet or record increments
 ``trainmon_ingest_messages_invalid_total{reason}``, and a value a record carries that cannot
 be kept ``trainmon_ingest_values_dropped_total{reason}``. A packet's records are refused for
@@ -28,7 +34,7 @@ import unicodedata
 from collections.abc import Iterator
 from typing import Final
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from trainmon_client import _protocol as P
@@ -47,6 +53,7 @@ __all__ = [
     "Outcome",
     "Packet",
     "Refused",
+    "StampedCounter",
 ]
 
 log = logging.getLogger("trainmon_exporter.ingest")
@@ -271,19 +278,56 @@ class Packet:
         self.close = close
 
 
+class StampedCounter:
+    """A labelled counter whose every increment also sets a gauge to the time (Unix s).
+
+    For ``trainmon_ingest_messages_invalid_total`` and its
+    ``..._last_timestamp_seconds``: the gauge's series of a label set appears with the first
+    increment (never at 0), as alerts on ``time() - gauge`` want.
+    """
+
+    def __init__(self, counter: Counter, last: Gauge) -> None:
+        self.counter = counter
+        self.last = last
+
+    def labels(self, *values: str) -> _StampedChild:
+        """The child of ``values`` (``inc()`` counts and stamps)."""
+        return _StampedChild(self.counter.labels(*values), self.last, values)
+
+
+class _StampedChild:
+    __slots__ = ("_child", "_last", "_values")
+
+    def __init__(self, child: Counter, last: Gauge, values: tuple[str, ...]) -> None:
+        self._child, self._last, self._values = child, last, values
+
+    def inc(self, amount: float = 1) -> None:
+        self._child.inc(amount)
+        self._last.labels(*self._values).set(time.time())
+
+
 class Applier:
     """Applies packets to a :class:`Store`, counting what it refuses and drops.
 
     Args:
         store: where rank state lives; a packet applies under its lock.
-        invalid: ``trainmon_ingest_messages_invalid_total`` (label ``reason``).
+        invalid: ``trainmon_ingest_messages_invalid_total`` (label ``reason``), stamped with
+            the time of its last increment where it is a :class:`StampedCounter`.
         applied: ``trainmon_ingest_messages_total`` (label ``type``).
         dropped: ``trainmon_ingest_values_dropped_total`` (label ``reason``).
     """
 
-    def __init__(self, store: Store, invalid: Counter, applied: Counter, dropped: Counter) -> None:
+    def __init__(
+        self,
+        store: Store,
+        invalid: Counter | StampedCounter,
+        applied: Counter,
+        dropped: Counter,
+    ) -> None:
         self.store = store
-        self._invalid = {r: invalid.labels(r) for r in (*P.PROTOCOL_ERRORS, *REFUSALS)}
+        self._invalid: dict[str, Counter | _StampedChild] = {
+            r: invalid.labels(r) for r in (*P.PROTOCOL_ERRORS, *REFUSALS)
+        }
         self._invalid[INTERNAL_ERROR] = invalid.labels(INTERNAL_ERROR)
         self._applied = {t: applied.labels(name) for t, name in P.RECORD_NAMES.items()}
         self._dropped = dropped

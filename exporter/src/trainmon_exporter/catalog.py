@@ -193,6 +193,23 @@ class _OptionalHistogram(_Optional, HistogramMetricFamily):
             self._drop_empty(labels, n)
 
 
+def _event_time(counter: Family, what: str, doc: str) -> Family:
+    """The row of ``<counter>_last_timestamp_seconds``: when ``counter`` last grew.
+
+    Same labels and collector as the counter; a series exists once its counter grew (never
+    at 0). ``what`` completes the HELP line, ``doc`` is the reference's text.
+    """
+    return Family(
+        f"{counter.name}_last_timestamp_seconds",
+        GAUGE,
+        f"When {counter.exposed} last grew: {what} (Unix s, exporter clock).",
+        counter.labels,
+        unit="Unix s",
+        collector=counter.collector,
+        doc=doc,
+    )
+
+
 # ---------- collector training: per-(run, rank) series from the client's records
 
 RUN_UP = Family(
@@ -453,6 +470,18 @@ RUN_CRASHES = Family(
     ),
 )
 
+RUN_CRASHES_LAST_TIMESTAMP_SECONDS = _event_time(
+    RUN_CRASHES,
+    "the rank's last crash or failed finish",
+    (
+        "When this exporter saw the rank's last crash: its connection ended without a "
+        "FINISH record, or FINISH said failed. Absent until the first one. Event "
+        "alerts fire on `time() - this` under their window "
+        "([alerting.md](alerting.md#event-alerts)): a time does not change when "
+        "Prometheus misses scrapes or restarts, so an event pages once."
+    ),
+)
+
 RUN_RESTARTS = Family(
     "trainmon_run_restarts",
     COUNTER,
@@ -494,6 +523,25 @@ TRAIN_STEP_ROLLBACKS = Family(
     ),
 )
 
+TRAIN_STEP_ROLLBACKS_REPEAT_TIMESTAMP_SECONDS = Family(
+    "trainmon_train_step_rollbacks_repeat_timestamp_seconds",
+    GAUGE,
+    (
+        "Time of the rank's rollback_repeats-th latest rollback (Unix s, exporter clock): that "
+        "many rollbacks happened since. Absent until the rank rolled back that often."
+    ),
+    RANK,
+    unit="Unix s",
+    collector="training",
+    doc=(
+        "When the rank's `rollback_repeats`-th latest rollback (the 3rd by default) "
+        "happened: `time() - this < w` means that many rollbacks within `w` seconds, "
+        "what `TrainmonRepeatedRollbacks` asks, without counting a counter's increase "
+        "over a window that a scrape gap or a Prometheus restart can cut. Absent "
+        "until the rank rolled back that often."
+    ),
+)
+
 TRAIN_ALLOCATOR_RETRIES = Family(
     "trainmon_train_allocator_retries",
     COUNTER,
@@ -512,6 +560,20 @@ TRAIN_ALLOCATOR_RETRIES = Family(
     ),
 )
 
+TRAIN_ALLOCATOR_RETRIES_LAST_TIMESTAMP_SECONDS = _event_time(
+    TRAIN_ALLOCATOR_RETRIES,
+    "the client's alloc_retries total rose",
+    (
+        "When this exporter saw the client's `alloc_retries` rise. The client keeps "
+        "the total for its process's life: the first total of a process that started "
+        "before this exporter (one that reconnected after an exporter restart) is a "
+        "baseline, not a rise; for a process that started after, a value above 0 is "
+        "one. Absent until the first one. Event alerts fire on `time() - this` under "
+        "their window ([alerting.md](alerting.md#event-alerts)): a time does not "
+        "change when Prometheus misses scrapes or restarts, so an event pages once."
+    ),
+)
+
 TRAIN_OOM_ERRORS = Family(
     "trainmon_train_oom_errors",
     COUNTER,
@@ -525,6 +587,18 @@ TRAIN_OOM_ERRORS = Family(
     doc=(
         "Last `ooms`: with `init(cuda_memory=True)`, `num_ooms`, the CUDA out-of-memory errors "
         "the allocator raised. Absent unless sent."
+    ),
+)
+
+TRAIN_OOM_ERRORS_LAST_TIMESTAMP_SECONDS = _event_time(
+    TRAIN_OOM_ERRORS,
+    "the client's ooms total rose",
+    (
+        "When this exporter saw the client's `ooms` rise (judged as for allocator "
+        "retries). Absent until the first one. Event alerts fire on `time() - this` "
+        "under their window ([alerting.md](alerting.md#event-alerts)): a time does "
+        "not change when Prometheus misses scrapes or restarts, so an event pages "
+        "once."
     ),
 )
 
@@ -653,6 +727,17 @@ TRAIN_NONFINITE_VALUES = Family(
     ),
 )
 
+TRAIN_NONFINITE_VALUES_LAST_TIMESTAMP_SECONDS = _event_time(
+    TRAIN_NONFINITE_VALUES,
+    "a NaN or infinite value of the field arrived",
+    (
+        "When this exporter received the last NaN or ±Inf value of `field`. Absent "
+        "until the first one. Event alerts fire on `time() - this` under their window "
+        "([alerting.md](alerting.md#event-alerts)): a time does not change when "
+        "Prometheus misses scrapes or restarts, so an event pages once."
+    ),
+)
+
 CLIENT_DROPPED_MESSAGES = Family(
     "trainmon_client_dropped_messages",
     COUNTER,
@@ -674,6 +759,22 @@ CLIENT_DROPPED_MESSAGES = Family(
         "seen to read them (an exporter frozen, killed or restarted; an upper bound). Reported "
         "in-band (STEP and TOTALS records), so drops made while disconnected show up after the "
         "reconnect. See [reliability.md](reliability.md)."
+    ),
+)
+
+CLIENT_DROPPED_MESSAGES_LAST_TIMESTAMP_SECONDS = _event_time(
+    CLIENT_DROPPED_MESSAGES,
+    "the client's total of drops of that reason rose",
+    (
+        "When this exporter saw the client's total of drops of `reason` rise. The "
+        "first totals of a client process that started before this exporter are a "
+        "baseline, not a rise: the drops an exporter restart causes (records sent "
+        "while no exporter listened, or in flight when the old one stopped) arrive "
+        "after the reconnect and are not the trainer's doing. For a process that "
+        "started after this exporter, any drop is a rise. Absent until the first one. "
+        "Event alerts fire on `time() - this` under their window "
+        "([alerting.md](alerting.md#event-alerts)): a time does not change when "
+        "Prometheus misses scrapes or restarts, so an event pages once."
     ),
 )
 
@@ -1059,6 +1160,17 @@ TRAIN_GRAD_EXPLOSIONS = Family(
     doc="Grad norm > 100, > 10× its rolling mean, or +Inf.",
 )
 
+TRAIN_GRAD_EXPLOSIONS_LAST_TIMESTAMP_SECONDS = _event_time(
+    TRAIN_GRAD_EXPLOSIONS,
+    "a gradient explosion was judged",
+    (
+        "When this exporter judged the rank's last gradient explosion. Absent until "
+        "the first one. Event alerts fire on `time() - this` under their window "
+        "([alerting.md](alerting.md#event-alerts)): a time does not change when "
+        "Prometheus misses scrapes or restarts, so an event pages once."
+    ),
+)
+
 TRAIN_GRAD_VANISHING = Family(
     "trainmon_train_grad_vanishing",
     COUNTER,
@@ -1079,6 +1191,17 @@ TRAIN_UPDATE_RATIO_HIGH = Family(
     doc="Layer checks whose update ratio was above `update_ratio_high` (0.1).",
 )
 
+TRAIN_UPDATE_RATIO_HIGH_LAST_TIMESTAMP_SECONDS = _event_time(
+    TRAIN_UPDATE_RATIO_HIGH,
+    "a watch check had a layer above update_ratio_high",
+    (
+        "When this exporter last counted a layer check above `update_ratio_high`. "
+        "Absent until the first one. Event alerts fire on `time() - this` under their "
+        "window ([alerting.md](alerting.md#event-alerts)): a time does not change "
+        "when Prometheus misses scrapes or restarts, so an event pages once."
+    ),
+)
+
 TRAIN_UPDATE_RATIO_LOW = Family(
     "trainmon_train_update_ratio_low",
     COUNTER,
@@ -1092,6 +1215,17 @@ TRAIN_UPDATE_RATIO_LOW = Family(
     doc=(
         "Layer checks whose update ratio was below `update_ratio_low` (1e-7) while the median "
         "layer's was not (a frozen layer)."
+    ),
+)
+
+TRAIN_UPDATE_RATIO_LOW_LAST_TIMESTAMP_SECONDS = _event_time(
+    TRAIN_UPDATE_RATIO_LOW,
+    "a watch check had a frozen layer",
+    (
+        "When this exporter last counted a layer check below `update_ratio_low`. "
+        "Absent until the first one. Event alerts fire on `time() - this` under their "
+        "window ([alerting.md](alerting.md#event-alerts)): a time does not change "
+        "when Prometheus misses scrapes or restarts, so an event pages once."
     ),
 )
 
@@ -1111,6 +1245,17 @@ TRAIN_GRAD_GAIN_DRIFTS = Family(
     ),
 )
 
+TRAIN_GRAD_GAIN_DRIFTS_LAST_TIMESTAMP_SECONDS = _event_time(
+    TRAIN_GRAD_GAIN_DRIFTS,
+    "a gradient gain drift episode began",
+    (
+        "When the rank's last gradient gain drift episode began. Absent until the "
+        "first one. Event alerts fire on `time() - this` under their window "
+        "([alerting.md](alerting.md#event-alerts)): a time does not change when "
+        "Prometheus misses scrapes or restarts, so an event pages once."
+    ),
+)
+
 TRAIN_MEMORY_LEAKS = Family(
     "trainmon_train_memory_leaks",
     COUNTER,
@@ -1119,6 +1264,17 @@ TRAIN_MEMORY_LEAKS = Family(
     unit="episodes",
     collector="health",
     doc="Episodes of steady growth: over 5 % of the mean across the window, with R² ≥ 0.9.",
+)
+
+TRAIN_MEMORY_LEAKS_LAST_TIMESTAMP_SECONDS = _event_time(
+    TRAIN_MEMORY_LEAKS,
+    "a memory leak episode began",
+    (
+        "When the rank's last memory leak episode began. Absent until the first one. "
+        "Event alerts fire on `time() - this` under their window "
+        "([alerting.md](alerting.md#event-alerts)): a time does not change when "
+        "Prometheus misses scrapes or restarts, so an event pages once."
+    ),
 )
 
 TRAIN_HANGS = Family(
@@ -1265,6 +1421,17 @@ TRAIN_LOSS_SPIKES = Family(
     doc=(
         "Steps whose loss z-score reached `minor` (4), `major` (6) or `severe` (10); the highest "
         "severity reached is counted."
+    ),
+)
+
+TRAIN_LOSS_SPIKES_LAST_TIMESTAMP_SECONDS = _event_time(
+    TRAIN_LOSS_SPIKES,
+    "a loss spike of that severity was judged",
+    (
+        "When this exporter judged the rank's last loss spike of `severity`. Absent "
+        "until the first one. Event alerts fire on `time() - this` under their window "
+        "([alerting.md](alerting.md#event-alerts)): a time does not change when "
+        "Prometheus misses scrapes or restarts, so an event pages once."
     ),
 )
 
@@ -1953,6 +2120,18 @@ GPU_XID_ERRORS = Family(
     ),
 )
 
+GPU_XID_ERRORS_LAST_TIMESTAMP_SECONDS = _event_time(
+    GPU_XID_ERRORS,
+    "an XID of that code was drained from NVML",
+    (
+        "When the sampler drained the GPU's last XID event of code `xid` (within one "
+        "sampling interval of the error). Absent until the first one. Event alerts "
+        "fire on `time() - this` under their window "
+        "([alerting.md](alerting.md#event-alerts)): a time does not change when "
+        "Prometheus misses scrapes or restarts, so an event pages once."
+    ),
+)
+
 GPU_SAMPLE_DURATION_SECONDS = Family(
     "trainmon_gpu_sample_duration_seconds",
     GAUGE,
@@ -2035,6 +2214,18 @@ GPU_LOST = Family(
     doc=(
         "GPUs dropped because NVML reported them lost, plus GPUs missing when NVML comes back "
         "after failing. Exists at 0 on every node."
+    ),
+)
+
+GPU_LOST_LAST_TIMESTAMP_SECONDS = _event_time(
+    GPU_LOST,
+    "a GPU the sampler had sampled was found lost",
+    (
+        "When this exporter last found a GPU it had sampled lost (NVML_ERROR_GPU_IS_LOST while "
+        "sampling, or gone when NVML came back after failing). GPUs already lost when it first "
+        "enumerates them count in `trainmon_gpu_lost_total` only: their loss predates the "
+        "exporter. Absent until the first one. Event alerts fire on `time() - this` under their "
+        "window ([alerting.md](alerting.md#event-alerts))."
     ),
 )
 
@@ -2128,7 +2319,7 @@ EXPORTER_SERIES = Family(
     unit="series",
     collector="exporter",
     doc=(
-        "Estimated series of every rank in the exposition (120 per rank, 1 per custom metric or "
+        "Estimated series of every rank in the exposition (121 per rank, 1 per custom metric or "
         "evaluation value, 3 per operation, 15 per exported layer), held under `max_series`."
     ),
 )
@@ -2152,9 +2343,20 @@ INGEST_HELLOS_REFUSED = Family(
         "`peer_not_allowed`, `bad_hello`, or a protocol reason such as `malformed`) and the uid "
         "of the process that sent it (`SO_PEERCRED`; `unknown` where the kernel gave none). The "
         "`uid` label is bounded: the first 64 uids refused since the exporter started get their "
-        "own value, later ones share `other`. A series appears with its first refusal, so "
-        "rules read it with `unless ... offset` as well as `increase()` "
-        "(`TrainmonTrainerRefused`)."
+        "own value, later ones share `other`. A series appears with its first refusal (its "
+        "first sample may be above 0); `TrainmonTrainerRefused` reads the time of the last one "
+        "instead (`trainmon_ingest_hellos_refused_last_timestamp_seconds`)."
+    ),
+)
+
+INGEST_HELLOS_REFUSED_LAST_TIMESTAMP_SECONDS = _event_time(
+    INGEST_HELLOS_REFUSED,
+    "a HELLO from that uid was refused for that reason",
+    (
+        "When the exporter last refused a HELLO for `reason` from `uid`. Absent until "
+        "the first one. Event alerts fire on `time() - this` under their window "
+        "([alerting.md](alerting.md#event-alerts)): a time does not change when "
+        "Prometheus misses scrapes or restarts, so an event pages once."
     ),
 )
 
@@ -2244,6 +2446,17 @@ INGEST_MESSAGES_INVALID = Family(
         "`internal_error` (a record whose application raised: dropped and logged, the rest of the "
         "packet applies, the rank stays connected). A connection whose HELLO is refused is "
         "closed; every record after that HELLO in its packet counts as `no_hello`."
+    ),
+)
+
+INGEST_MESSAGES_INVALID_LAST_TIMESTAMP_SECONDS = _event_time(
+    INGEST_MESSAGES_INVALID,
+    "a packet or record was refused for that reason",
+    (
+        "When the exporter last refused a packet or record for `reason`. Absent until "
+        "the first one. Event alerts fire on `time() - this` under their window "
+        "([alerting.md](alerting.md#event-alerts)): a time does not change when "
+        "Prometheus misses scrapes or restarts, so an event pages once."
     ),
 )
 
@@ -2604,8 +2817,10 @@ TRAINING_TABLE: tuple[Family, ...] = (
     RANK_INFO,
     RUN_START_TIMESTAMP_SECONDS,
     RUN_CRASHES,
+    RUN_CRASHES_LAST_TIMESTAMP_SECONDS,
     RUN_RESTARTS,
     TRAIN_STEP_ROLLBACKS,
+    TRAIN_STEP_ROLLBACKS_REPEAT_TIMESTAMP_SECONDS,
     TRAIN_STEP,
     TRAIN_STEPS,
     TRAIN_LAST_STEP_TIMESTAMP_SECONDS,
@@ -2616,7 +2831,9 @@ TRAINING_TABLE: tuple[Family, ...] = (
     TRAIN_MEMORY_RESERVED_BYTES,
     TRAIN_MEMORY_PEAK_BYTES,
     TRAIN_ALLOCATOR_RETRIES,
+    TRAIN_ALLOCATOR_RETRIES_LAST_TIMESTAMP_SECONDS,
     TRAIN_OOM_ERRORS,
+    TRAIN_OOM_ERRORS_LAST_TIMESTAMP_SECONDS,
     TRAIN_BATCH_SIZE,
     TRAIN_SEQUENCE_LENGTH,
     TRAIN_TOKENS,
@@ -2625,10 +2842,12 @@ TRAINING_TABLE: tuple[Family, ...] = (
     TRAIN_SAMPLES_PER_SECOND,
     TRAIN_STEP_DURATION_SECONDS,
     TRAIN_NONFINITE_VALUES,
+    TRAIN_NONFINITE_VALUES_LAST_TIMESTAMP_SECONDS,
     TRAIN_CUSTOM_VALUE,
     CLIENT_OVERHEAD_SECONDS,
     CLIENT_OVERHEAD_RATIO,
     CLIENT_DROPPED_MESSAGES,
+    CLIENT_DROPPED_MESSAGES_LAST_TIMESTAMP_SECONDS,
     CLIENT_SENT_MESSAGES,
     INGEST_MESSAGES_UNAPPLIED,
     CLIENT_REFUSED_VALUES,
@@ -2655,6 +2874,7 @@ GPU_TABLE: tuple[Family, ...] = (
     GPU_REMAPPED_ROWS_PENDING,
     GPU_REMAPPED_ROWS_FAILED,
     GPU_XID_ERRORS,
+    GPU_XID_ERRORS_LAST_TIMESTAMP_SECONDS,
     GPU_PCIE_TRANSMIT_BYTES,
     GPU_PCIE_RECEIVE_BYTES,
     GPU_NVLINK_TRANSMIT_BYTES,
@@ -2668,6 +2888,7 @@ GPU_TABLE: tuple[Family, ...] = (
     GPU_EXPECTED,
     GPU_DEVICES,
     GPU_LOST,
+    GPU_LOST_LAST_TIMESTAMP_SECONDS,
     GPU_READ_ERRORS,
     GPU_SAMPLE_DURATION_SECONDS,
     GPU_SAMPLE_TIMESTAMP_SECONDS,
@@ -2689,8 +2910,10 @@ HEALTH_TABLE: tuple[Family, ...] = (
     TRAIN_GRAD_NORM_ZSCORE,
     TRAIN_LOSS_TO_AVERAGE_RATIO,
     TRAIN_LOSS_SPIKES,
+    TRAIN_LOSS_SPIKES_LAST_TIMESTAMP_SECONDS,
     TRAIN_GRAD_NORM_SPIKES,
     TRAIN_GRAD_EXPLOSIONS,
+    TRAIN_GRAD_EXPLOSIONS_LAST_TIMESTAMP_SECONDS,
     TRAIN_GRAD_VANISHING,
     TRAIN_STEP_TIME_MEDIAN_SECONDS,
     TRAIN_HUNG,
@@ -2698,6 +2921,7 @@ HEALTH_TABLE: tuple[Family, ...] = (
     TRAIN_STEP_OVERDUE_RATIO,
     TRAIN_MEMORY_GROWTH_BYTES_PER_STEP,
     TRAIN_MEMORY_LEAKS,
+    TRAIN_MEMORY_LEAKS_LAST_TIMESTAMP_SECONDS,
     TRAIN_THROUGHPUT_RATIO,
     TRAIN_THROUGHPUT_DROPPED,
     TRAIN_THROUGHPUT_DROPS,
@@ -2742,8 +2966,11 @@ LAYER_TABLE: tuple[Family, ...] = (
     TRAIN_GRAD_GAIN_MEAN,
     TRAIN_GRAD_GAIN_DRIFT_RATIO,
     TRAIN_GRAD_GAIN_DRIFTS,
+    TRAIN_GRAD_GAIN_DRIFTS_LAST_TIMESTAMP_SECONDS,
     TRAIN_UPDATE_RATIO_HIGH,
+    TRAIN_UPDATE_RATIO_HIGH_LAST_TIMESTAMP_SECONDS,
     TRAIN_UPDATE_RATIO_LOW,
+    TRAIN_UPDATE_RATIO_LOW_LAST_TIMESTAMP_SECONDS,
 )
 EXPORTER_TABLE: tuple[Family, ...] = (
     BUILD_INFO,
@@ -2752,6 +2979,7 @@ EXPORTER_TABLE: tuple[Family, ...] = (
     EXPORTER_RANKS_EVICTED,
     EXPORTER_SERIES,
     INGEST_HELLOS_REFUSED,
+    INGEST_HELLOS_REFUSED_LAST_TIMESTAMP_SECONDS,
     OWNER_CLAIMS_INVALID,
     INGEST_CONNECTIONS,
     INGEST_OPEN_CONNECTIONS,
@@ -2761,6 +2989,7 @@ EXPORTER_TABLE: tuple[Family, ...] = (
     INGEST_BYTES,
     INGEST_MESSAGES,
     INGEST_MESSAGES_INVALID,
+    INGEST_MESSAGES_INVALID_LAST_TIMESTAMP_SECONDS,
     INGEST_VALUES_DROPPED,
     HTTP_CONNECTIONS_CLOSED,
     HTTP_REQUESTS_REFUSED,

@@ -61,7 +61,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from trainmon_client import _protocol as P
 from trainmon_exporter import catalog
-from trainmon_exporter.apply import INTERNAL_ERROR, REFUSALS, Applier, Link, Packet
+from trainmon_exporter.apply import (
+    INTERNAL_ERROR,
+    REFUSALS,
+    Applier,
+    Link,
+    Packet,
+    StampedCounter,
+)
 from trainmon_exporter.catalog import Family
 from trainmon_exporter.sockfile import IngestSocket, SocketInUseError
 from trainmon_exporter.state.store import Store
@@ -157,7 +164,10 @@ class IngestMetrics:
         self.packets = counter(catalog.INGEST_PACKETS)
         self.bytes = counter(catalog.INGEST_BYTES)
         self.messages = counter(catalog.INGEST_MESSAGES)
-        self.invalid = counter(catalog.INGEST_MESSAGES_INVALID)
+        self.invalid_total = counter(catalog.INGEST_MESSAGES_INVALID)
+        invalid_at = gauge(catalog.INGEST_MESSAGES_INVALID_LAST_TIMESTAMP_SECONDS)
+        self.invalid = StampedCounter(self.invalid_total, invalid_at)
+        """What counts an invalid record: the counter, and the time of its last increment."""
         self.dropped_values = counter(catalog.INGEST_VALUES_DROPPED)
         self.connections_total = counter(catalog.INGEST_CONNECTIONS)
         self.connections = gauge(catalog.INGEST_OPEN_CONNECTIONS)
@@ -166,7 +176,7 @@ class IngestMetrics:
         for t in RECORD_TYPES.values():
             self.messages.labels(t)
         for r in INVALID_REASONS:
-            self.invalid.labels(r)
+            self.invalid_total.labels(r)  # the counter from 0; its time from the first one
         for r in DROP_REASONS:
             self.dropped_values.labels(r)
         self._refused = {r: self.refused_connections.labels(r) for r in CONNECTION_REFUSALS}

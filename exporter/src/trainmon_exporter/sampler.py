@@ -159,8 +159,9 @@ class GpuSample:
     ``clock_events`` (reason -> 1.0 or 0.0, every reason of
     :data:`~trainmon_exporter.nvml.CLOCK_EVENT_REASONS`), ``ecc`` ((error type, counter type)
     -> count), ``remapped_rows`` (cause -> rows), ``xid`` (code -> events since the exporter
-    started) and ``processes`` ((host PID, used GPU memory in bytes or None)). Identity fields
-    NVML could not read are empty (``""``; ``pci_device_id`` 0): the GPU is still sampled.
+    started), ``xid_at`` (code -> when its last event was drained, Unix s) and ``processes``
+    ((host PID, used GPU memory in bytes or None)). Identity fields NVML could not read are
+    empty (``""``; ``pci_device_id`` 0): the GPU is still sampled.
     """
 
     index: int
@@ -174,6 +175,7 @@ class GpuSample:
     remapped_rows: dict[str, float]
     xid: dict[str, int]
     processes: tuple[tuple[int, int | None], ...]
+    xid_at: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +197,9 @@ class GpuSnapshot:
     driver_version: str = ""
     gpus: tuple[GpuSample, ...] = ()
     lost_total: int = 0
+    lost_at: float | None = None
+    """When a GPU this exporter had sampled was last found lost (Unix s); None: never. GPUs
+    already lost when the exporter first enumerates them are in ``lost_total`` only."""
     read_errors: dict[str, int] = field(default_factory=dict)
     sample_seconds: float = 0.0
     samples_total: int = 0
@@ -230,6 +235,7 @@ class _Gpu:
     gpm: bool
     gpm_prev: Any = None
     xid: dict[str, int] = field(default_factory=dict)
+    xid_at: dict[str, float] = field(default_factory=dict)
 
 
 class GpuSampler:
@@ -269,6 +275,7 @@ class GpuSampler:
         self._worked = False  # NVML initialised at least once in this process
         self._live_at_failure = 0  # GPUs still sampled when NVML last failed under us
         self._lost_total = 0
+        self._lost_at: float | None = None  # a GPU seen before fell off (GpuSnapshot.lost_at)
         self._read_errors: dict[str, int] = {}  # kind -> count, kinds that happened
         self._noted: set[str] = set()  # (reading, condition) already logged once
         self._samples_total = 0
@@ -333,13 +340,13 @@ class GpuSampler:
             self._publish_failure(str(err), getattr(err, "hint", ""), err.code)
             self._release()
             return False
-        self._worked = True
+        seen_before, self._worked = self._worked, True
         self._gpus = []
         for i in range(count):
             try:
                 self._gpus.append(self._discover(i))
             except GpuLost as exc:
-                self._lost(i, str(exc))
+                self._lost(i, str(exc), seen=seen_before)
             except Exception as exc:  # no handle: nothing of this GPU can be read
                 err = translate(exc, f"GPU {i}")
                 log.error("GPU %d skipped: no NVML handle: %s", i, err)
@@ -347,6 +354,7 @@ class GpuSampler:
         vanished = self._live_at_failure - count
         if vanished > 0:
             self._lost_total += vanished
+            self._lost_at = time.time()
             log.error(
                 "%d GPU(s) sampled before NVML failed are gone after it was re-initialised",
                 vanished,
@@ -426,7 +434,7 @@ class GpuSampler:
                 if g.gpm_prev is not None:
                     self.backend.gpm_free(g.gpm_prev)
                     g.gpm_prev = None
-                self._lost(g.index, str(exc), g.uuid)
+                self._lost(g.index, str(exc), g.uuid, seen=True)
             except NvmlUnavailable as exc:
                 if exc.code != NO_PERMISSION:
                     raise
@@ -443,6 +451,7 @@ class GpuSampler:
             driver_version=self._driver,
             gpus=tuple(samples),
             lost_total=self._lost_total,
+            lost_at=self._lost_at,
             read_errors=dict(self._read_errors),
             sample_seconds=time.perf_counter() - t0,
             samples_total=self._samples_total,
@@ -533,6 +542,7 @@ class GpuSampler:
             remapped_rows=remapped,
             xid=dict(g.xid),
             processes=procs,
+            xid_at=dict(g.xid_at),
         )
 
     def _field_values(self, h: Any) -> tuple[float | None, ...]:
@@ -604,6 +614,7 @@ class GpuSampler:
             if code not in g.xid and len(g.xid) >= MAX_XID_CODES:
                 code = "other"
             g.xid[code] = g.xid.get(code, 0) + 1
+            g.xid_at[code] = time.time()
             log.error("GPU %d (%s): XID %d", g.index, g.uuid, xid)
 
     def _read(self, reading: str, fn: Callable[[], T]) -> T | None:
@@ -652,8 +663,11 @@ class GpuSampler:
             self._count_error(exc)
             log.warning("%s failed: %s", what, exc)
 
-    def _lost(self, index: int, message: str, uuid: str = "") -> None:
+    def _lost(self, index: int, message: str, uuid: str = "", *, seen: bool = False) -> None:
+        """Count a lost GPU; ``seen``: one this exporter sampled before (its time is kept)."""
         self._lost_total += 1
+        if seen:
+            self._lost_at = time.time()
         log.error("GPU %d %s is lost and no longer sampled: %s", index, uuid, message)
 
     def _publish_failure(self, error: str, hint: str, code: int = -1) -> None:
@@ -684,6 +698,7 @@ class GpuSampler:
             error=error,
             hint=hint,
             lost_total=self._lost_total,
+            lost_at=self._lost_at,
             read_errors=dict(self._read_errors),
             samples_total=self._samples_total,
             taken_at=time.time(),

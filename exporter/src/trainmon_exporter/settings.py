@@ -168,6 +168,15 @@ class AnalyticsSettings(BaseModel):
         le=10_000,
         description="consecutive drifted checks that start (or in range, end) an episode",
     )
+    rollback_repeats: int = Field(
+        3,
+        ge=1,
+        le=1000,
+        description=(
+            "rollbacks that count as repeated: the time of the rank's this-many-th latest "
+            "rollback is exported, and an alert compares it with its window"
+        ),
+    )
 
     @field_validator("spike_z")
     @classmethod
@@ -422,7 +431,7 @@ class Settings(BaseSettings):
         le=65536,
         description="Most (run, rank) pairs tracked at once. A new one evicts a disconnected "
         "pair past rank_retention_seconds (its own uid's first), else it is refused "
-        "(too_many_ranks). 256 x 120 series per rank fits max_series with room for custom "
+        "(too_many_ranks). 256 x 121 series per rank fits max_series with room for custom "
         "metrics and layers.",
     )
     max_ranks_per_uid: int = Field(

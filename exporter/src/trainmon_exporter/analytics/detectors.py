@@ -9,10 +9,11 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
+import time
 from collections import deque
 
 from trainmon_client import _protocol as P
-from trainmon_exporter.analytics.events import EventLog
+from trainmon_exporter.analytics.events import ClientTotals, EventLog
 from trainmon_exporter.analytics.stats import RollingStats, is_outlier, judge_spike, least_squares
 from trainmon_exporter.settings import SEVERITIES, AnalyticsSettings
 
@@ -55,6 +56,9 @@ class RankAnalytics:
         self.eval_loss: float | None = None
         self.last_step: int | None = None
         self.events = EventLog()
+        self.totals = ClientTotals()  # when the client's own totals last grew
+        self.rollback_times: deque[float] = deque(maxlen=cfg.rollback_repeats)
+        """Wall-clock times (Unix s) of the rank's latest ``rollback_repeats`` rollbacks."""
         self.throughput_dropped = False
         self.throughput_drops = 0
         self.straggling = False
@@ -181,7 +185,7 @@ class RankAnalytics:
             self.rates.append((tokens if tokens > 0 else 1.0) / step_time)
         self.hung = False
 
-    def reseed(self) -> None:
+    def reseed(self, rollback: bool = False) -> None:
         """Start the statistics over after a restart; the counters of what happened stay.
 
         A restart is a step number going backward on the same (run, rank) (a checkpoint
@@ -189,9 +193,12 @@ class RankAnalytics:
         memory and gradient-gain baselines of the old trajectory would judge the new one
         against the wrong level (a rolled-back loss reads as a spike, its EMA trend as
         divergence), so they are emptied and rebuilt from the next steps, as at the start.
+        ``rollback``: the restart is a rollback (its time is kept in :attr:`rollback_times`).
         """
         cfg = self.cfg
         self.restarts += 1
+        if rollback:
+            self.rollback_times.append(time.time())
         self.event("restart")
         self.ema = None
         self.loss_stats = RollingStats(cfg.window_steps)
@@ -214,6 +221,16 @@ class RankAnalytics:
         self._gain_streak = 0
 
     # ----------------------------------------------------------------------------- derived
+
+    def rollbacks_repeat_time(self) -> float | None:
+        """When the rank's latest ``rollback_repeats`` rollbacks began (Unix s), or None.
+
+        The time of the ``rollback_repeats``-th latest rollback; None before the rank rolled
+        back that often. ``rollback_repeats`` rollbacks happened within ``w`` seconds of now
+        exactly when ``now - this < w``.
+        """
+        times = self.rollback_times
+        return times[0] if len(times) == times.maxlen else None
 
     def median_step_time(self) -> float | None:
         """Median of the recent times per training step (s).

@@ -31,6 +31,7 @@ class ExporterCollector:
             evicted = dict(self.store.admission.evicted)
             series = self.store.admission.series_used
             refused = dict(self.store.admission.hellos_refused)
+            refused_at = dict(self.store.admission.hellos_refused_at)
             claims = self.store.claims
             bad_claims = dict(claims.invalid) if claims is not None else {}
         ranks = catalog.EXPORTER_RANKS.gauge()
@@ -45,7 +46,10 @@ class ExporterCollector:
         hellos = catalog.INGEST_HELLOS_REFUSED.counter()
         for (reason, uid), count in sorted(refused.items()):
             hellos.add_metric([reason, uid], float(count))
+        hellos_at = catalog.INGEST_HELLOS_REFUSED_LAST_TIMESTAMP_SECONDS.gauge()
+        for (reason, uid), when in sorted(refused_at.items()):
+            hellos_at.add_metric([reason, uid], when)
         invalid = catalog.OWNER_CLAIMS_INVALID.counter()
         for problem, count in bad_claims.items():
             invalid.add_metric([problem], float(count))
-        return [info, ranks, exp, ev, used, hellos, invalid]
+        return [info, ranks, exp, ev, used, hellos, hellos_at, invalid]

@@ -75,6 +75,9 @@ class GpuCollector:
         snap = self.sampler.snapshot
         lost = catalog.GPU_LOST.counter()
         lost.add_metric([], float(snap.lost_total))
+        lost_at = catalog.GPU_LOST_LAST_TIMESTAMP_SECONDS.gauge()
+        if snap.lost_at is not None:
+            lost_at.add_metric([], snap.lost_at)
         errors = catalog.GPU_READ_ERRORS.counter()
         for kind in ERROR_KINDS:
             errors.add_metric([kind], float(snap.read_errors.get(kind, 0)))
@@ -84,7 +87,7 @@ class GpuCollector:
         expected.add_metric([], 1.0 if snap.expected else 0.0)
         devices = catalog.GPU_DEVICES.gauge()
         devices.add_metric([], float(len(snap.gpus)))
-        state = [available, expected, devices, lost, errors]
+        state = [available, expected, devices, lost, lost_at, errors]
         if not snap.ok:
             return state
         readings = [
@@ -95,6 +98,7 @@ class GpuCollector:
         ecc = catalog.GPU_ECC_ERRORS.counter()
         remapped = catalog.GPU_REMAPPED_ROWS.counter()
         xid = catalog.GPU_XID_ERRORS.counter()
+        xid_at = catalog.GPU_XID_ERRORS_LAST_TIMESTAMP_SECONDS.gauge()
         for g in snap.gpus:
             labels = [str(g.index), g.uuid]
             for fam, read in readings:
@@ -111,6 +115,8 @@ class GpuCollector:
                 remapped.add_metric([*labels, cause], rows)
             for code, n in sorted(g.xid.items()):
                 xid.add_metric([*labels, code], float(n))
+            for code, when in sorted(g.xid_at.items()):
+                xid_at.add_metric([*labels, code], when)
         duration = catalog.GPU_SAMPLE_DURATION_SECONDS.gauge()
         duration.add_metric([], snap.sample_seconds)
         age = catalog.GPU_SAMPLE_TIMESTAMP_SECONDS.gauge()
@@ -122,6 +128,7 @@ class GpuCollector:
             ecc,
             remapped,
             xid,
+            xid_at,
             duration,
             age,
             *state,

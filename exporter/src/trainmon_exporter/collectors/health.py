@@ -81,6 +81,16 @@ _COUNTERS: tuple[tuple[Family, Callable[[RankState, RankAnalytics], float]], ...
     (catalog.TRAIN_PRODUCTIVE_SECONDS, lambda s, a: s.goodput.productive),
 )
 
+_EVENT_TIMES: tuple[tuple[Family, str], ...] = (
+    (catalog.TRAIN_GRAD_EXPLOSIONS_LAST_TIMESTAMP_SECONDS, "grad_explosion"),
+    (catalog.TRAIN_UPDATE_RATIO_HIGH_LAST_TIMESTAMP_SECONDS, "update_ratio_high"),
+    (catalog.TRAIN_UPDATE_RATIO_LOW_LAST_TIMESTAMP_SECONDS, "update_ratio_low"),
+    (catalog.TRAIN_GRAD_GAIN_DRIFTS_LAST_TIMESTAMP_SECONDS, "grad_gain_drift"),
+    (catalog.TRAIN_MEMORY_LEAKS_LAST_TIMESTAMP_SECONDS, "memory_leak"),
+)
+"""(family, detector event kind): when the event last fired (Unix s; omitted before the first)."""
+_SPIKE_KINDS = {sev: f"loss_spike_{sev}" for sev in SEVERITIES}
+
 
 def _fin(v: float) -> float | None:
     return v if math.isfinite(v) else None
@@ -106,6 +116,8 @@ class HealthCollector:
         now = time.time()
         gauges = [(f.gauge(), fn) for f, fn in _GAUGES]
         counters = [(f.counter(), fn) for f, fn in _COUNTERS]
+        times = [(f.gauge(), kind) for f, kind in _EVENT_TIMES]
+        loss_spikes_at = catalog.TRAIN_LOSS_SPIKES_LAST_TIMESTAMP_SECONDS.gauge()
         loss_spikes = catalog.TRAIN_LOSS_SPIKES.counter()
         grad_spikes = catalog.TRAIN_GRAD_NORM_SPIKES.counter()
         mon_ratio = catalog.MONITORING_OVERHEAD_RATIO.gauge()
@@ -128,6 +140,16 @@ class HealthCollector:
             for sev in SEVERITIES:
                 loss_spikes.add_metric([*labels, sev], float(a.loss_spikes[sev]))
                 grad_spikes.add_metric([*labels, sev], float(a.grad_spikes[sev]))
+            last = a.events.last
+            if last:
+                for tfam, kind in times:
+                    t = last.get(kind)
+                    if t is not None:
+                        tfam.add_metric(labels, t)
+                for sev, kind in _SPIKE_KINDS.items():
+                    t = last.get(kind)
+                    if t is not None:
+                        loss_spikes_at.add_metric([*labels, sev], t)
             rates = derive.rates(s, now, self.window_s)
             if rates is not None:
                 mon_ratio.add_metric(labels, rates.monitoring_ratio)
@@ -146,6 +168,7 @@ class HealthCollector:
             input_bound.add_metric(labels, 1.0 if bound else 0.0)
         out: list[Metric] = [fam for fam, _ in gauges]
         out += [fam for fam, _ in counters]
-        out += [loss_spikes, grad_spikes, mon_ratio, over_budget]
+        out += [fam for fam, _ in times]
+        out += [loss_spikes, loss_spikes_at, grad_spikes, mon_ratio, over_budget]
         out += [op_seconds, op_count, op_active, eval_value, badput, input_bound]
         return out

@@ -54,6 +54,36 @@ _COUNTERS: tuple[tuple[Family, Callable[[RankState], float]], ...] = (
     (catalog.TRAIN_STEP_ROLLBACKS, lambda s: float(s.rollbacks)),
 )
 
+# When an event last happened (Unix s; omitted before the first): crashes and failed finishes
+# (detector events), the client's allocator totals (their rises, analytics.events.ClientTotals),
+# the rollbacks that repeat.
+_EVENT_TIMES: tuple[tuple[Family, Callable[[RankState], float | None]], ...] = (
+    (catalog.RUN_CRASHES_LAST_TIMESTAMP_SECONDS, lambda s: _latest(s.analytics.events.last)),
+    (
+        catalog.TRAIN_STEP_ROLLBACKS_REPEAT_TIMESTAMP_SECONDS,
+        lambda s: s.analytics.rollbacks_repeat_time(),
+    ),
+    (
+        catalog.TRAIN_ALLOCATOR_RETRIES_LAST_TIMESTAMP_SECONDS,
+        lambda s: s.analytics.totals.last.get("alloc_retries"),
+    ),
+    (
+        catalog.TRAIN_OOM_ERRORS_LAST_TIMESTAMP_SECONDS,
+        lambda s: s.analytics.totals.last.get("ooms"),
+    ),
+)
+DROP_REASONS = ("disconnected", "backpressure", "encode_error", "in_flight")
+"""``reason`` values of ``trainmon_client_dropped_messages_total``, each the client total
+``dropped_<reason>``."""
+
+
+def _latest(last: dict[str, float]) -> float | None:
+    """The later of the rank's last crash and last failed finish (detector events)."""
+    crash, failed = last.get("crash"), last.get("failed")
+    if crash is None or failed is None:
+        return crash if failed is None else failed
+    return max(crash, failed)
+
 
 @register("training")
 class TrainingCollector:
@@ -70,6 +100,7 @@ class TrainingCollector:
         now = time.time()
         gauges = [(f.gauge(), fn) for f, fn in _GAUGES]
         counters = [(f.counter(), fn) for f, fn in _COUNTERS]
+        times = [(f.gauge(), fn) for f, fn in _EVENT_TIMES]
         optional = [(f.counter(), key) for f, key in _OPTIONAL_COUNTERS]
         rank_info = catalog.RANK_INFO.gauge()
         run_info = catalog.RUN_INFO.gauge()
@@ -80,6 +111,8 @@ class TrainingCollector:
         step_hist = catalog.TRAIN_STEP_DURATION_SECONDS.histogram()
         nonfinite = catalog.TRAIN_NONFINITE_VALUES.counter()
         dropped = catalog.CLIENT_DROPPED_MESSAGES.counter()
+        nonfinite_at = catalog.TRAIN_NONFINITE_VALUES_LAST_TIMESTAMP_SECONDS.gauge()
+        dropped_at = catalog.CLIENT_DROPPED_MESSAGES_LAST_TIMESTAMP_SECONDS.gauge()
         custom = catalog.TRAIN_CUSTOM_VALUE.gauge()
         runs: dict[tuple[str, str], int] = {}
         buckets = self.store.buckets
@@ -93,6 +126,10 @@ class TrainingCollector:
                     fam.add_metric(labels, v)
             for cfam, cfn in counters:
                 cfam.add_metric(labels, cfn(s))
+            for tfam, tfn in times:
+                t = tfn(s)
+                if t is not None:
+                    tfam.add_metric(labels, t)
             for ofam, key in optional:
                 v = s.values.get(key)
                 if v is not None:
@@ -118,12 +155,22 @@ class TrainingCollector:
                 sps.add_metric(labels, rates.samples_per_second)
                 ovr.add_metric(labels, rates.client_overhead_ratio)
             step_hist.add_metric(labels, _cumulative(buckets, s.hist_counts), s.hist_sum)
+            last = s.analytics.events.last
             for field in NONFINITE_FIELDS:
                 nonfinite.add_metric([*labels, field], float(s.nonfinite[field]))
+                t = last.get(f"nonfinite_{field}")
+                if t is not None:
+                    nonfinite_at.add_metric([*labels, field], t)
             dropped.add_metric([*labels, "disconnected"], float(s.dropped_disconnected))
             dropped.add_metric([*labels, "backpressure"], float(s.dropped_backpressure))
             dropped.add_metric([*labels, "encode_error"], float(s.dropped_encode_error))
             dropped.add_metric([*labels, "in_flight"], float(s.dropped_in_flight))
+            rises = s.analytics.totals.last
+            if rises:
+                for reason in DROP_REASONS:
+                    t = rises.get(f"dropped_{reason}")
+                    if t is not None:
+                        dropped_at.add_metric([*labels, reason], t)
             for name, v in s.custom.items():
                 if v is not None:  # None: name bound, no value yet
                     custom.add_metric([*labels, name], v)
@@ -132,6 +179,7 @@ class TrainingCollector:
             world_size.add_metric([namespace, run], float(world))
         out: list[Any] = [fam for fam, _ in gauges]
         out += [fam for fam, _ in counters]
+        out += [fam for fam, _ in times]
         out += [fam for fam, _ in optional]
         out += [
             rank_info,
@@ -142,7 +190,9 @@ class TrainingCollector:
             ovr,
             step_hist,
             nonfinite,
+            nonfinite_at,
             dropped,
+            dropped_at,
             custom,
         ]
         return out

@@ -13,15 +13,16 @@ forgotten (:meth:`Admission.release`), a rank tells it when its connection ends 
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 
 from trainmon_client import _protocol as P
 from trainmon_exporter.state.rank import RankState
 
-SERIES_PER_RANK = 120
+SERIES_PER_RANK = 121
 """Series one rank costs in the exposition before any custom metric, operation, evaluation
-value or layer: the rank budget of docs/scaling.md#cardinality-budget (123, measured with every
+value or layer: the rank budget of docs/scaling.md#cardinality-budget (124, measured with every
 feature and one tracked operation) less that operation's 3."""
 SERIES_PER_LAYER = len(P.LAYER_STATS) + len(P.LAYER_QUANTILES)
 """Series one exported layer costs at most (each statistic and gradient quantile)."""
@@ -78,6 +79,7 @@ class Admission:
         self.gone: Queues = {b: OrderedDict() for b in EVICTION_ORDER}
         self.gone_uid: dict[int | None, Queues] = {}
         self.hellos_refused: dict[tuple[str, str], int] = {}
+        self.hellos_refused_at: dict[tuple[str, str], float] = {}  # same keys: latest, Unix s
 
     @staticmethod
     def series_of(state: RankState) -> int:
@@ -137,6 +139,7 @@ class Admission:
             if label not in known and len(known) >= MAX_REFUSED_UIDS:
                 key = (reason, "other")
         self.hellos_refused[key] = self.hellos_refused.get(key, 0) + 1
+        self.hellos_refused_at[key] = time.time()
 
     def _refused_uids(self) -> set[str]:
         return {u for _, u in self.hellos_refused if u not in ("other", "unknown")}

@@ -244,7 +244,7 @@ class RankState:
         if rolled_back:
             self.rollbacks += 1
         if restarted or rolled_back:
-            self.analytics.reseed()
+            self.analytics.reseed(rollback=rolled_back)
         if restarted or (self.window and when < self.window[-1].time):
             # The client's totals started over, or its wall clock stepped back: the rate window
             # starts again from this step instead of spanning the step.
@@ -317,6 +317,7 @@ class RankState:
         self.history.append(
             HistoryPoint(step, when, loss, tokens, restarted or rolled_back, good, accounted)
         )
+        self.analytics.totals.observe_step(self, ids)
         if unknown:
             drop("unknown_field", unknown)
         if capped:
@@ -371,6 +372,7 @@ class RankState:
         self.dropped_encode_error = totals.dropped_encode_error
         self.dropped_in_flight = totals.dropped_in_flight
         self.refused_values = totals.refused_values
+        self.analytics.totals.observe_totals(self)
         now = totals.sent_connection - applied
         if now > gap:
             self.unapplied_total += now - gap
