@@ -2,7 +2,9 @@
 
 The cgroup layouts are those the kubelet's two drivers make under cgroup v1 and v2 with
 containerd, CRI-O and Docker, as ``/proc/PID/cgroup`` shows them with and without a cgroup
-namespace; the pod list is a directory laid out as the kubelet's pod log directory.
+namespace; the pod list is a directory laid out as the kubelet's pod log directory. The last
+test runs it all for real: pods' cgroups made on this machine, a real exporter in a cgroup
+namespace of its own, and two teams' trainers of one uid moved into two pods.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from trainmon_exporter.local import LocalExporter
 from trainmon_exporter.peers import (
     Peer,
     PeerResolver,
@@ -28,7 +32,9 @@ from trainmon_exporter.peers import (
     root_ups,
 )
 
-from ..conftest import short_tmpdir
+from ..conftest import parse_metrics, sample, short_tmpdir, wait_for
+from ..helpers.kubelet import Node, Pod, node_or_skip
+from ..helpers.uids import OWNER, OWNER_GID, User, needs_root
 
 UID = "1b2c3d4e-5f60-4718-93a4-b5c6d7e8f901"
 UID_ = UID.replace("-", "_")
@@ -227,3 +233,128 @@ def test_a_peer_gone_before_its_cgroup_was_read_is_not_believed(
         resolver = PeerResolver(PodDirectory(pod_logs), _fake_proc(tmp_path, child.pid, text))
         assert resolver.resolve(conn, child.pid).identity == "unverifiable"
     shutil.rmtree(Path(path).parent)
+
+
+# --------------------------------------------------------------------------- for real
+
+TEAM = """
+os.environ["POD_NAMESPACE"] = NAMESPACE  # "": none (and no service-account file read)
+print("ready", flush=True)
+input()
+runs = [init(name) for name in RUNS]
+for r in runs:
+    for i in range(1, 4):
+        r.log(i, loss=LOSS, grad_norm=LOSS, tokens=100)
+print("logged", flush=True)
+input()
+for r in runs:
+    r.finish()
+"""
+
+
+def _team(node: Node, sock: str, pod: Pod, runs: list[str], loss: str, namespace: str = "") -> User:
+    """A trainer of uid OWNER, moved into ``pod``'s container before it connects, logging
+    steps 1 to 3 of each of ``runs``."""
+    code = f"NAMESPACE = {namespace!r}\nRUNS = {runs!r}\nLOSS = {loss}\n" + TEAM
+    user = User(sock, OWNER, OWNER_GID, code)
+    assert user.proc.stdout is not None and user.proc.stdout.readline().strip() == "ready"
+    node.place(user.proc.pid, pod)
+    user.say()
+    assert user.proc.stdout.readline().strip() == "logged"
+    return user
+
+
+def _metrics(ex: LocalExporter) -> dict[Any, float]:
+    return parse_metrics(ex.get("/metrics").decode())
+
+
+@needs_root
+def test_two_teams_sharing_a_uid_each_keep_their_own_quota_and_runs() -> None:
+    """Two pods of one uid in two namespaces, their cgroups made here (systemd driver and
+    cgroup v2 for one, cgroupfs and a v1 hierarchy where this machine has one for the other),
+    the node's pod list a directory laid out as the kubelet's, the exporter in a cgroup
+    namespace of its own as a DaemonSet's container is: each team holds its own quota of
+    ranks, each its own run ``shared``; a pod claiming the other's namespace is refused and
+    counted under its own, and cannot write into the other team's run."""
+    node = node_or_skip()
+    d = short_tmpdir()
+    os.chmod(d, 0o755)
+    ex = LocalExporter(
+        "--socket-mode",
+        "0666",
+        "--kubelet-pod-logs-dir",
+        str(node.pod_logs),
+        "--max-ranks",
+        "12",
+        "--max-ranks-per-uid",
+        "3",
+        socket_path=d / "t.sock",
+        launcher=node.launcher(),
+        capture_output=True,
+        quiet=False,
+    )
+    users: list[User] = []
+    try:
+        team_a = node.pod("team-a", "train-a-0", driver="systemd")
+        team_b = node.pod("team-b", "train-b-0", driver="cgroupfs")
+        ex.start()
+        sock = ex.socket
+        for ns, pod, loss in (("team-a", team_a, "1.0"), ("team-b", team_b, "2.0")):
+            users.append(_team(node, sock, pod, ["shared"], loss))
+            step = {"namespace": ns, "run": "shared", "rank": "0"}
+            wait_for(lambda step=step: sample(_metrics(ex), "trainmon_train_step", **step) == 3)
+        users.append(_team(node, sock, team_a, ["a1", "a2", "a3"], "1.0"))
+        users.append(_team(node, sock, team_b, ["b1", "b2"], "2.0"))
+        # A pod of team-b that says it is team-a's, with NaN losses for team-a's run.
+        users.append(_team(node, sock, team_b, ["shared"], "float('nan')", "team-a"))
+        refused = "trainmon_ingest_hellos_refused_total"
+        uid = str(OWNER)
+        m = wait_for(
+            lambda: (
+                (m := _metrics(ex))
+                and sample(m, refused, reason="namespace_mismatch", namespace="team-b", uid=uid)
+                and sample(m, "trainmon_train_step", namespace="team-b", run="b2", rank="0") == 3
+                and m
+            ),
+            timeout=20,
+        )
+        for ns, loss in (("team-a", 1.0), ("team-b", 2.0)):
+            labels = {"namespace": ns, "run": "shared", "rank": "0"}
+            assert sample(m, "trainmon_train_step", **labels) == 3
+            assert sample(m, "trainmon_train_loss", **labels) == loss
+            assert sample(m, "trainmon_train_nonfinite_values_total", field="loss", **labels) == 0
+        # Each team's own quota of 3 ranks: one of team-a's four is refused (whichever
+        # connected last), team-b's three fit.
+        assert sample(m, refused, reason="uid_rank_quota", namespace="team-a", uid=uid) >= 1
+        assert sample(m, refused, reason="uid_rank_quota", namespace="team-b", uid=uid) is None
+        steps = {
+            (dict(k[1])["namespace"], dict(k[1])["run"])
+            for k in m
+            if k[0] == "trainmon_train_step" and dict(k[1]).get("namespace")
+        }
+        team_a = {r for ns, r in steps if ns == "team-a"}
+        assert len(team_a) == 3 and "shared" in team_a
+        assert {r for ns, r in steps if ns == "team-b"} == {"shared", "b1", "b2"}
+        holders = [dict(k[1]) for k in m if k[0] == "trainmon_exporter_tenant_ranks"]
+        assert sorted(h["namespace"] for h in holders) == ["team-a", "team-b"]  # no uid
+        for ns in ("team-a", "team-b"):
+            assert sample(m, "trainmon_exporter_tenant_ranks", namespace=ns) == 3
+        # The pod's name is the node's; every connection was identified by its pod.
+        pods = {
+            (dict(k[1])["namespace"], dict(k[1])["run"]): dict(k[1]).get("pod")
+            for k in m
+            if k[0] == "trainmon_rank_info"
+        }
+        assert pods == {(ns, r): f"train-{ns[-1]}-0" for ns, r in steps}
+        identities = "trainmon_ingest_peer_identities_total"
+        assert sample(m, identities, identity="pod") >= 8
+        for other in ("host", "unknown_pod", "unverifiable"):
+            assert sample(m, identities, identity=other) == 0
+    finally:
+        for user in users:
+            user.say()
+            user.wait()
+        out = ex.stop() if ex.proc is not None else ""
+        node.close()
+        shutil.rmtree(d, ignore_errors=True)
+    assert "claims namespace team-a, its pod train-b-0 is in namespace team-b" in out
