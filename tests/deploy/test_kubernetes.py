@@ -647,8 +647,14 @@ def test_daemonset_shape() -> None:
     assert env(c)["TRAINMON_LISTEN"]["value"].endswith(f":{ports['metrics']}")
     assert c["resources"]["requests"] and c["resources"]["limits"]
     assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
-    for vol in spec["volumes"]:
-        assert vol["hostPath"] == {"path": "/run/trainmon", "type": "DirectoryOrCreate"}
+    volumes = {v["name"]: v["hostPath"] for v in spec["volumes"]}
+    assert volumes["socket-dir"] == {"path": "/run/trainmon", "type": "DirectoryOrCreate"}
+    # The kubelet's pod log directory, read-only, where the exporter is told to look.
+    assert volumes.pop("pod-logs") == {"path": "/var/log/pods", "type": "Directory"}
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert mounts["pod-logs"]["readOnly"] is True
+    assert env(c)["TRAINMON_KUBELET_POD_LOGS_DIR"]["value"] == mounts["pod-logs"]["mountPath"]
+    assert set(volumes) == {"socket-dir"}
 
 
 def test_the_daemonset_runs_on_every_gpu_node_whatever_taints_it() -> None:
