@@ -650,7 +650,7 @@ def test_daemonset_shape() -> None:
     volumes = {v["name"]: v["hostPath"] for v in spec["volumes"]}
     assert volumes["socket-dir"] == {"path": "/run/trainmon", "type": "DirectoryOrCreate"}
     # The kubelet's pod log directory, read-only, where the exporter is told to look.
-    assert volumes.pop("pod-logs") == {"path": "/var/log/pods", "type": "Directory"}
+    assert volumes.pop("pod-logs") == {"path": "/var/log/pods", "type": "DirectoryOrCreate"}
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     assert mounts["pod-logs"]["readOnly"] is True
     assert env(c)["TRAINMON_KUBELET_POD_LOGS_DIR"]["value"] == mounts["pod-logs"]["mountPath"]
