@@ -532,7 +532,9 @@ class IngestServer:
         ``max_connections`` (divided among the tenants holding connections, itself included)
         less one. The victim, of the tenant holding most: its oldest connection without a
         HELLO, else its oldest whose rank has not stepped since it connected, else its newest.
-        Closed as ``fair_share``; a rank's client is told ``evicted``. O(tenants).
+        Closed as ``fair_share``; a rank's client is told ``evicted``. O(tenants). No slot is
+        freed for a tenant its quota then refuses: the cap is full only when the holders'
+        quotas cover it, so a fair share is never above ``max_connections_per_uid``.
         """
         per_tenant = self._per_tenant
         fair = self.max_connections / (len(per_tenant) + (tenant not in per_tenant))
