@@ -9,7 +9,13 @@ crashed ranks of another uid, and prints microseconds per HELLO (admission plus 
 the same run's reference, what one full pass over the ranks costs at each size: a HELLO used
 to pay two (the eviction scan and the run look-up). Then the same churn at 10 ranks with
 owner claims on (``--owner-claims-dir``, a directory in ``/dev/shm`` holding no claim for the
-churned ids, so every HELLO pays the full look-up) against the same churn without.
+churned ids, so every HELLO pays the full look-up) against the same churn without. Last, the
+path a tenant below its fair share takes at a full node: four tenants' live, stepping ranks
+fill the cap (none has an idle rank, so the choice scans every rank above the share), and each
+HELLO comes from a new tenant that takes one of them, at 64 and 1,024 ranks. And what
+identifying a connection's pod adds at accept on a Kubernetes node (``--kubelet-pod-logs-dir``):
+reading the process's cgroup, checking it still lives (``SO_PEERPIDFD``) and looking its pod
+up, for a process in a pod (a ``/proc`` laid out in a temporary directory) and one outside.
 
     python benchmarks/admission.py [--hellos 20000] [--smoke]
 
@@ -19,9 +25,12 @@ churned ids, so every HELLO pays the full look-up) against the same churn withou
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
+import socket
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -30,6 +39,7 @@ from trainmon_client import _protocol as P
 from trainmon_exporter.apply import Applier, Link
 from trainmon_exporter.claims import OwnerClaims
 from trainmon_exporter.ingest import IngestMetrics
+from trainmon_exporter.peers import PeerResolver, PodDirectory
 from trainmon_exporter.state.admission import EVICTION_ORDER
 from trainmon_exporter.state.store import Store
 
@@ -97,6 +107,63 @@ def hello_cost(ranks: int, hellos: int, claims: Path | None = None) -> float:
     return took / hellos * 1e6
 
 
+def reclaim_cost(ranks: int, hellos: int) -> float:
+    """Microseconds per HELLO of a new tenant that takes a live rank at a full node."""
+    store = Store(max_ranks=ranks, max_custom_metrics=8, buckets=(1.0,), window_s=30, ttl_s=3600)
+    m = IngestMetrics(CollectorRegistry())
+    applier = Applier(store, m.invalid, m.messages, m.dropped_values)
+    for i in range(ranks):
+        link = Link(peer_pid=1, peer_uid=VICTIM_UID + i % 4, peer_gid=VICTIM_UID)
+        applier.packet(link, _packet(f"live-{i}"))
+        assert link.state is not None
+        link.state.last_step_mono = time.monotonic() + 1  # stepping: not idle
+    packets = [_packet(f"new-{i}") for i in range(hellos)]
+    t0 = time.perf_counter()
+    for i, data in enumerate(packets):
+        link = Link(peer_pid=2, peer_uid=CHURN_UID + i, peer_gid=CHURN_UID)
+        applier.packet(link, data)
+        if link.state is None:
+            raise RuntimeError("a tenant below its fair share was refused")
+    took = time.perf_counter() - t0
+    assert store.admission.evicted["live"] == hellos
+    return took / hellos * 1e6
+
+
+def identify_cost(lookups: int) -> tuple[float, float]:
+    """Microseconds per connection identified: a process in a pod, and one outside any."""
+    tmp = Path(tempfile.mkdtemp(prefix="trainmon-pods-"))
+    try:
+        pods, proc = tmp / "pods", tmp / "proc"
+        pods.mkdir()
+        tmp.chmod(0o755)
+        for i in range(100):  # a full node's pods
+            (pods / f"team-{i}_train-0_{uuid.uuid4()}").mkdir()
+        pod_uid = str(uuid.uuid4())
+        (pods / f"team-a_train-0_{pod_uid}").mkdir()
+        me = proc / str(os.getpid())
+        me.mkdir(parents=True)
+        (me / "cgroup").write_text(
+            f"0::/kubepods.slice/kubepods-pod{pod_uid.replace('-', '_')}.slice/"
+            f"cri-containerd-{'ab' * 32}.scope\n"
+        )
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with a, b:
+            costs = []
+            for resolver, want in (
+                (PeerResolver(PodDirectory(pods), proc), "pod"),
+                (PeerResolver(PodDirectory(pods)), "host"),  # this process, in the real /proc
+            ):
+                if resolver.resolve(a, os.getpid()).identity != want:
+                    raise RuntimeError(f"expected a {want} peer")
+                t0 = time.perf_counter()
+                for _ in range(lookups):
+                    resolver.resolve(a, os.getpid())
+                costs.append((time.perf_counter() - t0) / lookups * 1e6)
+            return costs[0], costs[1]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def scan_cost(ranks: int, passes: int) -> float:
     """Microseconds of one pass over every rank choosing the oldest disconnected one."""
     store, _ = _store(ranks)
@@ -142,6 +209,18 @@ def main() -> None:
     print(
         f"owner claims at 10 ranks ({owners.parent}): {claimed:.1f} us per HELLO against "
         f"{plain:.1f} without, +{claimed - plain:.1f} us for the look-up"
+    )
+    n = 10 if args.smoke else 60  # new tenants per size: the shares stay above one rank
+    reclaim = {r: min(reclaim_cost(r, n) for _ in range(3)) for r in (64, 1024)}
+    print(
+        f"a tenant below its fair share at a full node of live ranks: {reclaim[64]:.1f} us per "
+        f"HELLO at 64 ranks, {reclaim[1024]:.1f} at 1,024 (one scan of 1,024 ranks: "
+        f"{scan[1024]:.0f} us)"
+    )
+    pod, host = (min(c) for c in zip(*(identify_cost(n * 50) for _ in range(3)), strict=True))
+    print(
+        f"identifying a connection's pod at accept: {pod:.1f} us for a process in a pod, "
+        f"{host:.1f} us for one outside any (a HELLO costs {cost[10]:.0f} us)"
     )
 
 

@@ -28,6 +28,13 @@ Each attack runs against a fresh exporter subprocess while a prober GETs ``/heal
   can the victim reconnect?
 - ``squat``: one uid opens 1,100 idle HELLO-only connections; a trainer of another uid must
   still get in and lose nothing.
+- ``uid_squat``: one root process switches its effective uid four times and holds 64 idle
+  HELLO-only connections under each (every one of the 256 rank slots, each uid at its quota
+  of a quarter); a trainer of a fifth uid logs 40 steps: how many arrive, which uids hold the
+  slots (``trainmon_exporter_tenant_ranks``), what the squatters were told.
+- ``uid_squat_connections``: the same process holds 256 connections without a HELLO under
+  each of four uids (every one of the 1,024 connection slots; HELLO timeout raised to 60 s);
+  a trainer of a fifth uid logs 40 steps.
 - ``signal_storm``: a trainer whose 2 kHz timer signal handler calls ``run.log()`` while its
   loop logs: does it complete (killed after a timeout if not)?
 
@@ -595,6 +602,50 @@ sys.stdin.readline()
 """``n`` HELLO-only connections (ranks of run ``squat``), held until stdin has a line; prints
 how many the exporter kept open (refused ones read a REFUSED record or end of file)."""
 
+SWITCHER = """
+import os, socket, sys, time
+sys.path.insert(0, sys.argv[5])
+from _harness import hello
+from trainmon_client import _protocol as P
+path, uids, each, hellos = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3]), sys.argv[4] == "1"
+socks = []
+for uid in map(int, uids):
+    os.setegid(uid)
+    os.seteuid(uid)  # the kernel records the effective uid at connect (SO_PEERCRED)
+    for i in range(each):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            s.connect(path)
+            if hellos:
+                s.send(P.packet_header() + hello(f"squat{uid}", i, each))
+            socks.append(s)
+        except OSError:
+            s.close()
+    os.seteuid(0)
+    os.setegid(0)
+time.sleep(1.0)
+print(len(socks), flush=True)
+sys.stdin.readline()
+told = {}
+for s in socks:
+    s.setblocking(False)
+    try:
+        data = s.recv(P.MAX_PACKET_BYTES)
+    except BlockingIOError:
+        reason = "open"
+    except OSError:
+        reason = "closed"
+    else:
+        refusal = P.decode_refused(data) if data else None
+        reason = refusal.reason if refusal else "closed"
+    told[reason] = told.get(reason, 0) + 1
+print(" ".join(f"{k}={v}" for k, v in sorted(told.items())), flush=True)
+"""
+"""One root process, its effective uid switched to each of ``uids`` in turn: ``each``
+connections under each, a HELLO on each (ranks of run ``squat<uid>``) or none; prints how
+many it holds, then at a line on stdin what each was told (``open``: still held; a REFUSED
+reason; ``closed``)."""
+
 VICTIM = """
 import os, sys, time
 import trainmon_client
@@ -826,6 +877,83 @@ def squat(hold: float) -> None:
         )
 
 
+SQUAT_UIDS = (61011, 61012, 61013, 61014)
+"""The four uids the uid-switching squatter takes in turn."""
+
+
+def _uid_squat(name: str, each: int, hellos: bool, *args: str) -> None:
+    """Four uids' worth of idle connections from one process; a fifth uid's 40 steps."""
+    if _skip_unless_root(name):
+        return
+    need = fd_budget(4 * each + 100, name)
+    if need < 4 * each + 100:
+        print(f"[{name}] skipped: {4 * each + 100} descriptors needed")
+        return
+    with Exporter(*args, shared=True) as ex:
+        prober = Prober(ex.port)
+        prober.start()
+        cpu0, t0 = ex.cpu_seconds(), time.monotonic()
+        sq = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                SWITCHER,
+                ex.socket,
+                ",".join(map(str, SQUAT_UIDS)),
+                str(each),
+                "1" if hellos else "0",
+                _here(),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert sq.stdout is not None and sq.stdin is not None
+        held = int(sq.stdout.readline() or 0)
+        ranks0 = ex.metric("trainmon_exporter_ranks ") or 0.0
+        tr = _trainer_process(ex.socket, "fair", 40, 1.0, UID_B)
+        sent, dropped = (int(x) for x in tr.communicate(timeout=60)[0].split())
+        time.sleep(1.5)  # the exporter tells an idle connection it lost its rank within 1 s
+        applied = ex.metric('trainmon_train_steps_total{rank="0",run="fair"}') or 0
+        holders = {
+            uid: ex.metric(f'trainmon_exporter_tenant_ranks{{uid="{uid}"}}')
+            for uid in (*SQUAT_UIDS, UID_B)
+        }
+        idle = ex.metric('trainmon_exporter_ranks_evicted_total{status="idle"}')
+        fair = ex.metric('trainmon_ingest_connections_refused_total{reason="fair_share"}')
+        full = ex.metric('trainmon_ingest_messages_invalid_total{reason="too_many_ranks"}')
+        capped = ex.metric('trainmon_ingest_connections_refused_total{reason="max_connections"}')
+        told = sq.communicate("\n", timeout=30)[0].strip()
+        prober.stop()
+        ok = applied == sent and dropped == 0
+        shown = ", ".join(
+            f"{uid}: {'–' if n is None else f'{n:.0f}'}" for uid, n in holders.items()
+        )
+        _report(
+            name,
+            ex,
+            prober,
+            cpu0,
+            t0,
+            f"one process as uids {SQUAT_UIDS[0]}-{SQUAT_UIDS[-1]} holds {held} idle "
+            f"connections{' with a HELLO' if hellos else ''} ({ranks0:.0f} ranks); trainer of "
+            f"uid {UID_B} sent {sent}, client-dropped {dropped}, exporter applied "
+            f"{applied:.0f}: {_held(ok)}; ranks held by uid: {shown}; evicted idle {idle}, "
+            f"connections closed fair_share {fair}, refused max_connections {capped}, HELLOs "
+            f"refused too_many_ranks {full}; the squatters were told: {told}",
+        )
+
+
+def uid_squat(hold: float) -> None:
+    """64 HELLO-only connections under each of four uids fill the rank table."""
+    _uid_squat("uid_squat", 64, True)
+
+
+def uid_squat_connections(hold: float) -> None:
+    """256 connections without a HELLO under each of four uids fill the connection slots."""
+    _uid_squat("uid_squat_connections", 256, False, "--ingest-hello-timeout-seconds", "60")
+
+
 def signal_storm(hold: float) -> None:
     """A 2 kHz timer signal whose handler calls run.log() while the loop logs: completes?"""
     limit = max(5.0, 3 * hold + 5)
@@ -876,6 +1004,8 @@ ATTACKS = {
     "api_memory": api_memory,
     "ownership_churn": ownership_churn,
     "squat": squat,
+    "uid_squat": uid_squat,
+    "uid_squat_connections": uid_squat_connections,
     "signal_storm": signal_storm,
 }
 

@@ -652,6 +652,11 @@ def test_daemonset_shape() -> None:
         "type": "DirectoryOrCreate",
     }
     assert spec["volumes"][0]["name"] == "socket-dir"  # what the kubelet re-enactment mounts
+    # The kubelet's pod log directory, read-only, where the exporter is told to look.
+    assert volumes["pod-logs"]["hostPath"] == {"path": "/var/log/pods", "type": "DirectoryOrCreate"}
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert mounts["pod-logs"]["readOnly"] is True
+    assert env(c)["TRAINMON_KUBELET_POD_LOGS_DIR"]["value"] == mounts["pod-logs"]["mountPath"]
 
 
 # --------------------------------------------------------------------------- Pod Security

@@ -250,4 +250,33 @@ def test_a_control_character_in_a_label_still_refuses_the_hello() -> None:
     link = Link(peer_uid=1000)
     assert b.applier.packet(link, pkt(hello(hostname="node\n1")))
     assert b.invalid("bad_hello") == 1 and link.state is None
-    assert b.store.admission.hellos_refused == {("bad_hello", "1000"): 1}
+    assert b.store.admission.hellos_refused == {("bad_hello", "", "1000"): 1}
+
+
+def test_a_hello_is_held_to_the_namespace_and_pod_the_node_names_for_its_sender() -> None:
+    """A HELLO naming no namespace gets its pod's; one naming another is refused and counted
+    under the pod's own namespace (never the claimed one); the pod's name is the node's."""
+    b = Bench(store_of(default_namespace="trainmon-system"))
+    plain = Link(peer_pid=7, peer_uid=0, peer_namespace="team-a", peer_pod="train-0")
+    assert not b.applier.packet(plain, pkt(hello(run="r"), step(1)))
+    assert plain.state is not None
+    assert (plain.state.namespace, plain.state.pod, plain.state.tenant) == (
+        "team-a",
+        "train-0",
+        "team-a",
+    )
+    assert b.dropped("pod_rewritten") == 0
+    named = Link(peer_pid=8, peer_uid=0, peer_namespace="team-a", peer_pod="train-1")
+    assert not b.applier.packet(named, pkt(hello(run="r2", namespace="team-a", pod="evil")))
+    assert named.state is not None and named.state.pod == "train-1"
+    assert b.dropped("pod_rewritten") == 1
+    liar = Link(peer_pid=9, peer_uid=0, peer_namespace="team-b", peer_pod="train-b")
+    assert b.applier.packet(liar, pkt(hello(run="r", namespace="team-a"), step(2)))
+    assert liar.state is None and liar.refusal == "namespace_mismatch"
+    assert b.invalid("namespace_mismatch") == 1 and b.invalid("no_hello") == 1
+    assert b.store.admission.hellos_refused == {("namespace_mismatch", "team-b", "0"): 1}
+    assert b.store.ranks[("team-a/r", 0)].step == 1
+    # Without a pod (off Kubernetes, or not found): the HELLO's namespace, keyed by uid.
+    host = Link(peer_pid=10, peer_uid=0)
+    assert not b.applier.packet(host, pkt(hello(run="r3", namespace="team-b")))
+    assert host.state is not None and host.state.tenant == 0

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from trainmon_exporter import Settings, catalog
 from trainmon_exporter.app import build_exporter
-from trainmon_exporter.catalog import ALL, BY_NAME, OPTIONAL_LABELS, Family
+from trainmon_exporter.catalog import ALL, BY_NAME, NAMESPACE, Family
 
 from ..conftest import ROOT, promtool_check_metrics
 from ..fakes.nvml_backend import FakeGpu, FakeNvmlBackend
@@ -86,8 +86,9 @@ def test_the_golden_exposition_has_exactly_the_catalog_families() -> None:
         assert (fam.type, fam.documentation) == (row.type, row.help), name
         for sample in fam.samples:
             implied = {"le"} if sample.name.endswith("_bucket") else set()
-            # The golden session runs off Kubernetes: its ranks have no namespace and no pod.
-            expected = (set(row.labels) - set(OPTIONAL_LABELS)) | implied
+            # The golden session runs off Kubernetes: its ranks have no namespace and no pod,
+            # and its one tenant is a uid.
+            expected = (set(row.labels) - {NAMESPACE, "pod"}) | implied
             assert set(sample.labels) == expected, (name, sample.labels)
 
 

@@ -203,9 +203,9 @@ def test_a_claim_written_after_a_squatter_connected_takes_the_run_back(
     assert not isinstance(a, str) and a.owner_uid == 1000 and a is not s0
     assert s0.revoked and s1.revoked
     assert store.ranks[("slurm-42", 0)] is a and ("slurm-42", 1) not in store.ranks
-    assert store.admission.uid_ranks == {1000: 1}
+    assert store.admission.tenant_ranks == {1000: 1}
     # The two revoked ranks; the refused HELLO is counted by the applier that gets not_owner.
-    assert store.admission.hellos_refused == {("not_owner", "1001"): 2}
+    assert store.admission.hellos_refused == {("not_owner", "", "1001"): 2}
     # The claim removed (the job ended), the run stays its ranks' owner's, as without claims.
     (claims_dir / "slurm-42").unlink()
     assert store.attach(_hello("slurm-42", 1), uid=1001) == "not_owner"

@@ -8,11 +8,13 @@ exporter socket (the pattern of test_trust.py).
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable
 from typing import Any
 
 from trainmon_exporter.settings import Settings
-from trainmon_exporter.state.admission import EVICTION_ORDER, MAX_REFUSED_UIDS, SERIES_PER_RANK
+from trainmon_exporter.state.admission import EVICTION_ORDER, MAX_REFUSED_TENANTS, SERIES_PER_RANK
+from trainmon_exporter.state.rank import RankState, Tenant
 from trainmon_exporter.state.store import Store
 
 from ..conftest import InProcessExporter, sample, wait_for
@@ -51,19 +53,19 @@ def _age(store: Store, run: str, seconds: float, rank: int = 0) -> None:
 def _check_indexes(store: Store) -> None:
     """Every index the O(1) admission reads agrees with a full scan of the ranks."""
     runs: dict[str, set[int]] = {}
-    per_uid: dict[int | None, int] = {}
+    per_tenant: dict[Tenant, int] = {}
     for (run, rank), s in store.ranks.items():
         runs.setdefault(run, set()).add(rank)
-        per_uid[s.owner_uid] = per_uid.get(s.owner_uid, 0) + 1
+        per_tenant[s.tenant] = per_tenant.get(s.tenant, 0) + 1
     assert {r: set(m) for r, m in store._runs.items()} == runs
-    assert store.admission.uid_ranks == per_uid
+    assert store.admission.tenant_ranks == per_tenant
     gone = {k for k, s in store.ranks.items() if not s.connected}
     queued = [k for q in store.admission.gone.values() for k in q]
     assert sorted(queued) == sorted(gone)
-    for uid, queues in store.admission.gone_uid.items():
+    for tenant, queues in store.admission.gone_tenant.items():
         for bucket, q in queues.items():
             for k, s in q.items():
-                assert s.owner_uid == uid and k in store.admission.gone[bucket]
+                assert s.tenant == tenant and k in store.admission.gone[bucket]
                 times = [x.left_mono for x in q.values()]
                 assert times == sorted(times)  # type: ignore[type-var]
     series = store.admission.series_used
@@ -108,7 +110,7 @@ def test_a_uid_at_its_quota_evicts_only_its_own_ranks() -> None:
     _age(store, "m0", 61)
     assert not isinstance(store.attach(_h("m2"), uid=2000), str)
     assert ("m0", 0) not in store.ranks and ("other", 0) in store.ranks
-    assert store.admission.uid_ranks == {1000: 1, 2000: 2}
+    assert store.admission.tenant_ranks == {1000: 1, 2000: 2}
     # Another uid is not held back by the first one's quota.
     assert not isinstance(store.attach(_h("x"), uid=3000), str)
     _check_indexes(store)
@@ -120,7 +122,7 @@ def test_a_uid_cannot_take_the_series_budget_of_the_others() -> None:
     idle = [store.attach(_h(f"idle{i}"), uid=2000) for i in range(10)]
     assert [isinstance(s, str) for s in idle] == [False] * 4 + [True] * 6
     assert set(idle[4:]) == {"uid_series_quota"}
-    assert store.admission.uid_series[2000] == share
+    assert store.admission.tenant_series[2000] == share
     for uid in (1000, 1001, 1002):
         assert not isinstance(store.attach(_h(f"t{uid}"), uid=uid), str)
     # Values past the uid's share are dropped; other uids still have room.
@@ -157,17 +159,17 @@ def test_ownership_cannot_be_flushed_by_another_uids_churn() -> None:
 
 def test_refused_hellos_are_counted_by_uid_with_a_bounded_label() -> None:
     store = store_of()
-    for uid in range(MAX_REFUSED_UIDS + 10):
+    for uid in range(MAX_REFUSED_TENANTS + 10):
         store.admission.count_refused_hello("not_owner", 5000 + uid)
     store.admission.count_refused_hello("not_owner", 5000)
     store.admission.count_refused_hello("too_many_ranks", 5000)
     store.admission.count_refused_hello("bad_hello", None)
-    uids = {u for _, u in store.admission.hellos_refused}
-    assert len(uids) == MAX_REFUSED_UIDS + 2  # the first 64, other, unknown
-    assert store.admission.hellos_refused[("not_owner", "5000")] == 2
-    assert store.admission.hellos_refused[("too_many_ranks", "5000")] == 1
-    assert store.admission.hellos_refused[("not_owner", "other")] == 10
-    assert store.admission.hellos_refused[("bad_hello", "unknown")] == 1
+    uids = {u for _, _, u in store.admission.hellos_refused}
+    assert len(uids) == MAX_REFUSED_TENANTS + 2  # the first 64, other, unknown
+    assert store.admission.hellos_refused[("not_owner", "", "5000")] == 2
+    assert store.admission.hellos_refused[("too_many_ranks", "", "5000")] == 1
+    assert store.admission.hellos_refused[("not_owner", "", "other")] == 10
+    assert store.admission.hellos_refused[("bad_hello", "", "unknown")] == 1
 
 
 def test_admission_indexes_stay_consistent() -> None:
@@ -184,6 +186,8 @@ def test_admission_indexes_stay_consistent() -> None:
             outcomes.add(got if isinstance(got, str) else "ok")
             if not isinstance(got, str):
                 live.append(got)
+                if rnd.random() < 0.5:
+                    _step(got)
         elif op < 0.75 and live:
             s = live.pop(rnd.randrange(len(live)))
             if rnd.random() < 0.2:
@@ -201,6 +205,7 @@ def test_admission_indexes_stay_consistent() -> None:
         _check_indexes(store)
     assert {"ok", "not_owner", "uid_rank_quota", "too_many_ranks"} <= outcomes
     assert sum(store.admission.evicted[b] for b in EVICTION_ORDER) > 0
+    assert store.admission.evicted["idle"] > 0 and store.admission.evicted["live"] > 0
 
 
 def test_the_default_limits_agree() -> None:
@@ -213,6 +218,120 @@ def test_the_default_limits_agree() -> None:
     assert 4 * s.max_series_per_uid <= s.max_series
     assert s.max_ranks <= s.ingest_max_connections
     assert 2 * 15 <= s.rank_retention_seconds <= s.series_ttl_seconds
+
+
+# --------------------------------------------------------------------------- fair shares
+
+
+def _squat(store: Store, uids: range | tuple[int, ...], each: int) -> dict[int, list[RankState]]:
+    """``each`` HELLO-only ranks (connected, never stepping) of every uid in ``uids``."""
+    held: dict[int, list[RankState]] = {}
+    for uid in uids:
+        for i in range(each):
+            s = store.attach(_h(f"squat{uid}-{i}"), uid=uid)
+            assert not isinstance(s, str), (uid, i, s)
+            held.setdefault(uid, []).append(s)
+    return held
+
+
+def _step(state: RankState) -> None:
+    """Make ``state`` a rank that has stepped since it connected."""
+    state.last_step_mono = time.monotonic()
+
+
+def test_a_tenant_holding_nothing_gets_in_when_four_uids_squat_every_slot() -> None:
+    """Four uids at their quota (a quarter each) hold every slot with HELLO-only ranks: a
+    fifth uid is admitted, up to its fair share, each time from the largest holder's ranks that
+    never stepped; the squatters cannot take the slots back."""
+    store = store_of(max_ranks=16, max_ranks_per_uid=4, retention_s=60)
+    squat = _squat(store, range(2001, 2005), 4)
+    assert len(store.ranks) == 16
+    first = store.attach(_h("trainer0"), uid=1000)
+    assert not isinstance(first, str)
+    taken = [s for ranks in squat.values() for s in ranks if s.revoked]
+    assert len(taken) == 1 and taken[0].revoked == "evicted" and taken[0].key not in store.ranks
+    assert store.admission.evicted["idle"] == 1 and store.admission.evicted["live"] == 0
+    # Five tenants share 16 slots: 3.2 each. The newcomer reaches 3, and no more.
+    outcomes = [store.attach(_h(f"trainer{i}"), uid=1000) for i in range(1, 4)]
+    assert [isinstance(o, str) for o in outcomes] == [False, False, True]
+    assert outcomes[-1] == "too_many_ranks"
+    assert store.admission.tenant_ranks[1000] == 3
+    assert all(n >= 3 for n in store.admission.tenant_ranks.values())
+    # A squatter above its fair share cannot take a slot back, from anyone.
+    assert store.attach(_h("again"), uid=2001) in ("too_many_ranks", "uid_rank_quota")
+    assert store.admission.tenant_ranks[1000] == 3
+    # The reclaimed run id stays its owner's until the TTL.
+    assert store.attach(_h(taken[0].run), uid=1000) == "not_owner"
+    _check_indexes(store)
+
+
+def test_ranks_that_never_stepped_go_before_live_ones_and_the_largest_holders_first() -> None:
+    store = store_of(max_ranks=12, retention_s=60)
+    big = _squat(store, (2001,), 7)[2001]
+    small = _squat(store, (2002,), 5)[2002]
+    for s in big:
+        _step(s)  # the largest holder's ranks all step
+    _step(small[0])
+    # fair: 12 / 3 = 4. uid 2002 (5) is above it too, and has ranks that never stepped:
+    # those go first, however large the live holder.
+    assert not isinstance(store.attach(_h("new0"), uid=1000), str)
+    assert [s.revoked for s in small] == [None, "evicted", None, None, None]
+    assert store.admission.evicted == store.admission.evicted | {"idle": 1, "live": 0}
+    for s in small[2:]:
+        _step(s)
+    # Nothing idle is left above the fair share: the largest holder's newest live rank goes.
+    assert not isinstance(store.attach(_h("new1"), uid=1000), str)
+    assert big[-1].revoked == "evicted" and all(s.revoked is None for s in big[:-1])
+    assert store.admission.evicted["live"] == 1
+    _check_indexes(store)
+
+
+def test_a_crashed_rank_within_its_retention_is_never_taken_for_a_fair_share() -> None:
+    store = store_of(max_ranks=4, retention_s=60, ttl_s=600)
+    for s in _squat(store, (2001,), 4)[2001]:
+        s.disconnect(finished=False)
+    assert store.attach(_h("new"), uid=1000) == "too_many_ranks"
+    assert len(store.ranks) == 4 and store.admission.evicted["crashed"] == 0
+    _age(store, "squat2001-0", 61)
+    assert not isinstance(store.attach(_h("new"), uid=1000), str)
+    assert store.admission.evicted["crashed"] == 1
+
+
+def test_a_tenant_below_its_share_of_the_series_budget_takes_series_from_the_largest() -> None:
+    """Ranks are free but the series budget is spent by two uids' custom metrics: a third
+    uid's rank is admitted by taking one of the largest series holder's ranks."""
+    per_rank = SERIES_PER_RANK + 80
+    store = store_of(max_ranks=64, max_series=10 * per_rank, max_custom_metrics=100)
+    held = _squat(store, (2001, 2002), 5)
+    for uid, ranks in held.items():
+        for s in ranks:
+            _step(s)
+            s.custom.update({f"m{k}": 1.0 for k in range(80 if uid == 2001 else 60)})
+            store._charge(s, s.custom, len(s.custom), 1, lambda r, n: None)
+    assert store.admission.series_used == 5 * per_rank + 5 * (SERIES_PER_RANK + 60)
+    # 2002 holds less than half the budget but the budget is nearly spent.
+    assert not isinstance(store.attach(_h("new"), uid=1000), str)
+    assert [s.revoked for s in held[2001]] == [None] * 4 + ["evicted"]
+    assert all(s.revoked is None for s in held[2002])
+    assert store.admission.tenant_series[1000] == SERIES_PER_RANK
+    _check_indexes(store)
+
+
+def test_holdings_are_labelled_by_tenant_the_largest_first_the_rest_summed() -> None:
+    store = store_of(max_ranks=64, max_ranks_per_uid=64)
+    _squat(store, (2001,), 5)
+    _squat(store, (2002,), 3)
+    _squat(store, (2003, 2004), 1)
+    got = store.attach(_h("t") | {"namespace": "team-a"}, uid=0, peer_namespace="team-a")
+    assert not isinstance(got, str) and got.tenant == "team-a"
+    rows = list(store.admission.holdings(3))
+    assert rows == [
+        ("", "2001", 5, 5 * SERIES_PER_RANK),
+        ("", "2002", 3, 3 * SERIES_PER_RANK),
+        rows[2],
+        ("", "other", 2, 2 * SERIES_PER_RANK),
+    ]
+    assert rows[2][2] == 1 and rows[2][:2] in (("", "2003"), ("", "2004"), ("team-a", ""))
 
 
 # --------------------------------------------------------------------------- real uids
@@ -367,3 +486,49 @@ def test_a_namespace_claimed_by_another_uid_gives_it_no_way_into_that_namespaces
         assert sample(m, "trainmon_train_step", namespace=ns, run="shared", rank="0") == 9
     assert sample(m, "trainmon_train_step", **team_a) == 3
     assert sample(m, "trainmon_run_crashes_total", **team_a) == 1
+
+
+# --------------------------------------------------------------------------- verified namespaces
+
+
+def test_a_namespace_is_one_tenant_whatever_uids_its_pods_run_as() -> None:
+    """Four runAsUser values in one namespace share its quota; another namespace of the same
+    uids has its own, and neither can write into the other's runs."""
+    store = store_of(max_ranks=16, max_ranks_per_uid=4)
+    a = [
+        store.attach(_h(f"a{uid}") | {"namespace": "team-a"}, uid=uid, peer_namespace="team-a")
+        for uid in (1000, 1001, 1002, 1003, 1004)
+    ]
+    assert [isinstance(s, str) for s in a] == [False] * 4 + [True]
+    assert a[-1] == "uid_rank_quota"
+    b = store.attach(_h("a1000") | {"namespace": "team-b"}, uid=1000, peer_namespace="team-b")
+    assert not isinstance(b, str) and b.tenant == "team-b" and b.run_key == "team-b/a1000"
+    assert store.admission.tenant_ranks == {"team-a": 4, "team-b": 1}
+    # Another uid of team-a resumes team-a's crashed rank: the run is the namespace's.
+    first = a[0]
+    assert not isinstance(first, str)
+    first.disconnect(finished=False)
+    again = store.attach(_h("a1000") | {"namespace": "team-a"}, uid=1004, peer_namespace="team-a")
+    assert again is first
+    _check_indexes(store)
+
+
+def test_a_namespaces_pods_take_back_a_run_a_process_only_claiming_it_opened() -> None:
+    """A process outside the namespace's pods (a host process, keyed by its uid) opened
+    team-a/llama first, and is first to its owner record after: team-a's pod gets both."""
+    store = store_of(max_ranks=16, ttl_s=600)
+    squat = store.attach(_h("llama") | {"namespace": "team-a"}, uid=0)
+    assert not isinstance(squat, str) and squat.tenant == 0
+    mine = store.attach(_h("llama") | {"namespace": "team-a"}, uid=0, peer_namespace="team-a")
+    assert not isinstance(mine, str) and mine.tenant == "team-a"
+    assert squat.revoked == "not_owner" and store.ranks[("team-a/llama", 0)] is mine
+    assert store.admission.hellos_refused == {("not_owner", "", "0"): 1}
+    # The process claiming the namespace cannot take it back.
+    assert store.attach(_h("llama", 1) | {"namespace": "team-a"}, uid=0) == "not_owner"
+    # An evicted run's owner record does not hold against the namespace's pods either.
+    store.attach(_h("gpt") | {"namespace": "team-a"}, uid=5)
+    store._remove(store.ranks[("team-a/gpt", 0)])
+    assert store.owners["team-a/gpt"][0] == 5
+    back = store.attach(_h("gpt") | {"namespace": "team-a"}, uid=5, peer_namespace="team-a")
+    assert not isinstance(back, str) and back.tenant == "team-a"
+    _check_indexes(store)

@@ -117,16 +117,28 @@ REFUSAL_FIXES: dict[str, tuple[str, str]] = {
         "let old runs finish and expire, or raise TRAINMON_MAX_SERIES on the exporter",
     ),
     "uid_rank_quota": (
-        "this user has as many ranks as the exporter allows one user",
+        "this user (this pod's namespace, on Kubernetes) has as many ranks as the exporter "
+        "allows one",
         "finish other runs of this user, or ask the exporter's admin to raise the quota",
     ),
     "uid_series_quota": (
-        "this user's series quota is spent",
+        "this user's (this pod's namespace's, on Kubernetes) series quota is spent",
         "finish other runs of this user, or ask the exporter's admin to raise the quota",
     ),
     "uid_quota": (
-        "this user holds as many connections as the exporter allows one user",
+        "this user (this pod's namespace, on Kubernetes) holds as many connections as the "
+        "exporter allows one",
         "end other processes of this user, or ask the exporter's admin to raise the quota",
+    ),
+    "evicted": (
+        "the exporter gave this connection's slot to a user holding less than its fair share "
+        "of the node, as this user holds more",
+        "finish other runs of this user; the run resumes when a slot is free",
+    ),
+    "namespace_mismatch": (
+        "the HELLO names a namespace that is not this pod's",
+        "set POD_NAMESPACE from the downward API (fieldPath: metadata.namespace), or leave it "
+        "unset",
     ),
     "peer_not_allowed": (
         "uid {uid} is not in the exporter's allowed_uids or allowed_gids",

@@ -33,6 +33,7 @@ from trainmon_exporter.httplimits import GatedResponse, HttpStats, RequestGate
 from trainmon_exporter.ingest import IngestMetrics, IngestServer, connection_cap
 from trainmon_exporter.logsetup import LogMetrics, report_pending
 from trainmon_exporter.nvml import NvmlBackend, PynvmlBackend
+from trainmon_exporter.peers import PeerResolver, PodDirectory
 from trainmon_exporter.sampler import FAILED, NOT_STARTED, GpuSampler, GpuSnapshot
 from trainmon_exporter.scrapes import SharedScrapes, scrape_format
 from trainmon_exporter.settings import Settings
@@ -122,6 +123,9 @@ def build_exporter(
     scrape = ScrapeCollector(build_collectors(CollectorContext(settings, store, gpus)))
     registry.register(scrape)  # type: ignore[arg-type]
     cap = connection_cap(settings.ingest_max_connections, settings.http_limit_concurrency)
+    peers = None
+    if settings.kubelet_pod_logs_dir is not None:
+        peers = PeerResolver(PodDirectory(settings.kubelet_pod_logs_dir))
     ingest = IngestServer(
         settings.socket,
         store,
@@ -137,6 +141,7 @@ def build_exporter(
         hello_timeout=settings.ingest_hello_timeout_seconds,
         idle_timeout=settings.ingest_idle_timeout_seconds,
         max_bytes_per_second=settings.ingest_max_bytes_per_second,
+        peers=peers,
     )
     scrapes = SharedScrapes(settings.http_max_concurrent_scrapes, http_stats)
     api_gate = RequestGate(settings.http_max_concurrent_api, http_stats, "api_limit")

@@ -6,7 +6,13 @@ records, each record is decoded to its typed form (:func:`trainmon_client._proto
 and checked against what its connection may send (a HELLO first and only once, a NAME within
 its cap), then dispatched once, by type, to the :class:`~trainmon_exporter.state.store.Store` or
 :class:`~trainmon_exporter.state.rank.RankState` method that applies it. Nothing here changes a
-rank's state itself.
+rank's state itself. A HELLO is held to what the kernel and the node say of its sender (its
+uid, and its pod's namespace where the node names one: :class:`Link`) before the store binds
+it to a rank.
+
+Why this module is one module of about 540 lines: a HELLO's checks (its fields, its labels,
+its sender's verified pod) and the dispatch of every later record share one connection's
+:class:`Link` and one refusal accounting, which are only right together.
 
 Why this module is one module of about 530 lines: it is the one place where a record's meaning
 is checked against what its connection may send (the HELLO's schema and ownership, the names a
@@ -38,7 +44,7 @@ from prometheus_client import Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from trainmon_client import _protocol as P
-from trainmon_exporter.state.rank import RankState
+from trainmon_exporter.state.rank import RankState, Tenant, describe_tenant, tenant_of
 from trainmon_exporter.state.store import Store
 
 __all__ = [
@@ -71,6 +77,7 @@ REFUSALS: Final = (
     "series_budget",
     "uid_rank_quota",
     "uid_series_quota",
+    "namespace_mismatch",
 )
 """Every reason a well-formed record is refused for (a :class:`Refused` with another reason
 is a bug); :meth:`Store.attach`'s refusals are among them."""
@@ -86,11 +93,13 @@ FATAL: Final = frozenset(
         "series_budget",
         "uid_rank_quota",
         "uid_series_quota",
+        "namespace_mismatch",
     }
 )
 """Refusals of a HELLO: the connection has no identity, so it is closed. Each is also counted
-by uid (:meth:`Admission.count_refused_hello`, ``trainmon_ingest_hellos_refused_total``), with a
-HELLO the protocol refuses (``malformed``...) under its protocol reason."""
+by the peer's namespace and uid (:meth:`Admission.count_refused_hello`,
+``trainmon_ingest_hellos_refused_total``), with a HELLO the protocol refuses (``malformed``...)
+under its protocol reason."""
 MAX_NAMES_PER_CONNECTION: Final = 4096
 """Names one connection may bind (custom metrics, operations, layers): a memory bound. The
 client binds at most 1,024 custom names plus its layers and operations."""
@@ -228,10 +237,12 @@ class HelloMessage(BaseModel):
 class Link:
     """What applying records knows of one trainer connection.
 
-    Its peer (``SO_PEERCRED``; each None where the kernel does not say), whether the socket's
-    allow-lists admit that peer, the rank its HELLO bound it to, the names its NAME records
-    bound, whether it sent FINISH, and its delivery accounting: data records applied from it,
-    and the gap last computed from its TOTALS (:meth:`RankState.observe_totals`).
+    Its peer (``SO_PEERCRED``; each None where the kernel does not say), the namespace and
+    name of the peer's pod as the node tells them (:mod:`trainmon_exporter.peers`; ``""``
+    unknown), its tenant (that namespace, else the uid), whether the socket's allow-lists
+    admit that peer, the rank its HELLO bound it to, the names its NAME records bound, whether
+    it sent FINISH, and its delivery accounting: data records applied from it, and the gap
+    last computed from its TOTALS (:meth:`RankState.observe_totals`).
     """
 
     __slots__ = (
@@ -241,10 +252,13 @@ class Link:
         "gap",
         "names",
         "peer_gid",
+        "peer_namespace",
         "peer_pid",
+        "peer_pod",
         "peer_uid",
         "refusal",
         "state",
+        "tenant",
     )
 
     def __init__(
@@ -252,8 +266,12 @@ class Link:
         peer_pid: int | None = None,
         peer_uid: int | None = None,
         peer_gid: int | None = None,
+        peer_namespace: str = "",
+        peer_pod: str = "",
     ) -> None:
         self.peer_pid, self.peer_uid, self.peer_gid = peer_pid, peer_uid, peer_gid
+        self.peer_namespace, self.peer_pod = peer_namespace, peer_pod
+        self.tenant: Tenant = tenant_of(peer_namespace, peer_uid)
         self.admitted = True
         self.state: RankState | None = None
         self.names: dict[int, str] = {}
@@ -347,12 +365,13 @@ class Applier:
 
     def begin(self, link: Link, data: bytes) -> Packet:
         """A packet about to be applied by :meth:`resume` (nothing is applied yet)."""
-        # A rank its run's owner claim took away (Store.attach): the connection closes, its
-        # records counted as no_hello.
-        close = link.state is not None and link.state.revoked
-        if close:
-            link.refusal = "not_owner"
-        return Packet(P.iter_records(data), close)
+        # A rank the store took away (its run's owner claim or namespace, or to make room for
+        # a tenant below its fair share): the connection closes, its records counted as
+        # no_hello.
+        revoked = link.state.revoked if link.state is not None else None
+        if revoked:
+            link.refusal = revoked
+        return Packet(P.iter_records(data), bool(revoked))
 
     def resume(self, link: Link, packet: Packet, deadline: float = math.inf) -> bool:
         """Apply ``packet``'s records in order until it is done or ``deadline`` has passed.
@@ -388,12 +407,12 @@ class Applier:
                         invalid[exc.reason].inc()
                         outcome = Outcome.CLOSE if exc.reason in FATAL else Outcome.SKIPPED
                         if outcome is Outcome.CLOSE:
-                            self.store.admission.count_refused_hello(exc.reason, link.peer_uid)
+                            self._count_refused(link, exc.reason)
                     except P.ProtocolError as exc:
                         invalid[exc.reason].inc()
                         outcome = Outcome.CLOSE if rtype == P.HELLO else Outcome.SKIPPED
                         if outcome is Outcome.CLOSE:
-                            self.store.admission.count_refused_hello(exc.reason, link.peer_uid)
+                            self._count_refused(link, exc.reason)
                     except Exception:  # a bug or a value nobody foresaw: this record only
                         invalid[INTERNAL_ERROR].inc()
                         log.exception(
@@ -414,6 +433,9 @@ class Applier:
         for rtype, n in counts.items():
             self._applied[rtype].inc(n)
         return done
+
+    def _count_refused(self, link: Link, reason: str) -> None:
+        self.store.admission.count_refused_hello(reason, link.peer_uid, link.peer_namespace)
 
     def drop(self, reason: str, n: int) -> None:
         """Count ``n`` values dropped for ``reason`` (a :data:`~.state.rank.Drop`)."""
@@ -501,32 +523,37 @@ class Applier:
                 rewritten,
             )
             self.drop("label_rewritten", rewritten)
+        self._verified(link, hello)
         key = self.store.key_of(hello.namespace, hello.run)
         before = self.store.run_state(key)
-        result = self.store.attach(hello.model_dump(), link.peer_uid, link.peer_pid)
+        result = self.store.attach(
+            hello.model_dump(), link.peer_uid, link.peer_pid, link.peer_namespace
+        )
         if before is not None and before.revoked:
             log.warning(
-                "run %s: its owner claim names uid %s; the ranks uid %s opened before it were "
-                "dropped",
+                "run %s: it belongs to %s (its owner claim, or its namespace's pods); the "
+                "ranks %s opened before it were dropped",
                 key,
-                link.peer_uid,
-                before.owner_uid,
+                describe_tenant(link.tenant),
+                describe_tenant(before.tenant),
             )
         link.refusal = result if isinstance(result, str) else None
         if isinstance(result, str):
             if result == "not_owner":
                 log.warning(
-                    "refused run %s rank %d from uid %s: the run belongs to uid %s",
+                    "refused run %s rank %d from %s (uid %s): the run belongs to %s",
                     key,
                     hello.rank,
+                    describe_tenant(link.tenant),
                     link.peer_uid,
-                    self.store.owner_of(key),
+                    describe_tenant(self.store.owner_of(key)),
                 )
             else:
                 log.warning(
-                    "refused run %s rank %d from uid %s: %s",
+                    "refused run %s rank %d from %s (uid %s): %s",
                     key,
                     hello.rank,
+                    describe_tenant(link.tenant),
                     link.peer_uid,
                     result,
                 )
@@ -535,3 +562,32 @@ class Applier:
         # The client re-sends every NAME after HELLO; forget what an earlier connection bound.
         link.names = {}
         return Outcome.APPLIED
+
+    def _verified(self, link: Link, hello: HelloMessage) -> None:
+        """Hold ``hello`` to the pod the node places its sender in, where it is known.
+
+        A namespace other than the pod's is refused (``namespace_mismatch``); none becomes the
+        pod's. The pod's name replaces the one the HELLO gives (``pod_rewritten`` when it gave
+        another).
+        """
+        if not link.peer_namespace:
+            return
+        if hello.namespace and hello.namespace != link.peer_namespace:
+            log.warning(
+                "refused run %s rank %d from uid %s (pid %s): it claims namespace %s, its pod "
+                "%s is in namespace %s",
+                hello.run,
+                hello.rank,
+                link.peer_uid,
+                link.peer_pid,
+                hello.namespace,
+                link.peer_pod,
+                link.peer_namespace,
+            )
+            link.refusal = "namespace_mismatch"
+            raise Refused("namespace_mismatch")
+        hello.namespace = link.peer_namespace
+        if link.peer_pod and hello.pod != link.peer_pod:
+            if hello.pod:
+                self.drop("pod_rewritten", 1)
+            hello.pod = link.peer_pod

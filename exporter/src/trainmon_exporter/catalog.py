@@ -111,8 +111,9 @@ class Family:
             raise TypeError(f"{self.name} is a {self.type}, not a {kind}")
 
 
-OPTIONAL_LABELS = (NAMESPACE, "pod")
-"""Labels left out of a sample where they are empty (Kubernetes identity, absent elsewhere)."""
+OPTIONAL_LABELS = (NAMESPACE, "pod", "uid")
+"""Labels left out of a sample where they are empty (Kubernetes identity, absent elsewhere; a
+tenant's ``uid`` where the tenant is a namespace)."""
 
 
 class _Optional:
@@ -2288,23 +2289,29 @@ EXPORTER_RANKS_EVICTED = Family(
     "trainmon_exporter_ranks_evicted",
     COUNTER,
     (
-        "Disconnected (run, rank) pairs dropped before series_ttl_seconds to make room for a new "
-        "rank (a cap or a uid's quota reached), by the status they ended with; finished and "
-        "failed go first, then crashed, then running (closed by the exporter). None is evicted "
-        "within rank_retention_seconds of disconnecting."
+        "(run, rank) pairs dropped before series_ttl_seconds to make room for a new rank (a cap "
+        "or a tenant's quota reached), by status: disconnected ones by the status they ended "
+        "with (finished and failed first, then crashed, then running: closed by the exporter), "
+        "none within rank_retention_seconds of disconnecting; idle and live are connected ones "
+        "taken from a tenant above its fair share for one below it (idle: no step since "
+        "connecting)."
     ),
     ("status",),
     unit="pairs",
     collector="exporter",
     doc=(
-        "Disconnected pairs dropped before their TTL to make room for a new rank when `max_ranks`, "
-        "`max_series` or the new rank's uid quota (`max_ranks_per_uid`, `max_series_per_uid`) is "
-        "reached, by the status they ended with: `finished` and `failed` go first, then "
-        "`crashed`, then `running` (closed by the exporter: idle or shutdown); oldest first "
-        "within each, the new rank's own uid's first. A connected rank is never evicted, nor a "
-        "disconnected one within `rank_retention_seconds` of disconnecting, whoever connects; "
-        "a uid at its quota evicts only its own ranks. The run id stays its owner's until the "
-        "TTL."
+        "Pairs dropped before their TTL to make room for a new rank when `max_ranks`, "
+        "`max_series` or the new rank's tenant quota (`max_ranks_per_uid`, `max_series_per_uid`) "
+        "is reached. Disconnected ones by the status they ended with: `finished` and `failed` go "
+        "first, then `crashed`, then `running` (closed by the exporter: idle or shutdown); "
+        "oldest first within each, the new rank's own tenant's first; none within "
+        "`rank_retention_seconds` of disconnecting, whoever connects; a tenant at its quota "
+        "evicts only its own ranks. When the node is full and none is past retention, a tenant "
+        "(a verified namespace, else a uid) below its fair share (the cap divided among the "
+        "tenants holding ranks) takes a connected pair from a tenant above it: `idle` (no step "
+        "since it connected: squatting or still loading; these first) or `live` (the largest "
+        "holder's newest); its connection is closed and its client told `evicted`. The run id "
+        "stays its owner's until the TTL."
     ),
 )
 
@@ -2329,34 +2336,79 @@ INGEST_HELLOS_REFUSED = Family(
     "trainmon_ingest_hellos_refused",
     COUNTER,
     (
-        "HELLOs refused, so trainers turned away, by reason and by the uid that sent them "
-        "(SO_PEERCRED; the first 64 uids refused get their own label value, later ones share "
-        'uid="other"). A series appears with the uid\'s first refusal.'
+        "HELLOs refused, so trainers turned away, by reason, by the namespace of the sender's "
+        "pod as the node tells it (left out where none) and by its uid (SO_PEERCRED; the first "
+        "64 namespace and uid pairs refused get their own label values, later ones share "
+        'uid="other"). A series appears with its first refusal.'
     ),
-    ("reason", "uid"),
+    ("reason", "namespace", "uid"),
     unit="HELLOs",
     collector="exporter",
     doc=(
         "HELLOs refused, each a trainer turned away (its connection closed), by the refusal "
         "reason of `trainmon_ingest_messages_invalid_total` (`not_owner`, `duplicate_rank`, "
         "`uid_rank_quota`, `uid_series_quota`, `too_many_ranks`, `series_budget`, "
-        "`peer_not_allowed`, `bad_hello`, or a protocol reason such as `malformed`) and the uid "
-        "of the process that sent it (`SO_PEERCRED`; `unknown` where the kernel gave none). The "
-        "`uid` label is bounded: the first 64 uids refused since the exporter started get their "
-        "own value, later ones share `other`. A series appears with its first refusal (its "
-        "first sample may be above 0); `TrainmonTrainerRefused` reads the time of the last one "
-        "instead (`trainmon_ingest_hellos_refused_last_timestamp_seconds`)."
+        "`namespace_mismatch`, `peer_not_allowed`, `bad_hello`, or a protocol reason such as "
+        "`malformed`), the namespace of the sender's pod as the node tells it "
+        "(`kubelet_pod_logs_dir`; never the namespace the HELLO claims, and left out where "
+        "there is none, so Prometheus gives the series the exporter's own) and the uid of the "
+        "process (`SO_PEERCRED`; `unknown` where the kernel gave none). With the node "
+        "DaemonSet's `honorLabels`, a refusal thus carries the namespace of the team it hurt, "
+        "and so does `TrainmonTrainerRefused`. The labels are bounded: the first 64 namespace "
+        "and uid pairs refused since the exporter started get their own values, later ones "
+        'share `uid="other"`. A series appears with its first refusal (its first sample may '
+        "be above 0); `TrainmonTrainerRefused` reads the time of the last one instead "
+        "(`trainmon_ingest_hellos_refused_last_timestamp_seconds`)."
     ),
 )
 
 INGEST_HELLOS_REFUSED_LAST_TIMESTAMP_SECONDS = _event_time(
     INGEST_HELLOS_REFUSED,
-    "a HELLO from that uid was refused for that reason",
+    "a HELLO from that namespace and uid was refused for that reason",
     (
-        "When the exporter last refused a HELLO for `reason` from `uid`. Absent until "
+        "When the exporter last refused a HELLO for `reason` from `namespace` and `uid`. "
+        "Absent until "
         "the first one. Event alerts fire on `time() - this` under their window "
         "([alerting.md](alerting.md#event-alerts)): a time does not change when "
         "Prometheus misses scrapes or restarts, so an event pages once."
+    ),
+)
+
+EXPORTER_TENANT_RANKS = Family(
+    "trainmon_exporter_tenant_ranks",
+    GAUGE,
+    (
+        "(run, rank) pairs each tenant holds, connected or not: a tenant is the namespace of "
+        "its trainers' pod as the node tells it (namespace label), else their uid (uid label). "
+        'The 32 largest holders have their own series, the rest are summed under uid="other".'
+    ),
+    (NAMESPACE, "uid"),
+    unit="pairs",
+    collector="exporter",
+    doc=(
+        "(run, rank) pairs each tenant holds, connected or not, against `max_ranks_per_uid` "
+        "(its quota) and its fair share of `max_ranks`. A tenant is the namespace of its "
+        "trainers' pod as the node tells it (`namespace` label, with `kubelet_pod_logs_dir`), "
+        "else their uid (`uid` label: `SO_PEERCRED`). Bounded: the 32 tenants holding most "
+        'have their own series, the others are summed into one with `uid="other"`. Who '
+        "holds the slots when `too_many_ranks` refusals appear."
+    ),
+)
+
+EXPORTER_TENANT_SERIES = Family(
+    "trainmon_exporter_tenant_series",
+    GAUGE,
+    (
+        "Estimated series each tenant's ranks cost, against max_series_per_uid and its fair "
+        "share of max_series; the tenants of trainmon_exporter_tenant_ranks."
+    ),
+    (NAMESPACE, "uid"),
+    unit="series",
+    collector="exporter",
+    doc=(
+        "Estimated series of each tenant's ranks (as `trainmon_exporter_series` counts them), "
+        "against `max_series_per_uid` and its fair share of `max_series`; the same tenants and "
+        "`other` as `trainmon_exporter_tenant_ranks`."
     ),
 )
 
@@ -2442,7 +2494,9 @@ INGEST_MESSAGES_INVALID = Family(
         "is spent and no disconnected rank is past `rank_retention_seconds`), `uid_rank_quota` "
         "(a new rank of a uid that holds `max_ranks_per_uid` ranks, none of its own past "
         "retention), `uid_series_quota` (a new rank of a uid whose share `max_series_per_uid` "
-        "is spent), `empty` (a zero-length packet; the connection stays open), "
+        "is spent; both quotas are a tenant's: the verified namespace where there is one), "
+        "`namespace_mismatch` (a HELLO naming a namespace other than its sender's pod's, as the "
+        "node tells it), `empty` (a zero-length packet; the connection stays open), "
         "`internal_error` (a record whose application raised: dropped and logged, the rest of the "
         "packet applies, the rank stays connected). A connection whose HELLO is refused is "
         "closed; every record after that HELLO in its packet counts as `no_hello`."
@@ -2470,7 +2524,8 @@ INGEST_VALUES_DROPPED = Family(
         "operation_cap (over max_operations), series_budget (max_series spent), bad_counter (a "
         "cumulative total that was not finite, negative or went back), unknown_stat (a layer "
         "value under a stat code the protocol does not define), label_rewritten (a HELLO label "
-        "value kept with characters outside letters, digits and ._-:/+ replaced)."
+        "value kept with characters outside letters, digits and ._-:/+ replaced), "
+        "pod_rewritten (a HELLO's pod name that is not its sender's pod: the node's kept)."
     ),
     ("reason",),
     unit="values",
@@ -2489,7 +2544,9 @@ INGEST_VALUES_DROPPED = Family(
         "a label of `trainmon_rank_info`, hostname, GPU UUID, client version or dtype, with "
         "characters outside ASCII letters, digits and `. _ - : / +`: kept with accents and "
         "combining marks removed and any other character replaced by `_`, see "
-        "[reliability.md](reliability.md#who-may-write))."
+        "[reliability.md](reliability.md#who-may-write)), `pod_rewritten` (a HELLO's pod name "
+        "that is not the pod the node places its sender in, with `kubelet_pod_logs_dir`: the "
+        "node's name is kept)."
     ),
 )
 
@@ -2518,21 +2575,27 @@ INGEST_CONNECTIONS_REFUSED = Family(
     COUNTER,
     (
         "Trainer connections refused or closed by the exporter, by reason: max_connections "
-        "(ingest_max_connections open: accepted and closed at once), uid_quota (the "
-        "connecting uid holds ingest_max_connections_per_uid: accepted and closed at once), "
-        "fd_limit (accept() failed for lack of file descriptors or memory, per attempt; "
-        "accepting pauses), hello_timeout (no HELLO within ingest_hello_timeout_seconds), "
-        "idle_timeout (silent for ingest_idle_timeout_seconds)."
+        "(ingest_max_connections open and the tenant at its fair share: accepted and closed at "
+        "once), uid_quota (the connecting tenant holds ingest_max_connections_per_uid: "
+        "accepted and closed at once), fd_limit (accept() failed for lack of file descriptors "
+        "or memory, per attempt; accepting pauses), hello_timeout (no HELLO within "
+        "ingest_hello_timeout_seconds), idle_timeout (silent for "
+        "ingest_idle_timeout_seconds), fair_share (closed to give its slot, or its rank's, to a "
+        "tenant below its fair share)."
     ),
     ("reason",),
     unit="1",
     collector="ingest",
     doc=(
         "Trainer connections refused or closed by the exporter: `max_connections` (the cap was "
-        "reached: accepted and closed at once, the client sees EOF and retries with back-off), "
-        "`uid_quota` (the connecting uid, from `SO_PEERCRED`, already holds "
-        "`ingest_max_connections_per_uid` connections: accepted and closed at once; other uids "
-        "still get in), `fd_limit` (one failed `accept()` for lack of descriptors or memory — "
+        "reached and the connecting tenant holds its fair share of it: accepted and closed at "
+        "once, the client sees EOF and retries with back-off), `uid_quota` (the connecting "
+        "tenant, its pod's namespace or else its uid from `SO_PEERCRED`, already holds "
+        "`ingest_max_connections_per_uid` connections: accepted and closed at once; other "
+        "tenants still get in), `fair_share` (closed, its client told `evicted`, to give its "
+        "slot to a tenant below its fair share of the cap, or because its rank was taken for "
+        "one: the largest holder's connections without a HELLO go first, then those that never "
+        "stepped), `fd_limit` (one failed `accept()` for lack of descriptors or memory — "
         "EMFILE, ENFILE, ENOBUFS, ENOMEM; accepting pauses 50 ms, doubling to 1 s), "
         "`hello_timeout` (no HELLO within `ingest_hello_timeout_seconds`), `idle_timeout` "
         "(silent for `ingest_idle_timeout_seconds`, off by default)."
@@ -2552,6 +2615,31 @@ INGEST_MAX_CONNECTIONS = Family(
     doc=(
         "Trainer connections accepted at once: `ingest_max_connections`, lowered at start to fit "
         "the open-file limit (a warning says so)."
+    ),
+)
+
+
+INGEST_PEER_IDENTITIES = Family(
+    "trainmon_ingest_peer_identities",
+    COUNTER,
+    (
+        "Trainer connections by how the kernel identified their process (with "
+        "kubelet_pod_logs_dir): pod (its pod is on the node: namespace verified), host (not in a "
+        "pod), unknown_pod (a pod the node's directory does not name), unverifiable (no PID "
+        "here, /proc unreadable, or the process gone); all but pod are keyed by uid."
+    ),
+    ("identity",),
+    unit="1",
+    collector="ingest",
+    doc=(
+        "Trainer connections by how the kernel identified their process, counted at accept "
+        "when `kubelet_pod_logs_dir` is set (exported from 0 then, absent otherwise): `pod` (its "
+        "cgroup names a pod the kubelet's pod directory lists: the namespace is verified, and "
+        "is the connection's tenant), `host` (not in a pod's cgroup), `unknown_pod` (a pod's "
+        "cgroup whose pod the directory does not name; logged), `unverifiable` (no PID in the "
+        "exporter's PID namespace, `/proc` unreadable, or the process exited first). All but "
+        "`pod` are keyed by uid, and may name any namespace in their HELLO, as without the "
+        "look-up (see [attribution per team](scaling.md#attribution-per-team))."
     ),
 )
 
@@ -2978,6 +3066,8 @@ EXPORTER_TABLE: tuple[Family, ...] = (
     EXPORTER_RANKS_EXPIRED,
     EXPORTER_RANKS_EVICTED,
     EXPORTER_SERIES,
+    EXPORTER_TENANT_RANKS,
+    EXPORTER_TENANT_SERIES,
     INGEST_HELLOS_REFUSED,
     INGEST_HELLOS_REFUSED_LAST_TIMESTAMP_SECONDS,
     OWNER_CLAIMS_INVALID,
@@ -2985,6 +3075,7 @@ EXPORTER_TABLE: tuple[Family, ...] = (
     INGEST_OPEN_CONNECTIONS,
     INGEST_MAX_CONNECTIONS,
     INGEST_CONNECTIONS_REFUSED,
+    INGEST_PEER_IDENTITIES,
     INGEST_PACKETS,
     INGEST_BYTES,
     INGEST_MESSAGES,

@@ -10,11 +10,9 @@ only that uid may attach to the run.
 
 The directory and its files are read without trusting the path:
 
-- every component of the directory's path is opened ``O_NOFOLLOW`` from ``/`` (when the
-  directory is first found, and again whenever the path names another one) and judged on
-  its descriptor: it must belong to root or this exporter's user and be writable by nobody
-  else (a component other than the last may be sticky, as ``/tmp``); the directory itself
-  must not be writable by group or others at all;
+- the directory is a :class:`~trainmon_exporter.safedir.TrustedDirectory`: every component of
+  its path opened ``O_NOFOLLOW`` from ``/`` and judged on its descriptor (root's or this
+  exporter's user's, writable by nobody else);
 - the claim is opened ``O_NOFOLLOW | O_NONBLOCK`` relative to the directory's descriptor and
   must be a regular file of root or this user, not writable by group or others, of at most
   :data:`MAX_CLAIM_BYTES` bytes, holding one decimal uid.
@@ -23,12 +21,11 @@ A claim that fails a check is ignored (the run is first come, first served, as w
 claims), logged and counted by reason in :attr:`OwnerClaims.invalid`
 (``trainmon_owner_claims_invalid_total``). A missing directory or file is no claim.
 
-The directory's descriptor is kept between look-ups while the path still names it (an
-``lstat`` of the path gives the same inode) and it still passes its own checks (``fstat``);
-otherwise the path is walked again. Claims themselves are read fresh at each HELLO, never
-cached, so a claim written after a squatter connected still wins, and one removed when the
-job ends stops counting at once. Look-ups are not thread-safe: the store calls them under its
-lock.
+The directory's descriptor is kept between look-ups while the path still names it and still
+passes its checks; otherwise the path is walked again. Claims themselves are read fresh at each
+HELLO, never cached, so a claim written after a squatter connected still wins, and one removed
+when the job ends stops counting at once. Look-ups are not thread-safe: the store calls them
+under its lock.
 """
 
 from __future__ import annotations
@@ -39,6 +36,8 @@ import os
 import stat
 from pathlib import Path
 from typing import Final
+
+from trainmon_exporter.safedir import TrustedDirectory, UnsafeDirectory
 
 __all__ = ["CLAIM_PROBLEMS", "MAX_CLAIM_BYTES", "OwnerClaims"]
 
@@ -53,7 +52,6 @@ CLAIM_PROBLEMS: Final = ("unsafe_dir", "unsafe_file", "malformed", "unreadable")
 another user or is a symbolic link; the claim is a symbolic link, not a regular file, or could
 be written by another user; its content is not one decimal uid; reading it failed."""
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 
 
@@ -79,10 +77,7 @@ class OwnerClaims:
         if directory is not None and not directory.is_absolute():
             raise ValueError(f"owner claims directory must be absolute: {directory}")
         self.directory = directory
-        self._parts = () if directory is None else directory.parts[1:]
-        self._trusted = {0, os.geteuid()}
-        self._dir_fd = -1  # the checked directory, kept while the path still names it
-        self._dir_id = (0, 0)  # its (st_dev, st_ino)
+        self._dir = None if directory is None else TrustedDirectory(directory)
         self.invalid: dict[str, int] = dict.fromkeys(CLAIM_PROBLEMS, 0)
 
     def lookup(self, run: str) -> int | None:
@@ -91,11 +86,14 @@ class OwnerClaims:
         ``run`` is a valid run id (letters, digits, ``_ . : @ + -``); ``.`` and ``..`` name
         no claim. Never raises: a problem is logged and counted in :attr:`invalid`.
         """
-        if self.directory is None or run in (".", "..") or "/" in run or "\0" in run:
+        if self._dir is None or run in (".", "..") or "/" in run or "\0" in run:
             return None
         try:
-            dir_fd = self._directory()
-            return None if dir_fd is None else self._read(dir_fd, run)
+            dir_fd = self._dir.open()
+            return None if dir_fd is None else self._read(dir_fd, run, self._dir.trusted)
+        except UnsafeDirectory as exc:
+            self.invalid["unsafe_dir"] += 1
+            log.warning("owner claim of run %s ignored: %s", run, exc)
         except _Unsafe as exc:
             self.invalid[exc.problem] += 1
             log.warning("owner claim of run %s ignored: %s", run, exc)
@@ -104,65 +102,7 @@ class OwnerClaims:
             log.warning("owner claim of run %s ignored: %s", run, exc)
         return None
 
-    def _directory(self) -> int | None:
-        """The kept descriptor if the path still names that directory, else a new one."""
-        assert self.directory is not None
-        if self._dir_fd >= 0:
-            try:
-                st = os.lstat(self.directory)
-                same = (st.st_dev, st.st_ino) == self._dir_id
-            except OSError:
-                same = False
-            if same:
-                self._check_dir(self._dir_fd, self.directory.name, last=True)  # raises
-                return self._dir_fd
-            os.close(self._dir_fd)
-            self._dir_fd = -1
-        fd = self._open_dir()
-        if fd is not None:
-            st = os.fstat(fd)
-            self._dir_fd, self._dir_id = fd, (st.st_dev, st.st_ino)
-        return fd
-
-    def _open_dir(self) -> int | None:
-        """A descriptor of the claims directory, each component checked; None if absent."""
-        fd = os.open("/", _DIR_FLAGS)
-        try:
-            self._check_dir(fd, "/", last=not self._parts)
-            for i, part in enumerate(self._parts):
-                try:
-                    nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
-                except OSError as exc:
-                    if exc.errno == errno.ENOENT:
-                        return None
-                    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                        raise _Unsafe(
-                            "unsafe_dir",
-                            f"{part} in {self.directory} is a symbolic link or not a directory",
-                        ) from None
-                    raise
-                os.close(fd)
-                fd = nxt
-                self._check_dir(fd, part, last=i == len(self._parts) - 1)
-            done, fd = fd, -1
-            return done
-        finally:
-            if fd >= 0:
-                os.close(fd)
-
-    def _check_dir(self, fd: int, name: str, *, last: bool) -> None:
-        st = os.fstat(fd)
-        writable = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-        sticky = st.st_mode & stat.S_ISVTX
-        if st.st_uid not in self._trusted or (writable and (last or not sticky)):
-            raise _Unsafe(
-                "unsafe_dir",
-                f"{name} in {self.directory} belongs to uid {st.st_uid} with mode "
-                f"{stat.S_IMODE(st.st_mode):04o} (must be root's or this user's, writable by "
-                "no one else)",
-            )
-
-    def _read(self, dir_fd: int, run: str) -> int | None:
+    def _read(self, dir_fd: int, run: str, trusted: frozenset[int]) -> int | None:
         try:
             fd = os.open(run, _FILE_FLAGS, dir_fd=dir_fd)
         except OSError as exc:
@@ -175,7 +115,7 @@ class OwnerClaims:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise _Unsafe("unsafe_file", "it is not a regular file")
-            if st.st_uid not in self._trusted or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            if st.st_uid not in trusted or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
                 raise _Unsafe(
                     "unsafe_file",
                     f"it belongs to uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):04o} "

@@ -1,20 +1,28 @@
 """The Unix-socket ingest server: accepts trainer connections and reads their packets.
 
-Why this module is one module of about 670 lines: it is the socket server, whose parts (the
-connection cap and per-uid quota, the HELLO and idle deadlines, the EMFILE back-off, the fair
-drain and the token bucket) share the server's connection table and event loop, and are only
-correct together.
+Why this module is one module of about 850 lines: it is the socket server, whose parts (the
+connection cap, per-tenant quota and fair share, the HELLO and idle deadlines, the EMFILE
+back-off, the fair drain and the token bucket) share the server's connection table and event
+loop, and are only correct together.
 Everything about what a packet means is in :mod:`trainmon_exporter.apply`.
 
 ``asyncio.start_unix_server`` only speaks ``SOCK_STREAM``; trainmon uses ``SOCK_SEQPACKET``
 (message boundaries kept, EOF the moment a trainer dies), so the server drives non-blocking
 sockets directly (polled, or with ``loop.add_reader``).
 
+Who connects: the kernel's ``SO_PEERCRED`` (pid, uid, gid), and on a Kubernetes node the
+pod the process runs in (:mod:`trainmon_exporter.peers`, when a pod directory is set). A
+connection's tenant is its pod's namespace where the node names one, else its uid
+(:data:`~trainmon_exporter.state.rank.Tenant`).
+
 Limits (each a setting, each refusal counted in ``trainmon_ingest_connections_refused_total``):
 at most ``max_connections`` open connections (more are accepted and closed at once, so the
 listen queue drains and the exporter keeps file descriptors for HTTP), and at most
-``max_connections_per_uid`` of them from one uid (``SO_PEERCRED``), so one user cannot take
-every slot from the others; a HELLO within
+``max_connections_per_uid`` of them from one tenant, so one user cannot take every slot from
+the others. At the cap a tenant holding less than its fair share (the cap divided among the
+tenants holding connections, itself included) takes a slot from the largest holder: its
+oldest connection without a HELLO, else without a step since it connected, else its newest;
+so a tenant that holds nothing always gets in. A HELLO within
 ``hello_timeout`` seconds of connecting; optionally an idle timeout; and when ``accept()`` fails
 for lack of file descriptors (EMFILE, ENFILE) or memory, accepting pauses with an exponential
 back-off instead of spinning on a listening socket that stays readable.
@@ -22,7 +30,7 @@ back-off instead of spinning on a listening socket that stays readable.
 Fair draining: the drain works in rounds, and a round gives every open connection one turn,
 whether or not its socket had data at its previous turn (in reader mode, every connection the
 event loop found readable). A turn reads at most ``_TURN_PACKETS`` packets, and bytes up to a
-budget that the connections of one uid share (``_TURN_BYTES`` per uid, at least
+budget that the connections of one tenant share (``_TURN_BYTES`` per tenant, at least
 ``_MIN_TURN_BYTES`` each), and each connection may deliver at most ``max_bytes_per_second`` (a
 token bucket). The drain holds the event loop for at most ``_SLICE_S`` seconds plus one record:
 no record starts after its slice's deadline, so a packet whose records take longer than a slice
@@ -70,7 +78,9 @@ from trainmon_exporter.apply import (
     StampedCounter,
 )
 from trainmon_exporter.catalog import Family
+from trainmon_exporter.peers import IDENTITIES, Peer, PeerResolver
 from trainmon_exporter.sockfile import IngestSocket, SocketInUseError
+from trainmon_exporter.state.rank import Tenant, describe_tenant, tenant_of
 from trainmon_exporter.state.store import Store
 
 __all__ = ["IngestMetrics", "IngestServer", "SocketInUseError"]
@@ -84,7 +94,7 @@ _TURN_BYTES = 128 * 1024
 """Bytes read from one connection per turn (about 10 ms of decoding at the ~80 ns per byte that
 benchmarks/ingest.py measures)."""
 _MIN_TURN_BYTES = 8 * 1024
-"""Smallest byte budget of a turn, however many connections its uid shares a round with."""
+"""Smallest byte budget of a turn, however many connections its tenant shares a round with."""
 _SLICE_S = 0.005
 """Longest run of turns (s) before the drain yields to the event loop."""
 _IDLE_PASS_S = 0.0002
@@ -125,24 +135,35 @@ DROP_REASONS = (
     "bad_counter",
     "unknown_stat",
     "label_rewritten",
+    "pod_rewritten",
 )
-"""``reason`` values of ``trainmon_ingest_values_dropped_total``; ``unknown_stat`` a LAYERS
-value under a stat code the protocol does not define; ``label_rewritten`` a HELLO value that
-becomes a label (hostname, GPU UUID, client version, dtype) with characters outside
-:data:`~trainmon_exporter.apply.LABEL_CHARS`, kept with them replaced; ``layer_rank`` counts layers
-of a rank outside ``layer_ranks``, analysed but not exported as series; ``operation_cap``
-operations (``Run.track``) past ``max_operations`` per rank; ``series_budget`` values under a
-new name (custom metric, evaluation value, operation, layer) refused because the exposition's
-series budget ``max_series`` is spent; ``bad_counter`` a cumulative total of a STEP (tokens,
-samples, client overhead) that was NaN, infinite, negative or lower than the previous one
-without a client restart: the total keeps its previous value."""
-CONNECTION_REFUSALS = ("max_connections", "uid_quota", "fd_limit", "hello_timeout", "idle_timeout")
+"""``reason`` values of ``trainmon_ingest_values_dropped_total``; ``pod_rewritten`` a HELLO's
+pod name that is not the pod the node places its sender in (the node's name is kept);
+``unknown_stat`` a LAYERS value under a stat code the protocol does not define;
+``label_rewritten`` a HELLO value that becomes a label (hostname, GPU UUID, client version,
+dtype) with characters outside :data:`~trainmon_exporter.apply.LABEL_CHARS`, kept with them
+replaced; ``layer_rank`` counts layers of a rank outside ``layer_ranks``, analysed but not
+exported as series; ``operation_cap`` operations (``Run.track``) past ``max_operations`` per
+rank; ``series_budget`` values under a new name (custom metric, evaluation value, operation,
+layer) refused because the exposition's series budget ``max_series`` is spent; ``bad_counter`` a
+cumulative total of a STEP (tokens, samples, client overhead) that was NaN, infinite, negative
+or lower than the previous one without a client restart: the total keeps its previous value."""
+CONNECTION_REFUSALS = (
+    "max_connections",
+    "uid_quota",
+    "fd_limit",
+    "hello_timeout",
+    "idle_timeout",
+    "fair_share",
+)
 """``reason`` values of ``trainmon_ingest_connections_refused_total``: ``max_connections``
-(accepted and closed at once: the cap was reached), ``uid_quota`` (accepted and closed at
-once: the connecting uid already holds ``max_connections_per_uid``), ``fd_limit`` (one failed
-``accept()``: EMFILE, ENFILE, ENOBUFS or ENOMEM; accepting pauses), ``hello_timeout``
-(closed: no HELLO in time), ``idle_timeout`` (closed: nothing received for
-``ingest_idle_timeout_seconds``)."""
+(accepted and closed at once: the cap was reached and the connecting tenant holds its fair
+share), ``uid_quota`` (accepted and closed at once: the connecting tenant already holds
+``max_connections_per_uid``), ``fd_limit`` (one failed ``accept()``: EMFILE, ENFILE, ENOBUFS
+or ENOMEM; accepting pauses), ``hello_timeout`` (closed: no HELLO in time), ``idle_timeout``
+(closed: nothing received for ``ingest_idle_timeout_seconds``), ``fair_share`` (closed: the
+cap was reached and a tenant below its fair share took this connection's slot, or the store
+took its rank for one)."""
 RECORD_TYPES = P.RECORD_NAMES
 
 
@@ -173,6 +194,7 @@ class IngestMetrics:
         self.connections = gauge(catalog.INGEST_OPEN_CONNECTIONS)
         self.refused_connections = counter(catalog.INGEST_CONNECTIONS_REFUSED)
         self.connection_limit = gauge(catalog.INGEST_MAX_CONNECTIONS)
+        self.peer_identities = counter(catalog.INGEST_PEER_IDENTITIES)
         for t in RECORD_TYPES.values():
             self.messages.labels(t)
         for r in INVALID_REASONS:
@@ -201,9 +223,16 @@ class Connection(Link):
     )
 
     def __init__(
-        self, sock: socket.socket, creds: tuple[int | None, int | None, int | None] | None = None
+        self,
+        sock: socket.socket,
+        creds: tuple[int | None, int | None, int | None] | None = None,
+        peer: Peer | None = None,
     ) -> None:
-        super().__init__(*(creds if creds is not None else peer_credentials(sock)))
+        super().__init__(
+            *(creds if creds is not None else peer_credentials(sock)),
+            peer_namespace=peer.namespace if peer is not None else "",
+            peer_pod=peer.pod if peer is not None else "",
+        )
         self.sock = sock
         self.fd = sock.fileno()
         self.opened_mono = self.last_mono = self.refilled_mono = time.monotonic()
@@ -214,13 +243,14 @@ class Connection(Link):
         self.closed = False
 
 
-def turn_bytes(uid_connections: int) -> int:
-    """Byte budget of one turn of a connection whose uid has ``uid_connections`` open.
+def turn_bytes(tenant_connections: int) -> int:
+    """Byte budget of one turn of a connection whose tenant has ``tenant_connections`` open.
 
-    A uid's connections share :data:`_TURN_BYTES` per round (at least :data:`_MIN_TURN_BYTES`
-    each), so a round costs about ``_TURN_BYTES`` per uid plus one small turn per connection.
+    A tenant's connections share :data:`_TURN_BYTES` per round (at least
+    :data:`_MIN_TURN_BYTES` each), so a round costs about ``_TURN_BYTES`` per tenant plus one
+    small turn per connection.
     """
-    return max(_MIN_TURN_BYTES, _TURN_BYTES // max(1, uid_connections))
+    return max(_MIN_TURN_BYTES, _TURN_BYTES // max(1, tenant_connections))
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int | None, int | None, int | None]:
@@ -309,16 +339,19 @@ class IngestServer:
             :meth:`start`.
         max_connections: open connections at most; more are accepted and closed at once
             (``max_connections``).
-        max_connections_per_uid: open connections of one uid (``SO_PEERCRED`` at connect)
-            at most; more of that uid are accepted and closed at once (``uid_quota``). Every
-            uid counts, root included (in containers without user namespaces, every root
-            trainer is uid 0); a peer whose uid is unknown counts as one uid. None: no quota.
+        max_connections_per_uid: open connections of one tenant (its pod's namespace, else
+            its uid: ``SO_PEERCRED`` at connect) at most; more of that tenant are accepted and
+            closed at once (``uid_quota``). Every uid counts, root included (in containers
+            without user namespaces, every root trainer is uid 0); a peer whose uid is
+            unknown counts as one uid. None: no quota.
         hello_timeout: seconds a connection may stay open without a HELLO
             (``hello_timeout``).
         idle_timeout: seconds a connection with a HELLO may stay silent before it is closed
             (``idle_timeout``; the rank is marked disconnected, not crashed); 0: never.
         max_bytes_per_second: bytes one connection may deliver per second (token bucket);
             the rest waits in its socket buffer.
+        peers: identifies each connection's pod (None: off Kubernetes, no look-up; every
+            tenant is a uid).
     """
 
     def __init__(
@@ -338,6 +371,7 @@ class IngestServer:
         hello_timeout: float = 10.0,
         idle_timeout: float = 0.0,
         max_bytes_per_second: float = 4 * 2**20,
+        peers: PeerResolver | None = None,
     ) -> None:
         self.path = path
         self.group = group
@@ -347,7 +381,9 @@ class IngestServer:
         self.poll_interval = poll_interval
         self.max_connections = max_connections
         self.max_connections_per_uid = max_connections_per_uid or max_connections
-        self._per_uid: collections.Counter[int | None] = collections.Counter()
+        self.peers = peers
+        # Each tenant's open connections, oldest first (the fair share picks from them).
+        self._per_tenant: dict[Tenant, dict[int, Connection]] = {}
         self.hello_timeout = hello_timeout
         self.idle_timeout = idle_timeout
         self.rate = max_bytes_per_second
@@ -367,6 +403,9 @@ class IngestServer:
         self._accept_paused: asyncio.TimerHandle | None = None
         self._accept_backoff = _ACCEPT_BACKOFF_MIN_S
         metrics.connection_limit.set(max_connections)
+        if peers is not None:
+            for identity in IDENTITIES:
+                metrics.peer_identities.labels(identity)
 
     # --------------------------------------------------------------------------- lifecycle
 
@@ -442,31 +481,35 @@ class IngestServer:
                     log.warning("accept failed: %s", exc)
                 return
             self._accept_backoff = _ACCEPT_BACKOFF_MIN_S
-            if len(self._conns) >= self.max_connections:
+            creds = peer_credentials(sock)
+            peer = self._identify(sock, creds[0])
+            tenant = tenant_of(peer.namespace if peer is not None else "", creds[1])
+            if len(self._conns) >= self.max_connections and not self._make_room(tenant):
                 sock.close()  # the client sees EOF at once; the listen queue keeps draining
                 self.metrics._refused["max_connections"].inc()
                 log.warning(
-                    "refused a trainer connection: %d connections open (ingest_max_connections)",
+                    "refused a trainer connection of %s: %d connections open "
+                    "(ingest_max_connections), its fair share held",
+                    describe_tenant(tenant),
                     len(self._conns),
                 )
                 continue
-            creds = peer_credentials(sock)
-            uid = creds[1]
-            if self._per_uid[uid] >= self.max_connections_per_uid:
+            held = len(self._per_tenant.get(tenant, ()))
+            if held >= self.max_connections_per_uid:
                 sock.close()  # the client sees EOF at once and retries with back-off
                 self.metrics._refused["uid_quota"].inc()
                 log.warning(
-                    "refused a trainer connection of uid %s: it holds %d connections "
+                    "refused a trainer connection of %s: it holds %d connections "
                     "(ingest_max_connections_per_uid)",
-                    uid,
-                    self._per_uid[uid],
+                    describe_tenant(tenant),
+                    held,
                 )
                 continue
             sock.setblocking(False)
-            conn = Connection(sock, creds)
+            conn = Connection(sock, creds, peer)
             conn.admitted = self._allowed(conn)  # the peer is fixed at connect()
             self._conns[conn.fd] = conn
-            self._per_uid[conn.peer_uid] += 1
+            self._per_tenant.setdefault(conn.tenant, {})[conn.fd] = conn
             self.metrics.connections_total.inc()
             self.metrics.connections.inc()
             if self.poll_interval <= 0:
@@ -476,6 +519,69 @@ class IngestServer:
             self._drain(conn, _MIN_TURN_BYTES, end, packets=1)
             if conn.pending is not None and not conn.closed and self.poll_interval <= 0:
                 self._on_readable(conn)  # the rest of that packet is the drain's
+
+    def _identify(self, sock: socket.socket, pid: int | None) -> Peer | None:
+        """The pod of a new connection's process (None: no look-ups here), counted."""
+        if self.peers is None:
+            return None
+        peer = self.peers.resolve(sock, pid)
+        self.metrics.peer_identities.labels(peer.identity).inc()
+        if peer.identity == "unknown_pod":
+            log.warning(
+                "a trainer (pid %s) runs in pod %s, which the kubelet's pod directory does not "
+                "name: it is keyed by its uid",
+                pid,
+                peer.pod_uid,
+            )
+        return peer
+
+    def _make_room(self, tenant: Tenant) -> bool:
+        """At the cap: close a connection of the largest holder for ``tenant``, if it is owed one.
+
+        ``tenant`` is owed a slot while it holds fewer than its fair share of
+        ``max_connections`` (divided among the tenants holding connections, itself included)
+        less one. The victim, of the tenant holding most: its oldest connection without a
+        HELLO, else its oldest whose rank has not stepped since it connected, else its newest.
+        Closed as ``fair_share``; a rank's client is told ``evicted``. O(tenants). No slot is
+        freed for a tenant its quota then refuses: the cap is full only when the holders'
+        quotas cover it, so a fair share is never above ``max_connections_per_uid``.
+        """
+        per_tenant = self._per_tenant
+        fair = self.max_connections / (len(per_tenant) + (tenant not in per_tenant))
+        if len(per_tenant.get(tenant, ())) + 1 > fair:
+            return False
+        largest = max(per_tenant, key=lambda t: len(per_tenant[t]))
+        conns = per_tenant[largest]
+        if largest == tenant or len(conns) <= fair:
+            return False
+        victim = next((c for c in conns.values() if c.state is None), None)
+        if victim is None:
+            victim = next((c for c in conns.values() if c.state and not c.state.stepping), None)
+        if victim is None:
+            victim = next(reversed(conns.values()))
+        log.warning(
+            "closed a trainer connection of %s (pid %s) for %s, below its fair share of "
+            "ingest_max_connections",
+            describe_tenant(largest),
+            victim.peer_pid,
+            describe_tenant(tenant),
+        )
+        self._refuse(victim, "evicted", idle=True)
+        return True
+
+    def _refuse(self, conn: Connection, reason: str, *, idle: bool = False) -> None:
+        """Tell ``conn``'s trainer why (REFUSED: it has no other way to learn it), then close.
+
+        ``evicted`` (its slot or its rank went to a tenant below its fair share) is counted as
+        ``fair_share``, whichever path closes it.
+        """
+        if reason == "evicted":
+            self.metrics._refused["fair_share"].inc()
+        try:
+            conn.sock.send(P.encode_refused(reason), socket.MSG_DONTWAIT)
+        except (OSError, ValueError):
+            pass  # a full buffer or a gone peer: the log still says why
+        self._close(conn, record=False, idle=idle)
 
     def _pause_accepting(self, exc: OSError) -> None:
         """Out of descriptors: stop watching the listening socket for a while (no busy loop)."""
@@ -515,6 +621,10 @@ class IngestServer:
                             self.hello_timeout,
                         )
                         self._close(conn, record=False)
+                elif conn.state.revoked:
+                    # The store took its rank (for an owner claim, its namespace's pod, or a
+                    # tenant below its fair share): a connection that sends nothing is told now.
+                    self._refuse(conn, conn.state.revoked)
                 elif self.idle_timeout > 0 and now - conn.last_mono >= self.idle_timeout:
                     self.metrics._refused["idle_timeout"].inc()
                     log.warning(
@@ -558,9 +668,9 @@ class IngestServer:
         readable). A round gives each of them (those accepted meanwhile included) one turn,
         in order, whatever the others still hold: a connection whose turn ended on
         its budget is read again next round, so one that sends without pause cannot keep the
-        others waiting for more than one round. The bytes of a turn are shared per uid
-        (:func:`turn_bytes`), so a uid with many connections gets one uid's share of a round,
-        not one share per connection. No turn starts after its slice's deadline, and none
+        others waiting for more than one round. The bytes of a turn are shared per tenant
+        (:func:`turn_bytes`), so a tenant with many connections gets one tenant's share of a
+        round, not one share per connection. No turn starts after its slice's deadline, and none
         goes on applying records past it (a large packet is applied over several turns), so
         the event loop waits at most about :data:`_SLICE_S` seconds plus one record; between
         slices the drain lets the loop run all its other work first (:meth:`_give_way`), so
@@ -569,7 +679,7 @@ class IngestServer:
         slice_end = time.perf_counter() + _SLICE_S
         while conns_of:
             conns = list(conns_of.values())
-            per_uid = collections.Counter(c.peer_uid for c in conns)
+            per_tenant = collections.Counter(c.tenant for c in conns)
             any_more = False
             for conn in conns:
                 if time.perf_counter() >= slice_end:
@@ -578,7 +688,7 @@ class IngestServer:
                 if conn.closed:
                     continue
                 try:
-                    more = self._drain(conn, turn_bytes(per_uid[conn.peer_uid]), slice_end)
+                    more = self._drain(conn, turn_bytes(per_tenant[conn.tenant]), slice_end)
                 except Exception:  # one bad connection must not stop the others
                     log.exception("ingest failed on a connection")
                     self._close(conn, record=True)
@@ -722,9 +832,11 @@ class IngestServer:
         self._conns.pop(conn.fd, None)
         self._ready.pop(conn.fd, None)
         conn.pending = None
-        self._per_uid[conn.peer_uid] -= 1
-        if self._per_uid[conn.peer_uid] <= 0:
-            del self._per_uid[conn.peer_uid]
+        held = self._per_tenant.get(conn.tenant)
+        if held is not None:
+            held.pop(conn.fd, None)
+            if not held:
+                del self._per_tenant[conn.tenant]
         self.metrics.connections.dec()
         if conn.state is not None:
             with self.store.lock:
@@ -763,12 +875,7 @@ class IngestServer:
             return False
         conn.pending = None
         if packet.close:
-            # Tell the trainer why before closing (REFUSED): it has no other way to learn it.
-            try:
-                conn.sock.send(P.encode_refused(conn.refusal or "bad_hello"), socket.MSG_DONTWAIT)
-            except (OSError, ValueError):
-                pass  # a full buffer or a gone peer: the log still says why
-            self._close(conn, record=False)
+            self._refuse(conn, conn.refusal or "bad_hello")
         return True
 
     def _allowed(self, conn: Connection) -> bool:

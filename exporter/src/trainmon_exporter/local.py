@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -56,6 +56,8 @@ class LocalExporter:
         ssl_context: for an exporter serving TLS (``--web.config.file``): the client context
             that trusts its certificate; :attr:`url` is then ``https://``.
         auth: ``(user, password)`` sent as basic auth with every request of :meth:`get`.
+        launcher: words put before the command, which must end by running it (``exec "$@"``
+            for a shell): ``taskset``, ``unshare``, a wrapper that places the process first.
 
     Attributes:
         url: ``http://127.0.0.1:PORT`` (``https://`` with ``ssl_context``).
@@ -73,6 +75,7 @@ class LocalExporter:
         capture_output: bool = False,
         ssl_context: ssl.SSLContext | None = None,
         auth: tuple[str, str] | None = None,
+        launcher: Sequence[str] = (),
     ) -> None:
         if socket_path is None:
             self._dir: Path | None = Path(tempfile.mkdtemp(prefix="trainmon-"))
@@ -88,6 +91,7 @@ class LocalExporter:
             token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
             self._headers["Authorization"] = f"Basic {token}"
         cmd = [
+            *launcher,
             sys.executable,
             "-m",
             "trainmon_exporter",

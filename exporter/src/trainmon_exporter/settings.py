@@ -279,6 +279,16 @@ class Settings(BaseSettings):
         "API), which Prometheus gives their series: their runs are then keyed as they are "
         "labelled, so a client claiming that namespace meets them, and their owner, here.",
     )
+    kubelet_pod_logs_dir: Path | None = Field(
+        None,
+        description="Kubernetes node exporter: the kubelet's pod log directory (/var/log/pods, "
+        "mounted read-only), whose entries name each pod of the node as NAMESPACE_NAME_UID. "
+        "With it, each trainer's pod is found from its process's cgroup (needs the host's PID "
+        "namespace): its namespace is then verified, a HELLO naming another is refused "
+        "(namespace_mismatch), and quotas, fair shares and run ownership are that namespace's "
+        "rather than the uid's. Read only if root's or the exporter's and writable by no one "
+        "else. Absent or empty: off (every tenant is a uid).",
+    )
     ingest_poll_interval_seconds: float = Field(
         0.1,
         ge=0,
@@ -292,18 +302,21 @@ class Settings(BaseSettings):
         ge=1,
         le=65536,
         description="Most trainer connections open at once; more are accepted and closed at "
-        'once (trainmon_ingest_connections_refused_total{reason="max_connections"}). '
-        "Lowered at start to fit the open-file limit, keeping descriptors for HTTP.",
+        'once (trainmon_ingest_connections_refused_total{reason="max_connections"}), unless '
+        "the new one's tenant holds less than its fair share: then the largest holder's "
+        "connection that never sent a HELLO or a step closes instead (fair_share). Lowered at "
+        "start to fit the open-file limit, keeping descriptors for HTTP.",
     )
     ingest_max_connections_per_uid: int | None = Field(
         None,
         ge=1,
         le=1_000_000,
-        description="Most trainer connections one uid may hold open at once (SO_PEERCRED at "
-        "connect); more from that uid are accepted and closed at once "
-        '(trainmon_ingest_connections_refused_total{reason="uid_quota"}) while other uids '
-        "still get in. Default: a quarter of ingest_max_connections, at least 64 (8 GPUs x 8 "
-        "processes) or all of it when it is smaller. At most ingest_max_connections.",
+        description="Most trainer connections one tenant (verified namespace, else uid: "
+        "SO_PEERCRED at connect) may hold open at once; more from it are accepted and closed "
+        'at once (trainmon_ingest_connections_refused_total{reason="uid_quota"}) while other '
+        "tenants still get in. Default: a quarter of ingest_max_connections, at least 64 (8 "
+        "GPUs x 8 processes) or all of it when it is smaller. At most "
+        "ingest_max_connections.",
     )
     ingest_hello_timeout_seconds: float = Field(
         10.0,
@@ -430,18 +443,20 @@ class Settings(BaseSettings):
         ge=1,
         le=65536,
         description="Most (run, rank) pairs tracked at once. A new one evicts a disconnected "
-        "pair past rank_retention_seconds (its own uid's first), else it is refused "
-        "(too_many_ranks). 256 x 121 series per rank fits max_series with room for custom "
-        "metrics and layers.",
+        "pair past rank_retention_seconds (its own tenant's first); else, for a tenant below "
+        "its fair share (max_ranks over the tenants holding ranks), a connected pair of a "
+        "tenant above it, one that never stepped first; else it is refused (too_many_ranks). "
+        "256 x 121 series per rank fits max_series with room for custom metrics and layers.",
     )
     max_ranks_per_uid: int = Field(
         64,
         ge=1,
         le=65536,
-        description="Most (run, rank) pairs one uid (SO_PEERCRED) holds, connected or not: at "
-        "its quota a uid's new rank evicts only its own pairs past rank_retention_seconds, "
-        "else it is refused (uid_rank_quota); other uids are not. A quarter of max_ranks, so "
-        "at least four users fit a full node; capped at max_ranks.",
+        description="Most (run, rank) pairs one tenant holds, connected or not: its verified "
+        "namespace (kubelet_pod_logs_dir), else its uid (SO_PEERCRED). At its quota a "
+        "tenant's new rank evicts only its own pairs past rank_retention_seconds, else it is "
+        "refused (uid_rank_quota); other tenants are not. A quarter of max_ranks, so at least "
+        "four users fit a full node; capped at max_ranks.",
     )
     max_layers: int = Field(
         128,
@@ -478,8 +493,9 @@ class Settings(BaseSettings):
         12_500,
         ge=1000,
         le=5_000_000,
-        description="One uid's share of max_series (its ranks' series together): a new rank "
-        "past it is refused (uid_series_quota), a new name dropped (series_budget). A quarter "
+        description="One tenant's (verified namespace, else uid) share of max_series (its "
+        "ranks' series together): a new rank past it is refused (uid_series_quota), a new name "
+        "dropped (series_budget). A quarter "
         "of max_series, above max_ranks_per_uid x 120 so a uid can reach its rank quota; "
         "capped at max_series.",
     )
@@ -593,7 +609,7 @@ class Settings(BaseSettings):
             raise ValueError("must be a Kubernetes namespace name (RFC 1123 label) or empty")
         return value or None
 
-    @field_validator("owner_claims_dir", mode="before")
+    @field_validator("owner_claims_dir", "kubelet_pod_logs_dir", mode="before")
     @classmethod
     def _claims_dir(cls, value: Any) -> Any:
         if value is None or (isinstance(value, str) and value.strip() == ""):

@@ -11,10 +11,14 @@ from trainmon_exporter import __version__, catalog
 from trainmon_exporter._build import revision
 from trainmon_exporter.collectors import CollectorContext, register
 
+TENANTS_LABELLED = 32
+"""Tenants with series of their own in ``trainmon_exporter_tenant_ranks`` and
+``trainmon_exporter_tenant_series`` (those holding most ranks); the rest are summed."""
+
 
 @register("exporter")
 class ExporterCollector:
-    """``trainmon_build_info``, ranks, series, refused HELLOs, ignored owner claims."""
+    """``trainmon_build_info``, ranks, series, tenants' holdings, refused HELLOs, bad claims."""
 
     name = "exporter"
 
@@ -32,6 +36,7 @@ class ExporterCollector:
             series = self.store.admission.series_used
             refused = dict(self.store.admission.hellos_refused)
             refused_at = dict(self.store.admission.hellos_refused_at)
+            holdings = list(self.store.admission.holdings(TENANTS_LABELLED))
             claims = self.store.claims
             bad_claims = dict(claims.invalid) if claims is not None else {}
         ranks = catalog.EXPORTER_RANKS.gauge()
@@ -43,13 +48,18 @@ class ExporterCollector:
             ev.add_metric([status], float(count))
         used = catalog.EXPORTER_SERIES.gauge()
         used.add_metric([], float(series))
+        tenant_ranks = catalog.EXPORTER_TENANT_RANKS.gauge()
+        tenant_series = catalog.EXPORTER_TENANT_SERIES.gauge()
+        for namespace, uid, n_ranks, n_series in holdings:
+            tenant_ranks.add_metric([namespace, uid], float(n_ranks))
+            tenant_series.add_metric([namespace, uid], float(n_series))
         hellos = catalog.INGEST_HELLOS_REFUSED.counter()
-        for (reason, uid), count in sorted(refused.items()):
-            hellos.add_metric([reason, uid], float(count))
+        for labels, count in sorted(refused.items()):
+            hellos.add_metric(list(labels), float(count))
         hellos_at = catalog.INGEST_HELLOS_REFUSED_LAST_TIMESTAMP_SECONDS.gauge()
-        for (reason, uid), when in sorted(refused_at.items()):
-            hellos_at.add_metric([reason, uid], when)
+        for labels, when in sorted(refused_at.items()):
+            hellos_at.add_metric(list(labels), when)
         invalid = catalog.OWNER_CLAIMS_INVALID.counter()
         for problem, count in bad_claims.items():
             invalid.add_metric([problem], float(count))
-        return [info, ranks, exp, ev, used, hellos, hellos_at, invalid]
+        return [info, ranks, exp, ev, used, tenant_ranks, tenant_series, hellos, hellos_at, invalid]

@@ -19,7 +19,7 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, TypeAlias
 
 from trainmon_client import _protocol as P
 from trainmon_exporter.analytics import RankAnalytics
@@ -38,6 +38,35 @@ def run_key(namespace: str, run: str) -> str:
     state, owner or ranks with another namespace's run of the same id.
     """
     return f"{namespace}/{run}" if namespace else run
+
+
+Tenant: TypeAlias = str | int | None
+"""Who holds ranks, series and connections on a node, and owns runs: the namespace of the
+trainer's pod as the node tells it (a ``str``; :mod:`trainmon_exporter.peers`), else its uid
+(an ``int``, ``SO_PEERCRED``; None where the kernel gave none). A namespace and a uid never
+compare equal, so a pod's namespace and a process that merely names it are two tenants."""
+
+
+def tenant_of(namespace: str, uid: int | None) -> Tenant:
+    """The tenant of a process: its verified ``namespace`` where it has one, else ``uid``."""
+    return namespace or uid
+
+
+def tenant_labels(tenant: Tenant) -> tuple[str, str]:
+    """``(namespace, uid)`` label values of ``tenant``: one of them is empty.
+
+    ``uid`` is ``unknown`` for a peer the kernel gave no credentials for.
+    """
+    if isinstance(tenant, str):
+        return tenant, ""
+    return "", "unknown" if tenant is None else str(tenant)
+
+
+def describe_tenant(tenant: Tenant) -> str:
+    """``tenant`` for a log line: ``namespace team-a``, ``uid 1000`` or ``an unknown uid``."""
+    if isinstance(tenant, str):
+        return f"namespace {tenant}"
+    return "an unknown uid" if tenant is None else f"uid {tenant}"
 
 
 HISTORY_STEPS = 240
@@ -158,7 +187,12 @@ class RankState:
     """The client's Kubernetes pod (``""`` unknown); ``trainmon_rank_info`` carries it."""
     peer_pid: int | None = None  # SO_PEERCRED: the client's PID in the exporter's namespace
     owner_uid: int | None = None  # SO_PEERCRED uid of the connection that opened the run
-    revoked: bool = False  # dropped for its run's owner claim (Store.attach): its link closes
+    tenant: Tenant = None
+    """The tenant that opened the run (:data:`Tenant`): it owns the run and holds the rank."""
+    revoked: str | None = None
+    """Why the store dropped this rank while a connection may still be bound to it (a REFUSED
+    reason: ``not_owner`` for its run's owner claim or namespace, ``evicted`` to make room for
+    a tenant below its fair share); the connection is closed with it."""
     connected: bool = True
     status: str = "running"
     connected_mono: float = field(default_factory=time.monotonic)
@@ -217,6 +251,11 @@ class RankState:
     def key(self) -> tuple[str, int]:
         """``(run_key, rank)``: the store's key of this rank."""
         return (self.run_key, self.rank)
+
+    @property
+    def stepping(self) -> bool:
+        """Whether a STEP arrived since the rank's connection (re)started."""
+        return self.last_step_mono is not None and self.last_step_mono >= self.connected_mono
 
     def observe_step(
         self,

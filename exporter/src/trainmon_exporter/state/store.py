@@ -30,8 +30,11 @@ from trainmon_exporter.state.rank import (
     Drop,
     Operation,
     RankState,
+    Tenant,
     clock,
     run_key,
+    tenant_labels,
+    tenant_of,
 )
 
 RANK_CHUNK = 8
@@ -44,13 +47,14 @@ class Store:
     """All rank states, with the lock that serialises ingest against scrapes.
 
     Admission (:meth:`attach`) is O(1) in the number of ranks: the ranks of each run are kept
-    indexed here, and what each uid holds and the eviction queues by :attr:`admission`, as
-    ranks come and go. The caps, quotas, retention and series budget are :attr:`admission`'s
-    (:class:`~trainmon_exporter.state.admission.Admission`).
+    indexed here, and what each tenant holds and the eviction queues by :attr:`admission`, as
+    ranks come and go. The caps, quotas, fair shares, retention and series budget are
+    :attr:`admission`'s (:class:`~trainmon_exporter.state.admission.Admission`).
 
-    A run belongs to the uid that opened it (or the uid its owner claim names). Its owner is
-    remembered past the eviction of its last rank in a table bounded per uid
-    (``4 × max_ranks_per_uid`` runs), so another uid's churn cannot push it out.
+    A run belongs to the tenant that opened it (:data:`~trainmon_exporter.state.rank.Tenant`:
+    the verified namespace of its pod, else its uid), or to the uid its owner claim names. Its
+    owner is remembered past the eviction of its last rank in a table bounded per tenant
+    (``4 × max_ranks_per_uid`` runs), so another tenant's churn cannot push it out.
 
     Runs are keyed by :func:`run_key`: a client in a Kubernetes namespace has its own runs.
     ``default_namespace`` is the namespace of a client that reports none (the exporter's own in
@@ -90,12 +94,12 @@ class Store:
             max_series_per_uid=max_series_per_uid,
             retention_s=min(retention_s, ttl_s),
         )
-        # run -> (owner uid, monotonic time the record lapses): runs whose every rank was
+        # run -> (owner tenant, monotonic time the record lapses): runs whose every rank was
         # evicted keep their owner until the series TTL, so their id cannot be taken over.
-        # Bounded per uid (_owner_runs), oldest first, never by another uid's records.
-        self.owners: OrderedDict[str, tuple[int | None, float]] = OrderedDict()
-        self._owner_runs: dict[int | None, OrderedDict[str, None]] = {}
-        self.max_owner_records = 4 * self.admission.max_ranks_per_uid
+        # Bounded per tenant (_owner_runs), oldest first, never by another tenant's records.
+        self.owners: OrderedDict[str, tuple[Tenant, float]] = OrderedDict()
+        self._owner_runs: dict[Tenant, OrderedDict[str, None]] = {}
+        self.max_owner_records = 4 * self.admission.rank_quota
         # The owner claims consulted at every HELLO (a run's uid, registered by a privileged
         # process such as the Slurm prolog); None: no claims.
         self.claims: OwnerClaims | None = None
@@ -148,14 +152,14 @@ class Store:
         now = time.monotonic()
         lapse = (state.disconnected_mono or now) + self.ttl_s
         if remember and lapse > now:
-            self._remember_owner(state.run_key, state.owner_uid, lapse)
+            self._remember_owner(state.run_key, state.tenant, lapse)
 
-    def _remember_owner(self, run: str, uid: int | None, lapse: float) -> None:
+    def _remember_owner(self, run: str, tenant: Tenant, lapse: float) -> None:
         self._forget_owner(run)
-        self.owners[run] = (uid, lapse)
-        mine = self._owner_runs.setdefault(uid, OrderedDict())
+        self.owners[run] = (tenant, lapse)
+        mine = self._owner_runs.setdefault(tenant, OrderedDict())
         mine[run] = None
-        while len(mine) > self.max_owner_records:  # the uid's own oldest record goes
+        while len(mine) > self.max_owner_records:  # the tenant's own oldest record goes
             old, _ = mine.popitem(last=False)
             self.owners.pop(old, None)
 
@@ -177,41 +181,54 @@ class Store:
         ranks = self._runs.get(run)
         return next(iter(ranks.values())) if ranks else None
 
-    def owner_of(self, run: str) -> int | None:
-        """The uid that owns ``run`` (a key) now: its owner claim, ranks or owner record."""
+    def owner_of(self, run: str) -> Tenant:
+        """Who owns ``run`` (a key) now: its owner claim's uid, else its ranks' or record's tenant.
+
+        None: nobody, or a peer of unknown uid.
+        """
         claimed = self._claimed(run)
         if claimed is not None:
             return claimed
         holder = self.run_state(run)
         if holder is not None:
-            return holder.owner_uid
+            return holder.tenant
         entry = self.owners.get(run)
         return None if entry is None else entry[0]
 
     def attach(
-        self, hello: dict[str, Any], uid: int | None = None, pid: int | None = None
+        self,
+        hello: dict[str, Any],
+        uid: int | None = None,
+        pid: int | None = None,
+        peer_namespace: str = "",
     ) -> RankState | str:
         """Bind a new connection to its (run, rank) state, creating or resuming it.
 
         ``uid`` and ``pid`` are the connecting process's (``SO_PEERCRED``; ``pid`` in the
-        exporter's PID namespace, kept as :attr:`RankState.peer_pid`). A run belongs to the uid
-        that opened it for as long as any of its ranks has state here (until the last one
-        expires): another uid, root included, can neither add a rank nor resume one, nor
-        pre-empt a live one.
+        exporter's PID namespace, kept as :attr:`RankState.peer_pid`); ``peer_namespace`` the
+        namespace of its pod as the node tells it (``""``: none known), which the HELLO's
+        namespace must already be (:mod:`trainmon_exporter.apply` checks). The connection's
+        tenant is that namespace, else the uid. A run belongs to the tenant that opened it for
+        as long as any of its ranks has state here (until the last one expires): another
+        tenant, root included, can neither add a rank nor resume one, nor pre-empt a live one.
+        A namespace's verified pods outrank a process that only claimed that namespace: ranks
+        such a process opened there are dropped when one of its pods connects to that run.
 
         Returns the state, or a refusal reason: ``not_owner`` (the run belongs to another
-        uid), ``duplicate_rank`` (that rank is already connected), ``uid_rank_quota`` (the
-        uid holds ``max_ranks_per_uid`` ranks and none of its own is past retention),
-        ``too_many_ranks`` (``max_ranks`` reached, none past retention), ``uid_series_quota``
-        (the uid's share of the series budget is spent) or ``series_budget`` (``max_series``
-        spent). A rank that reconnects after a crash or a lost connection keeps
-        its exporter-side counters (the run resumed under the same id); one that had finished
-        cleanly starts from fresh state (the id was reused for a new run).
+        tenant, or its owner claim names another uid), ``duplicate_rank`` (that rank is already
+        connected), ``uid_rank_quota`` (the tenant holds ``max_ranks_per_uid`` ranks and none
+        of its own is past retention), ``too_many_ranks`` (``max_ranks`` reached, none past
+        retention, and the tenant at its fair share), ``uid_series_quota`` (the tenant's share
+        of the series budget is spent) or ``series_budget`` (``max_series`` spent). A rank that
+        reconnects after a crash or a lost connection keeps its exporter-side counters (the
+        run resumed under the same id); one that had finished cleanly starts from fresh state
+        (the id was reused for a new run).
         """
         hello = {"namespace": "", "pod": "", **hello}  # a client off Kubernetes sends neither
         hello["namespace"] = hello["namespace"] or self.default_namespace
         run = run_key(hello["namespace"], hello["run"])
         key = (run, hello["rank"])
+        tenant = tenant_of(peer_namespace, uid)
         state = self.ranks.get(key)
         holder = state if state is not None else self.run_state(run)
         claimed = self._claimed(run)
@@ -221,12 +238,16 @@ class Store:
             if holder is not None and holder.owner_uid != uid:
                 self._revoke(run)  # opened by another uid before the claim: a squatter
                 state = holder = None
-        if holder is not None and holder.owner_uid != uid:
+        elif holder is not None and peer_namespace and not isinstance(holder.tenant, str):
+            self._revoke(run)  # opened by a process that only claimed this pod's namespace
+            state = holder = None
+        if holder is not None and holder.tenant != tenant:
             return "not_owner"
         now = time.monotonic()
         if holder is None and run in self.owners:
             owner, lapse = self.owners[run]
-            if lapse > now and owner != uid and claimed is None:
+            outranked = bool(peer_namespace) and not isinstance(owner, str)
+            if lapse > now and owner != tenant and claimed is None and not outranked:
                 return "not_owner"  # its ranks were evicted; the id is still its owner's
             self._forget_owner(run)
         if state is not None and not state.connected and state.status == "finished":
@@ -252,7 +273,7 @@ class Store:
                 setattr(state, k, hello[k])
             state.peer_pid = pid
             return state
-        refusal = self.admission.make_room(uid, now)
+        refusal = self.admission.make_room(tenant, now)
         if refusal is not None:
             return refusal
         state = RankState(
@@ -262,6 +283,7 @@ class Store:
             goodput=Goodput.start(hello["started_at"], now, time.time() - now),
         )
         state.owner_uid = uid
+        state.tenant = tenant
         state.peer_pid = pid
         self._add(state)
         return state
@@ -277,15 +299,16 @@ class Store:
         return self.claims.lookup(run.rpartition("/")[2])
 
     def _revoke(self, run: str) -> None:
-        """Forget every rank of ``run``, whose owner is not the uid its claim names.
+        """Forget every rank of ``run``: its owner claim or its namespace names another owner.
 
         Each is marked :attr:`RankState.revoked`, so a connection still bound to it is closed
-        (refused ``not_owner``, counted by its uid) at its next packet.
+        (refused ``not_owner``, counted by its uid and namespace).
         """
         for state in list(self._runs.get(run, {}).values()):
             self._remove(state, remember=False)
-            state.revoked = True
-            self.admission.count_refused_hello("not_owner", state.owner_uid)
+            state.revoked = "not_owner"
+            namespace, _ = tenant_labels(state.tenant)
+            self.admission.count_refused_hello("not_owner", state.owner_uid, namespace)
 
     # ------------------------------------------------------------------ applying records
 
@@ -345,7 +368,7 @@ class Store:
                 values[name] = v
             elif len(values) >= self.max_custom_metrics:
                 drop("custom_cap", 1)
-            elif self.admission.take_series(1, state.owner_uid):
+            elif self.admission.take_series(1, state.tenant):
                 values[name] = v
             else:
                 drop("series_budget", 1)
@@ -388,7 +411,7 @@ class Store:
             return
         if len(state.ops) >= self.max_operations:
             drop("operation_cap", 1)
-        elif not self.admission.take_series(SERIES_PER_OPERATION, state.owner_uid):
+        elif not self.admission.take_series(SERIES_PER_OPERATION, state.tenant):
             drop("series_budget", 1)
         else:
             state.ops[name] = Operation(seconds_total, runs_total, active)
@@ -402,7 +425,7 @@ class Store:
         (``series_budget``).
         """
         refused = 0
-        while added and not self.admission.take_series(added * cost, state.owner_uid):
+        while added and not self.admission.take_series(added * cost, state.tenant):
             table.popitem()  # dicts keep insertion order: the newest name goes
             added -= 1
             refused += 1
@@ -428,7 +451,7 @@ class Store:
                     n += 1
             self.expired_total += n
             while self.owners:
-                run, (_uid, lapse) = next(iter(self.owners.items()))
+                run, (_owner, lapse) = next(iter(self.owners.items()))
                 if lapse > now_mono:
                     break
                 self._forget_owner(run)
