@@ -35,6 +35,7 @@ EVERY_BRANCH = {
     "trainmon_gpu_power_usage_watts",
     "trainmon_gpu_power_limit_watts",
     "trainmon_gpu_energy_consumption_joules_total",
+    "trainmon_gpu_slow_sample_timestamp_seconds",  # when the energy counter was read
     "trainmon_gpu_temperature_celsius",
     "trainmon_gpu_memory_temperature_celsius",
     "trainmon_gpu_sm_clock_hertz",
