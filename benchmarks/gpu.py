@@ -35,6 +35,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,6 +60,13 @@ def median_ms(fn, n: int) -> float:  # type: ignore[no-untyped-def]
         fn()
         ts.append(time.perf_counter() - t0)
     return statistics.median(ts) * 1e3
+
+
+def timed(fn) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    """(wall, CPU time of this thread) of one call of ``fn``, in seconds."""
+    w0, c0 = time.perf_counter(), time.thread_time()
+    fn()
+    return time.perf_counter() - w0, time.thread_time() - c0
 
 
 def bare_pass(pynvml, handles, old: bool) -> None:  # type: ignore[no-untyped-def]
@@ -103,6 +111,7 @@ def call_costs() -> None:
     b = PynvmlBackend()
     b.init()
     h = b.handle(0)
+    events = b.xid_events([h])
     gpm: list[object] = []
 
     def gpm_sample() -> None:
@@ -132,12 +141,17 @@ def call_costs() -> None:
         ("compute processes", lambda: b.processes(h)),
         ("nvmlGpmSampleAlloc + nvmlGpmSampleGet", gpm_sample),
         ("nvmlGpmMetricsGet (4 metrics)", gpm_metrics),
+        ("nvmlEventSetWait(0 ms), once a pass for all GPUs", lambda: b.poll_xid(events)),
     ]
-    print("   NVML call on GPU 0, median of 60 (through PynvmlBackend):")
+    print("   NVML call on GPU 0, median of 60 (through PynvmlBackend), wall and CPU time:")
     for name, fn in calls:
         try:
             fn()
-            cost = f"{median_ms(fn, 60) * 1e3:7,.0f} µs"
+            wall, cpu = zip(*(timed(fn) for _ in range(60)), strict=True)
+            cost = (
+                f"{statistics.median(wall) * 1e6:7,.0f} µs "
+                f"({statistics.median(cpu) * 1e6:,.0f} µs CPU)"
+            )
         except (NvmlError, IndexError) as exc:  # IndexError: GPM without two samples
             cost = f"not available ({type(exc).__name__})"
         print(f"     {name:<48} {cost}")
@@ -159,42 +173,45 @@ def schedule(n_gpus: int, cycles: int) -> None:
         assert s.open(), s.snapshot.error
         for _ in range(every):  # warm-up: one whole cycle
             s.sample_once()
-    times: dict[int, list[tuple[float, bool]]] = {id(before): [], id(now): []}
+    times: dict[int, list[tuple[float, float, bool]]] = {id(before): [], id(now): []}
     for _ in range(cycles):  # interleaved a cycle at a time, so load drifts hit both alike
         for s in (before, now):
             for _ in range(every):
                 read_at = s.snapshot.gpus[0].readings.slow_sampled_at
-                t0 = time.perf_counter()
-                snap = s.sample_once()
-                slow = snap.gpus[0].readings.slow_sampled_at != read_at  # read them this pass
-                times[id(s)].append((time.perf_counter() - t0, slow))
+                wall, cpu = timed(s.sample_once)
+                slow = s.snapshot.gpus[0].readings.slow_sampled_at != read_at  # read this pass
+                times[id(s)].append((wall, cpu, slow))
     for s in (before, now):
         snap = s.snapshot
         assert len(snap.gpus) == n_gpus and not snap.read_errors, snap
         assert all(g.readings.energy_joules is not None for g in snap.gpus), snap
         s.stop()
     print(
-        f"   {n_gpus} GPUs, {cycles * every} passes of each schedule, interleaved "
-        f"{every} passes at a time; per GPU per pass:"
+        f"   {n_gpus} GPUs, {cycles * every} passes of each schedule, interleaved {every} "
+        "passes at a time; per GPU per pass, wall time (CPU time of the sampling thread):"
     )
 
-    def us(ts: list[float]) -> str:
-        return f"{statistics.median(ts) / n_gpus * 1e6:6,.0f} µs" if ts else "     – µs"
+    def per_gpu(ts: list[float], how: Callable[[list[float]], float]) -> str:
+        return f"{how(ts) / n_gpus * 1e6:6,.0f} µs" if ts else "     – µs"
 
-    mean = {}
+    mean: dict[int, tuple[float, float]] = {}
     for s, label in (
         (before, "every reading every pass (before)"),
         (now, f"energy + PCIe every {every} passes (now)"),
     ):
         ts = times[id(s)]
-        mean[id(s)] = sum(t for t, _ in ts) / len(ts) / n_gpus
-        fast = [t for t, slow in ts if not slow]
-        slow = [t for t, slow in ts if slow]
+        walls, cpus = [w for w, _, _ in ts], [c for _, c, _ in ts]
+        mean[id(s)] = (statistics.mean(walls), statistics.mean(cpus))
+        fast = [w for w, _, slow in ts if not slow]
+        slow = [w for w, _, slow in ts if slow]
         print(
-            f"     {label:<40} mean {mean[id(s)] * 1e6:6,.0f} µs | median without the slow "
-            f"readings {us(fast)}, with them {us(slow)}"
+            f"     {label:<40} mean {per_gpu(walls, statistics.mean)} "
+            f"({per_gpu(cpus, statistics.mean).strip()} CPU) | median wall without the slow "
+            f"readings {per_gpu(fast, statistics.median)}, with them "
+            f"{per_gpu(slow, statistics.median)}"
         )
-    print(f"     now / before: {mean[id(now)] / mean[id(before)]:.3f}")
+    (w0, c0), (w1, c1) = mean[id(before)], mean[id(now)]
+    print(f"     now / before: {w1 / w0:.3f} wall, {c1 / c0:.3f} CPU")
 
 
 def schedule_fake(n_gpus: int, cycles: int) -> None:

@@ -58,9 +58,11 @@
  *   cost_us.field.ID=MICROSECONDS   nvmlDeviceGetFieldValues takes this much longer for each
  *                                requested field ID, e.g. cost_us.field.197=135
  *
- * A cost is spent spinning on CLOCK_MONOTONIC, on the calling thread, as a driver's ioctl
- * spends CPU time: it stands for a real driver's per-call cost (docs/gpu-validation.md has the
- * H200's), so a benchmark can measure a sampling schedule against it.
+ * A cost is spent spinning until the calling thread has used that much CPU time
+ * (CLOCK_THREAD_CPUTIME_ID), as a driver's ioctl spends it: it stands for a real driver's
+ * per-call cost (docs/gpu-validation.md has the H200's), so a benchmark can measure a sampling
+ * schedule against it. On an idle machine the call's wall time is the same; on a loaded one,
+ * the wall time grows with the waits for a core and the CPU time does not.
  *
  * Without the variable, nvmlInitWithFlags returns NVML_ERROR_DRIVER_NOT_LOADED.
  */
@@ -250,12 +252,12 @@ static void refresh(void) {
     fclose(f);
 }
 
-/* Spend `us` microseconds of this thread's time (a scripted per-call cost). */
+/* Spend `us` microseconds of this thread's CPU time (a scripted per-call cost). */
 static void spin(long us) {
     if (us <= 0) return;
     struct timespec t0, t;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    do clock_gettime(CLOCK_MONOTONIC, &t);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+    do clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
     while ((t.tv_sec - t0.tv_sec) * 1000000L + (t.tv_nsec - t0.tv_nsec) / 1000L < us);
 }
 
