@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import re
+import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import InProcessExporter, connect, promtool_check_metrics, sample, wait_for
+from tests.conftest import (
+    ROOT,
+    InProcessExporter,
+    connect,
+    promtool_check_metrics,
+    require_tool,
+    sample,
+    wait_for,
+)
 from tests.fakes.nvml_backend import FakeGpu, FakeNvmlBackend
 from trainmon_client import init
 from trainmon_exporter import nvml, peaks
@@ -398,6 +410,70 @@ def test_slow_readings_are_exported_from_the_first_scrape_with_their_timestamp(
         assert sample(m, "trainmon_gpu_pcie_receive_bytes_total", **labels) == 2000
     assert backend.counts["energy"] == 2  # once per GPU, on the first pass
     assert "as of trainmon_gpu_slow_sample_timestamp_seconds" in text
+
+
+def dashboard_average_power() -> str:
+    """The GPU dashboard's "average" power query, its variables bound to a 1 m window."""
+    dash = json.loads((ROOT / "deploy" / "grafana" / "dashboards" / "gpu.json").read_text())
+    (expr,) = [
+        t["expr"]
+        for p in dash["panels"]
+        for t in p.get("targets", [])
+        if t.get("legendFormat", "").startswith("average ")
+    ]
+    return re.sub(r"\{[^}]*\}", "", expr).replace("$__rate_interval", "1m")
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_the_read_time_makes_the_dashboards_average_power_exact(
+    exact: bool, tmp_path: Path
+) -> None:
+    """Reads every 11 s, scrapes every 15 s, 500 W: the dashboard's query gives 500 W at
+    every evaluation, where a plain rate() of the counter (the control) does not."""
+    promtool = require_tool("promtool", "prometheus")
+    energy, read_at = [], []
+    for k in range(40):
+        read = (15 * k // 11) * 11  # the last read before the k-th scrape
+        energy.append(str(1_000_000 + 500 * read))
+        read_at.append(str(1_700_000_000 + read))
+    expr = (
+        dashboard_average_power()
+        if exact
+        else "rate(trainmon_gpu_energy_consumption_joules_total[1m])"
+    )
+    assert "trainmon_gpu_slow_sample_timestamp_seconds" in dashboard_average_power()
+    cases = [
+        {"expr": expr, "eval_time": t, "exp_samples": [{"labels": "{gpu='0'}", "value": 500}]}
+        for t in ("3m", "3m15s", "3m30s", "3m45s", "4m", "6m")
+    ]
+    spec = {
+        "rule_files": [],
+        "evaluation_interval": "15s",
+        "tests": [
+            {
+                "interval": "15s",
+                "input_series": [
+                    {
+                        "series": "trainmon_gpu_energy_consumption_joules_total{gpu='0'}",
+                        "values": " ".join(energy),
+                    },
+                    {
+                        "series": "trainmon_gpu_slow_sample_timestamp_seconds{gpu='0'}",
+                        "values": " ".join(read_at),
+                    },
+                ],
+                "promql_expr_test": cases,
+            }
+        ],
+    }
+    (tmp_path / "test.yml").write_text(json.dumps(spec))
+    out = subprocess.run(
+        [promtool, "test", "rules", str(tmp_path / "test.yml")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert (out.returncode == 0) is exact, out.stdout + out.stderr
 
 
 def test_no_driver_is_a_state_not_a_failure(

@@ -1799,7 +1799,7 @@ GPU_ENERGY_CONSUMPTION_JOULES = Family(
     COUNTER,
     (
         "Energy since the driver loaded (nvmlDeviceGetTotalEnergyConsumption, mJ / 1000), read "
-        "every nvml_slow_interval_seconds (10 s by default), as of "
+        "every nvml_slow_interval_seconds (15 s by default), as of "
         "trainmon_gpu_slow_sample_timestamp_seconds."
     ),
     GPU,
@@ -1808,7 +1808,7 @@ GPU_ENERGY_CONSUMPTION_JOULES = Family(
     doc=(
         "`nvmlDeviceGetTotalEnergyConsumption` mJ / 1000, since the driver loaded (Volta and "
         "newer). `rate()` gives average watts over any window. A slow reading (2.3–2.8 ms a "
-        "call on an H200): read every `--nvml-slow-interval-seconds` (10 s), not every pass; "
+        "call on an H200): read every `--nvml-slow-interval-seconds` (15 s), not every pass; "
         "the value is as of `trainmon_gpu_slow_sample_timestamp_seconds`."
     ),
 )
@@ -1818,7 +1818,7 @@ GPU_PCIE_TRANSMIT_BYTES = Family(
     COUNTER,
     (
         "Bytes sent over PCIe (nvmlDeviceGetFieldValues NVML_FI_DEV_PCIE_COUNT_TX_BYTES), read "
-        "every nvml_slow_interval_seconds (10 s by default), as of "
+        "every nvml_slow_interval_seconds (15 s by default), as of "
         "trainmon_gpu_slow_sample_timestamp_seconds."
     ),
     GPU,
@@ -1837,7 +1837,7 @@ GPU_PCIE_RECEIVE_BYTES = Family(
     COUNTER,
     (
         "Bytes received over PCIe (nvmlDeviceGetFieldValues NVML_FI_DEV_PCIE_COUNT_RX_BYTES), "
-        "read every nvml_slow_interval_seconds (10 s by default), as of "
+        "read every nvml_slow_interval_seconds (15 s by default), as of "
         "trainmon_gpu_slow_sample_timestamp_seconds."
     ),
     GPU,
@@ -1989,7 +1989,7 @@ GPU_SLOW_SAMPLE_TIMESTAMP_SECONDS = Family(
     GAUGE,
     (
         "When this GPU's slow readings were last taken (Unix s): the energy and PCIe byte "
-        "counters, read every nvml_slow_interval_seconds (10 s by default) instead of every "
+        "counters, read every nvml_slow_interval_seconds (15 s by default) instead of every "
         "pass."
     ),
     GPU,
@@ -1999,7 +1999,7 @@ GPU_SLOW_SAMPLE_TIMESTAMP_SECONDS = Family(
         "When the values of `trainmon_gpu_energy_consumption_joules_total` and the PCIe byte "
         "counters were read. They cost most of a pass on an H200 (2.3–2.8 ms and 2 × 135 µs "
         "against 1–6 µs for other calls), so they are read every `--nvml-slow-interval-seconds` "
-        "(10 s) and on the first pass over a GPU, and again on the next pass after a failed "
+        "(15 s) and on the first pass over a GPU, and again on the next pass after a failed "
         "read. Absent while the GPU has none of them."
     ),
 )

@@ -86,7 +86,7 @@ MAX_XID_CODES = 32
 (NVIDIA's XID catalogue has about 150 codes; one GPU reporting more than 32 is broken)."""
 
 
-SLOW_INTERVAL_SECONDS = 10.0
+SLOW_INTERVAL_SECONDS = 15.0
 """Default of ``slow_interval`` (the ``nvml_slow_interval_seconds`` setting)."""
 
 SLOW_READINGS: tuple[str, ...] = ("energy", "pcie_transmit", "pcie_receive")

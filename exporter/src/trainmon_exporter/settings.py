@@ -507,7 +507,7 @@ class Settings(BaseSettings):
         "GPUs (docs/performance.md).",
     )
     nvml_slow_interval_seconds: float = Field(
-        10.0,
+        15.0,
         ge=0.1,
         le=600,
         description="How often the NVML sampler reads the slow readings (s): the energy "
