@@ -93,15 +93,15 @@ SLOW_READINGS: tuple[str, ...] = ("energy", "pcie_transmit", "pcie_receive")
 """The readings taken every ``slow_interval`` rather than every pass: the costly calls of an
 H200's pass (docs/gpu-validation.md), all cumulative counters."""
 
-Field = tuple[str, int, float]
+_FieldSpec = tuple[str, int, float]
 """One ``nvmlDeviceGetFieldValues`` field: (what, field id, scale to base unit)."""
 
-_FAST_FIELDS: tuple[Field, ...] = (
+_FAST_FIELDS: tuple[_FieldSpec, ...] = (
     ("memory_temperature", FIELD_MEMORY_TEMP, 1.0),  # °C
     ("nvlink_transmit", FIELD_NVLINK_TX_KIB, 1024.0),  # KiB -> bytes
     ("nvlink_receive", FIELD_NVLINK_RX_KIB, 1024.0),
 )
-_SLOW_FIELDS: tuple[Field, ...] = (
+_SLOW_FIELDS: tuple[_FieldSpec, ...] = (
     ("pcie_transmit", FIELD_PCIE_TX_BYTES, 1.0),  # bytes; 135 µs each on an H200
     ("pcie_receive", FIELD_PCIE_RX_BYTES, 1.0),
 )
@@ -590,7 +590,9 @@ class GpuSampler:
             processes=procs,
         )
 
-    def _field_values(self, h: Any, fields: tuple[Field, ...]) -> tuple[dict[str, float], set[str]]:
+    def _field_values(
+        self, h: Any, fields: tuple[_FieldSpec, ...]
+    ) -> tuple[dict[str, float], set[str]]:
         """``fields`` of one GPU, scaled: (what -> value, the whats whose read failed).
 
         One ``nvmlDeviceGetFieldValues`` call; each field fails or succeeds on its own. A
