@@ -568,20 +568,31 @@ def on_ranks(gpu_metric: str) -> str:
     )
 
 
+def slow_rate(counter: str) -> str:
+    """The rate of a slow reading (energy, PCIe), exact whenever its reads happened.
+
+    The exporter reads those counters every ``nvml_slow_interval_seconds`` (15 s) and says
+    when in ``trainmon_gpu_slow_sample_timestamp_seconds``; ``rate()`` alone would see each
+    read up to that long late at either end of the window. Dividing the counter's increase
+    by its read time's over the same window gives the rate between the reads themselves
+    (Prometheus extrapolates both alike, so that cancels).
+    """
+    return (
+        f"increase({counter}{{{GPU}}}[$__rate_interval]) / "
+        f"delta(trainmon_gpu_slow_sample_timestamp_seconds{{{GPU}}}[$__rate_interval])"
+    )
+
+
 def link_panel(lay: Layout, title: str, link: str, legend: str) -> dict[str, Any]:
     """Transmit and receive rates of a GPU's ``link`` byte counters (pcie or nvlink)."""
-    return panel(
-        lay,
-        title,
-        [
-            (
-                f"rate(trainmon_gpu_{link}_{way}_bytes_total{{{GPU}}}[$__rate_interval])",
-                f"{short} {legend}",
-            )
-            for way, short in (("transmit", "tx"), ("receive", "rx"))
-        ],
-        unit="Bps",
-    )
+    targets = []
+    for way, short in (("transmit", "tx"), ("receive", "rx")):
+        counter = f"trainmon_gpu_{link}_{way}_bytes_total"
+        expr = (
+            slow_rate(counter) if link == "pcie" else f"rate({counter}{{{GPU}}}[$__rate_interval])"
+        )
+        targets.append((expr, f"{short} {legend}"))
+    return panel(lay, title, targets, unit="Bps")
 
 
 def gpu() -> dict[str, Any]:
@@ -671,15 +682,13 @@ def gpu() -> dict[str, Any]:
             "Power",
             [
                 (f"trainmon_gpu_power_usage_watts{{{GPU}}}", g),
-                (
-                    f"rate(trainmon_gpu_energy_consumption_joules_total{{{GPU}}}"
-                    "[$__rate_interval])",
-                    "average " + g,
-                ),
+                (slow_rate("trainmon_gpu_energy_consumption_joules_total"), "average " + g),
                 (f"trainmon_gpu_power_limit_watts{{{GPU}}}", "limit " + g),
             ],
             unit="watt",
             w=8,
+            description="nvmlDeviceGetPowerUsage, read every pass; average: the energy "
+            "counter's rate between its reads (every nvml_slow_interval_seconds).",
         ),
         panel(
             lay,

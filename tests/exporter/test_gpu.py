@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import re
+import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import InProcessExporter, connect, promtool_check_metrics, sample, wait_for
+from tests.conftest import (
+    ROOT,
+    InProcessExporter,
+    connect,
+    promtool_check_metrics,
+    require_tool,
+    sample,
+    wait_for,
+)
 from tests.fakes.nvml_backend import FakeGpu, FakeNvmlBackend
 from trainmon_client import init
 from trainmon_exporter import nvml, peaks
@@ -47,6 +59,104 @@ def test_sampler_reads_every_field_in_base_units() -> None:
     assert gs.ecc[("corrected", "aggregate")] == 5
     assert gs.remapped_rows == {"correctable": 0.0, "uncorrectable": 1.0}
     assert gs.xid == {"79": 1}
+
+
+SLOW_FIELD_IDS = {nvml.FIELD_PCIE_TX_BYTES, nvml.FIELD_PCIE_RX_BYTES}
+
+
+def test_slow_readings_are_read_every_n_passes_and_kept_with_their_time_between() -> None:
+    """Energy and PCIe (an H200's costly calls) every slow_interval; power and GPM every pass."""
+    g = FakeGpu()
+    backend = FakeNvmlBackend([g])
+    s = GpuSampler(backend, interval=1.0, slow_interval=3.0)
+    assert s.slow_every == 3
+    assert s.open()
+    reads: list[tuple[float | None, ...]] = []
+    for n in range(1, 10):
+        g.power_mw = 100_000 * n
+        g.energy_mj = 1_000_000 * n
+        g.fields[nvml.FIELD_PCIE_TX_BYTES] = 10.0 * n
+        before = time.time()
+        r = s.sample_once().gpus[0].readings
+        assert r.power_usage_watts == 100.0 * n  # every pass: the evidence of a busy GPU
+        assert (r.sm_active_ratio is None) == (n == 1)  # GPM from the second pass on
+        if n in (1, 4, 7):  # the first pass, then every third
+            assert r.slow_sampled_at is not None and r.slow_sampled_at >= before
+            assert r.energy_joules == 1000.0 * n and r.pcie_transmit_bytes == 10.0 * n
+            assert set(backend.field_requests[-1]) >= SLOW_FIELD_IDS
+        else:
+            assert not set(backend.field_requests[-1]) & SLOW_FIELD_IDS
+        reads.append((r.energy_joules, r.pcie_transmit_bytes, r.pcie_receive_bytes))
+        if n % 3 != 1:  # between reads: the last values, with the time they were read
+            assert reads[-1] == reads[-2]
+            assert r.slow_sampled_at == s.snapshot.gpus[0].readings.slow_sampled_at
+    assert backend.counts["energy"] == 3
+    assert backend.counts["power_usage"] == backend.counts["gpm_sample"] == 9
+    assert len(backend.field_requests) == 9  # one field-values call per pass, either way
+    assert s.snapshot.read_errors == {}
+
+
+@pytest.mark.parametrize(("interval", "slow", "every"), [(1.0, 0.5, 1), (0.1, 10.0, 100)])
+def test_the_slow_cadence_is_whole_passes_and_never_faster_than_a_pass(
+    interval: float, slow: float, every: int
+) -> None:
+    s = GpuSampler(FakeNvmlBackend([FakeGpu()]), interval=interval, slow_interval=slow)
+    assert s.slow_every == every
+
+
+def test_a_failed_slow_read_is_retried_on_the_next_pass_and_a_missing_one_is_not() -> None:
+    """A slow reading that failed is omitted (and counted) only until the next pass."""
+    failing = FakeGpu(uuid=uuid(0), errors={"energy": nvml.NvmlError("energy: Unknown", 999)})
+    pcie = FakeGpu(uuid=uuid(1))
+    pcie.fields[nvml.FIELD_PCIE_RX_BYTES] = nvml.NvmlError("field 198: Timeout", 10)
+    unsupported = FakeGpu(uuid=uuid(2), errors={"energy": nvml.NotSupported("energy", 3)})
+    none = FakeGpu(uuid=uuid(3), errors=unsupported.errors, fields={nvml.FIELD_MEMORY_TEMP: 70})
+    backend = FakeNvmlBackend([failing, pcie, unsupported, none])
+    s = GpuSampler(backend, interval=1.0, slow_interval=5.0)
+    assert s.open()
+    first = s.sample_once()
+    assert first.read_errors == {"unknown": 1, "timeout": 1}
+    r0, r1, r2, r3 = (g.readings for g in first.gpus)
+    assert r0.energy_joules is None and r0.pcie_transmit_bytes == 1000  # omitted, not stale
+    assert r1.energy_joules is not None and r1.pcie_receive_bytes is None
+    assert r2.energy_joules is None and r2.slow_sampled_at is not None  # PCIe still read
+    assert r3.slow_sampled_at is None  # no slow reading on this GPU: no time either
+    failing.errors.clear()
+    del pcie.fields[nvml.FIELD_PCIE_RX_BYTES]  # the field now answers "not supported"
+    backend.counts.clear()
+    second = s.sample_once()
+    r0, r1, _, _ = (g.readings for g in second.gpus)
+    assert r0.energy_joules == pytest.approx(123_456.789)  # read again at once
+    assert r0.slow_sampled_at is not None and r0.slow_sampled_at >= first.taken_at
+    assert r1.pcie_receive_bytes is None and r1.pcie_transmit_bytes == 1000
+    assert backend.counts["energy"] == 2  # GPUs 0 and 1 again, never the one without it
+    assert second.read_errors == first.read_errors  # nothing failed this time
+    backend.counts.clear()
+    for _ in range(3):
+        s.sample_once()
+    assert backend.counts["energy"] == 0  # back on the five-pass schedule
+
+
+def test_slow_readings_are_there_as_soon_as_nvml_is_back() -> None:
+    """After the driver went away and came back, the first pass reads them again."""
+    g = FakeGpu()
+    backend = FakeNvmlBackend([g])
+    s = GpuSampler(backend, interval=0.05, retry_seconds=0.05, slow_interval=600.0)
+    s.start()
+    try:
+        wait_for(lambda: s.snapshot.ok)
+        assert s.snapshot.gpus[0].readings.energy_joules == pytest.approx(123_456.789)
+        gone = nvml.NvmlUnavailable("nvmlDeviceGetMemoryInfo: Driver Not Loaded", 9, "")
+        backend.broken = backend.init_error = gone
+        wait_for(lambda: s.snapshot.state == FAILED)
+        g.energy_mj = 999_000
+        backend.broken = backend.init_error = None
+        wait_for(lambda: s.snapshot.ok)
+        r = s.snapshot.gpus[0].readings
+        assert r.energy_joules == 999.0 and r.pcie_transmit_bytes == 1000
+        assert r.slow_sampled_at is not None and r.slow_sampled_at > s.snapshot.taken_at - 5
+    finally:
+        s.stop()
 
 
 def test_only_the_slowdown_reasons_count_as_a_slowdown() -> None:
@@ -276,6 +386,94 @@ def test_exposition_with_eight_gpus_passes_promtool(
         )
         == 1
     )
+
+
+def test_slow_readings_are_exported_from_the_first_scrape_with_their_timestamp(
+    make_exporter: Callable[..., InProcessExporter],
+) -> None:
+    gpus = eight_gpus()[:2]
+    backend = FakeNvmlBackend(gpus)
+    ex = make_exporter(nvml=backend, nvml_interval_seconds=0.1, nvml_slow_interval_seconds=60)
+    sampler = ex.app.state.exporter.gpus
+    assert sampler.slow_every == 600
+    wait_sampled(ex, 3)
+    text = ex.metrics_text()
+    promtool_check_metrics(text)
+    m = ex.metrics()
+    snap = sampler.snapshot
+    for i in range(2):
+        labels = {"gpu": str(i), "uuid": uuid(i)}
+        read_at = sample(m, "trainmon_gpu_slow_sample_timestamp_seconds", **labels)
+        assert read_at == snap.gpus[i].readings.slow_sampled_at
+        assert read_at is not None and read_at <= snap.taken_at
+        assert sample(m, "trainmon_gpu_energy_consumption_joules_total", **labels) == 123_456.789
+        assert sample(m, "trainmon_gpu_pcie_receive_bytes_total", **labels) == 2000
+    assert backend.counts["energy"] == 2  # once per GPU, on the first pass
+    assert "as of trainmon_gpu_slow_sample_timestamp_seconds" in text
+
+
+def dashboard_average_power() -> str:
+    """The GPU dashboard's "average" power query, its variables bound to a 1 m window."""
+    dash = json.loads((ROOT / "deploy" / "grafana" / "dashboards" / "gpu.json").read_text())
+    (expr,) = [
+        t["expr"]
+        for p in dash["panels"]
+        for t in p.get("targets", [])
+        if t.get("legendFormat", "").startswith("average ")
+    ]
+    return re.sub(r"\{[^}]*\}", "", expr).replace("$__rate_interval", "1m")
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_the_read_time_makes_the_dashboards_average_power_exact(
+    exact: bool, tmp_path: Path
+) -> None:
+    """Reads every 11 s, scrapes every 15 s, 500 W: the dashboard's query gives 500 W at
+    every evaluation, where a plain rate() of the counter (the control) does not."""
+    promtool = require_tool("promtool", "prometheus")
+    energy, read_at = [], []
+    for k in range(40):
+        read = (15 * k // 11) * 11  # the last read before the k-th scrape
+        energy.append(str(1_000_000 + 500 * read))
+        read_at.append(str(1_700_000_000 + read))
+    expr = (
+        dashboard_average_power()
+        if exact
+        else "rate(trainmon_gpu_energy_consumption_joules_total[1m])"
+    )
+    assert "trainmon_gpu_slow_sample_timestamp_seconds" in dashboard_average_power()
+    cases = [
+        {"expr": expr, "eval_time": t, "exp_samples": [{"labels": "{gpu='0'}", "value": 500}]}
+        for t in ("3m", "3m15s", "3m30s", "3m45s", "4m", "6m")
+    ]
+    spec = {
+        "rule_files": [],
+        "evaluation_interval": "15s",
+        "tests": [
+            {
+                "interval": "15s",
+                "input_series": [
+                    {
+                        "series": "trainmon_gpu_energy_consumption_joules_total{gpu='0'}",
+                        "values": " ".join(energy),
+                    },
+                    {
+                        "series": "trainmon_gpu_slow_sample_timestamp_seconds{gpu='0'}",
+                        "values": " ".join(read_at),
+                    },
+                ],
+                "promql_expr_test": cases,
+            }
+        ],
+    }
+    (tmp_path / "test.yml").write_text(json.dumps(spec))
+    out = subprocess.run(
+        [promtool, "test", "rules", str(tmp_path / "test.yml")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert (out.returncode == 0) is exact, out.stdout + out.stderr
 
 
 def test_no_driver_is_a_state_not_a_failure(

@@ -2,13 +2,17 @@
 
 Each :class:`FakeGpu` holds plain readings; ``errors`` maps a backend method name to the
 exception that method raises for that GPU (``NotSupported``, ``GpuLost``, or any exception, as
-a buggy binding would). ``lost = True`` makes every call on the GPU raise ``GpuLost``, as a GPU
-that fell off the bus does; the backend's ``broken`` makes every device call raise it (a driver
-that went away).
+a buggy binding would); a field of ``fields`` set to an ``NvmlError`` is that field's error.
+``lost = True`` makes every call on the GPU raise ``GpuLost``, as a GPU that fell off the bus
+does; the backend's ``broken`` makes every device call raise it (a driver that went away).
+
+The backend counts its calls by method name (``counts``) and keeps the field ids of each
+``field_values`` call (``field_requests``), so tests can tell what a pass read.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,7 +48,7 @@ class FakeGpu:
         }
     )
     remapped: tuple[int, int, int, int] = (0, 1, 0, 0)
-    fields: dict[int, float] = field(
+    fields: dict[int, float | nvml.NvmlError] = field(
         default_factory=lambda: {
             nvml.FIELD_MEMORY_TEMP: 70,
             nvml.FIELD_PCIE_TX_BYTES: 1000,
@@ -76,11 +80,14 @@ class FakeNvmlBackend:
         self.broken: Exception | None = None
         self.driver = "550.54.15"
         self.calls = 0
+        self.counts: Counter[str] = Counter()  # calls by method name
+        self.field_requests: list[tuple[int, ...]] = []
         self.initialised = False
         self.gpm_live = 0  # GPM samples allocated and not freed
 
     def _gpu(self, h: Any, what: str) -> FakeGpu:
         self.calls += 1
+        self.counts[what] += 1
         g: FakeGpu = h
         if self.broken is not None:
             raise self.broken
@@ -152,6 +159,7 @@ class FakeNvmlBackend:
 
     def field_values(self, h: Any, ids: Sequence[int]) -> list[float | nvml.NvmlError]:
         g = self._gpu(h, "field_values")
+        self.field_requests.append(tuple(ids))
         return [g.fields[i] if i in g.fields else nvml.NotSupported(f"field {i}", 3) for i in ids]
 
     def processes(self, h: Any) -> list[tuple[int, int | None]]:

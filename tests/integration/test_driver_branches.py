@@ -35,6 +35,7 @@ EVERY_BRANCH = {
     "trainmon_gpu_power_usage_watts",
     "trainmon_gpu_power_limit_watts",
     "trainmon_gpu_energy_consumption_joules_total",
+    "trainmon_gpu_slow_sample_timestamp_seconds",  # when the energy counter was read
     "trainmon_gpu_temperature_celsius",
     "trainmon_gpu_memory_temperature_celsius",
     "trainmon_gpu_sm_clock_hertz",
@@ -47,6 +48,7 @@ EVERY_BRANCH = {
     "trainmon_gpu_remapped_rows_pending",
     "trainmon_gpu_remapped_rows_failed",
     "trainmon_gpu_xid_errors_total",
+    "trainmon_gpu_xid_errors_last_timestamp_seconds",  # the fake's XID, seen while sampling
     "trainmon_gpu_nvlink_transmit_bytes_total",
     "trainmon_gpu_nvlink_receive_bytes_total",
     "trainmon_gpu_processes",  # _v2 on R470
@@ -57,6 +59,7 @@ GPM = {
     "trainmon_gpu_tensor_active_ratio",
     "trainmon_gpu_dram_active_ratio",
 }
+XID = {"trainmon_gpu_xid_errors_total", "trainmon_gpu_xid_errors_last_timestamp_seconds"}
 PCIE = {"trainmon_gpu_pcie_transmit_bytes_total", "trainmon_gpu_pcie_receive_bytes_total"}
 PER_GPU_BY_BRANCH = {
     470: EVERY_BRANCH,
@@ -148,9 +151,9 @@ def test_every_branch_is_sampled_with_the_series_its_driver_has(
     assert per_gpu_families(m, "1") == expected - {
         "trainmon_gpu_power_usage_watts",
         "trainmon_gpu_memory_temperature_celsius",
-        "trainmon_gpu_xid_errors_total",
+        *XID,
     }
-    assert per_gpu_families(m, "2") == expected - GPM - {"trainmon_gpu_xid_errors_total"}
+    assert per_gpu_families(m, "2") == expected - GPM - XID
     info = assert_gpu0_read_the_same(m)
     assert info["driver_version"] == f"{branch}.99.01"
 

@@ -119,6 +119,7 @@ def build_exporter(
             interval=settings.nvml_interval_seconds,
             processes=settings.nvml_processes,
             require=settings.require_gpus,
+            slow_interval=settings.nvml_slow_interval_seconds,
         )
     scrape = ScrapeCollector(build_collectors(CollectorContext(settings, store, gpus)))
     registry.register(scrape)  # type: ignore[arg-type]

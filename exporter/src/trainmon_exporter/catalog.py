@@ -1965,38 +1965,56 @@ GPU_DRAM_ACTIVE_RATIO = Family(
 GPU_ENERGY_CONSUMPTION_JOULES = Family(
     "trainmon_gpu_energy_consumption_joules",
     COUNTER,
-    "Energy since the driver loaded (nvmlDeviceGetTotalEnergyConsumption, mJ / 1000).",
+    (
+        "Energy since the driver loaded (nvmlDeviceGetTotalEnergyConsumption, mJ / 1000), read "
+        "every nvml_slow_interval_seconds (15 s by default), as of "
+        "trainmon_gpu_slow_sample_timestamp_seconds."
+    ),
     GPU,
     unit="J",
     collector="gpu",
     doc=(
         "`nvmlDeviceGetTotalEnergyConsumption` mJ / 1000, since the driver loaded (Volta and "
-        "newer). `rate()` gives average watts over any window."
+        "newer). `rate()` gives average watts over any window. A slow reading (2.3–2.8 ms a "
+        "call on an H200): read every `--nvml-slow-interval-seconds` (15 s), not every pass; "
+        "the value is as of `trainmon_gpu_slow_sample_timestamp_seconds`."
     ),
 )
 
 GPU_PCIE_TRANSMIT_BYTES = Family(
     "trainmon_gpu_pcie_transmit_bytes",
     COUNTER,
-    "Bytes sent over PCIe (nvmlDeviceGetFieldValues NVML_FI_DEV_PCIE_COUNT_TX_BYTES).",
+    (
+        "Bytes sent over PCIe (nvmlDeviceGetFieldValues NVML_FI_DEV_PCIE_COUNT_TX_BYTES), read "
+        "every nvml_slow_interval_seconds (15 s by default), as of "
+        "trainmon_gpu_slow_sample_timestamp_seconds."
+    ),
     GPU,
     unit="bytes",
     collector="gpu",
     doc=(
         "`nvmlDeviceGetFieldValues(NVML_FI_DEV_PCIE_COUNT_TX_BYTES)`, a field drivers have from "
         "R555 on (absent before). Counters rather than the KB/s rate of "
-        "`nvmlDeviceGetPcieThroughput`, so `rate()` is exact over any window."
+        "`nvmlDeviceGetPcieThroughput`, so `rate()` loses nothing over windows longer than "
+        "their interval. A slow reading (135 µs a field on an H200), like the energy counter."
     ),
 )
 
 GPU_PCIE_RECEIVE_BYTES = Family(
     "trainmon_gpu_pcie_receive_bytes",
     COUNTER,
-    "Bytes received over PCIe (nvmlDeviceGetFieldValues NVML_FI_DEV_PCIE_COUNT_RX_BYTES).",
+    (
+        "Bytes received over PCIe (nvmlDeviceGetFieldValues NVML_FI_DEV_PCIE_COUNT_RX_BYTES), "
+        "read every nvml_slow_interval_seconds (15 s by default), as of "
+        "trainmon_gpu_slow_sample_timestamp_seconds."
+    ),
     GPU,
     unit="bytes",
     collector="gpu",
-    doc="`nvmlDeviceGetFieldValues(NVML_FI_DEV_PCIE_COUNT_RX_BYTES)`, from R555 on, as above.",
+    doc=(
+        "`nvmlDeviceGetFieldValues(NVML_FI_DEV_PCIE_COUNT_RX_BYTES)`, from R555 on, a slow "
+        "reading, as above."
+    ),
 )
 
 GPU_NVLINK_TRANSMIT_BYTES = Family(
@@ -2140,7 +2158,30 @@ GPU_SAMPLE_DURATION_SECONDS = Family(
     (),
     unit="s",
     collector="gpu",
-    doc="Wall time of the last sampling pass over all GPUs.",
+    doc=(
+        "Wall time of the last sampling pass over all GPUs. A pass that also reads the slow "
+        "readings (energy, PCIe counters; every `--nvml-slow-interval-seconds`) takes longer."
+    ),
+)
+
+GPU_SLOW_SAMPLE_TIMESTAMP_SECONDS = Family(
+    "trainmon_gpu_slow_sample_timestamp_seconds",
+    GAUGE,
+    (
+        "When this GPU's slow readings were last taken (Unix s): the energy and PCIe byte "
+        "counters, read every nvml_slow_interval_seconds (15 s by default) instead of every "
+        "pass."
+    ),
+    GPU,
+    unit="Unix s",
+    collector="gpu",
+    doc=(
+        "When the values of `trainmon_gpu_energy_consumption_joules_total` and the PCIe byte "
+        "counters were read. They cost most of a pass on an H200 (2.3–2.8 ms and 2 × 135 µs "
+        "against 1–6 µs for other calls), so they are read every `--nvml-slow-interval-seconds` "
+        "(15 s) and on the first pass over a GPU, and again on the next pass after a failed "
+        "read. Absent while the GPU has none of them."
+    ),
 )
 
 GPU_SAMPLE_TIMESTAMP_SECONDS = Family(
@@ -2980,6 +3021,7 @@ GPU_TABLE: tuple[Family, ...] = (
     GPU_READ_ERRORS,
     GPU_SAMPLE_DURATION_SECONDS,
     GPU_SAMPLE_TIMESTAMP_SECONDS,
+    GPU_SLOW_SAMPLE_TIMESTAMP_SECONDS,
 )
 RANK_GPU_TABLE: tuple[Family, ...] = (
     TRAIN_MODEL_FLOPS_PER_SECOND,

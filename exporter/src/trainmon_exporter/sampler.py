@@ -13,6 +13,15 @@ base unit (bytes, watts, joules, Celsius, hertz, 0-1 ratios), each conversion ne
 NVML call that produced the raw value. The sampler knows NVML, not the exposition: which
 family carries a reading is :mod:`trainmon_exporter.collectors.gpu`'s business.
 
+Two cadences. Most readings cost 1 to 6 µs a call and are taken every pass; the *slow
+readings* (:data:`SLOW_READINGS`: the energy counter, 2.3 to 2.8 ms a call on an H200, and the
+two PCIe byte counters, 135 µs each) are taken every ``slow_interval`` seconds, rounded to a
+whole number of passes. Between their reads the snapshot carries their last values with the
+time they were taken (``GpuReadings.slow_sampled_at``); they are cumulative counters, so a
+slower cadence loses resolution, never a joule or a byte. Power (``nvmlDeviceGetPowerUsage``)
+and the GPM activity ratios stay on the fast cadence: they are the evidence of whether a GPU
+is busy or idle right now.
+
 NVML itself (the backend, the typed errors, the driver-branch fallbacks) is
 :mod:`trainmon_exporter.nvml`, the only module that imports ``pynvml``. No NVIDIA library or
 driver (``NVML_ERROR_LIBRARY_NOT_FOUND``, ``NVML_ERROR_DRIVER_NOT_LOADED``) is a state of the
@@ -77,15 +86,28 @@ MAX_XID_CODES = 32
 (NVIDIA's XID catalogue has about 150 codes; one GPU reporting more than 32 is broken)."""
 
 
-_FIELDS: tuple[tuple[str, int, float], ...] = (
+SLOW_INTERVAL_SECONDS = 15.0
+"""Default of ``slow_interval`` (the ``nvml_slow_interval_seconds`` setting)."""
+
+SLOW_READINGS: tuple[str, ...] = ("energy", "pcie_transmit", "pcie_receive")
+"""The readings taken every ``slow_interval`` rather than every pass: the costly calls of an
+H200's pass (docs/gpu-validation.md), all cumulative counters."""
+
+_FieldSpec = tuple[str, int, float]
+"""One ``nvmlDeviceGetFieldValues`` field: (what, field id, scale to base unit)."""
+
+_FAST_FIELDS: tuple[_FieldSpec, ...] = (
     ("memory_temperature", FIELD_MEMORY_TEMP, 1.0),  # °C
-    ("pcie_transmit", FIELD_PCIE_TX_BYTES, 1.0),  # bytes
-    ("pcie_receive", FIELD_PCIE_RX_BYTES, 1.0),
     ("nvlink_transmit", FIELD_NVLINK_TX_KIB, 1024.0),  # KiB -> bytes
     ("nvlink_receive", FIELD_NVLINK_RX_KIB, 1024.0),
 )
-"""The readings of one ``nvmlDeviceGetFieldValues`` call: (what, field id, scale to base unit)."""
-_FIELD_IDS = tuple(fid for _, fid, _ in _FIELDS)
+_SLOW_FIELDS: tuple[_FieldSpec, ...] = (
+    ("pcie_transmit", FIELD_PCIE_TX_BYTES, 1.0),  # bytes; 135 µs each on an H200
+    ("pcie_receive", FIELD_PCIE_RX_BYTES, 1.0),
+)
+_ALL_FIELDS = _FAST_FIELDS + _SLOW_FIELDS
+"""A pass asks for :data:`_FAST_FIELDS` in one ``nvmlDeviceGetFieldValues`` call, and for all
+of them in that one call when the slow readings are due."""
 
 _GPM_METRICS = (GPM_SM_ACTIVE, GPM_SM_OCCUPANCY, GPM_TENSOR_ACTIVE, GPM_DRAM_ACTIVE)
 """The GPM metrics read between two passes, in percent."""
@@ -114,7 +136,8 @@ class GpuReadings:
     power_limit_watts: float | None = None
     """``nvmlDeviceGetEnforcedPowerLimit``, mW / 1000."""
     energy_joules: float | None = None
-    """``nvmlDeviceGetTotalEnergyConsumption`` since the driver loaded, mJ / 1000."""
+    """``nvmlDeviceGetTotalEnergyConsumption`` since the driver loaded, mJ / 1000. A slow
+    reading: as of ``slow_sampled_at``."""
     temperature_celsius: float | None = None
     """GPU die temperature (``NVML_TEMPERATURE_GPU``)."""
     memory_temperature_celsius: float | None = None
@@ -128,9 +151,11 @@ class GpuReadings:
     memory_clock_max_hertz: float | None = None
     """``nvmlDeviceGetMaxClockInfo(NVML_CLOCK_MEM)``, MHz x 1e6 (read once per GPU)."""
     pcie_transmit_bytes: float | None = None
-    """Bytes sent over PCIe, cumulative (field ``NVML_FI_DEV_PCIE_COUNT_TX_BYTES``)."""
+    """Bytes sent over PCIe, cumulative (field ``NVML_FI_DEV_PCIE_COUNT_TX_BYTES``). A slow
+    reading: as of ``slow_sampled_at``."""
     pcie_receive_bytes: float | None = None
-    """Bytes received over PCIe, cumulative (``NVML_FI_DEV_PCIE_COUNT_RX_BYTES``)."""
+    """Bytes received over PCIe, cumulative (``NVML_FI_DEV_PCIE_COUNT_RX_BYTES``). A slow
+    reading: as of ``slow_sampled_at``."""
     nvlink_transmit_bytes: float | None = None
     """Data bytes sent over NVLink, all links, cumulative (``..._DATA_TX``, KiB x 1024)."""
     nvlink_receive_bytes: float | None = None
@@ -149,6 +174,9 @@ class GpuReadings:
     """GPM: share of time the tensor pipes were busy (``..._ANY_TENSOR_UTIL`` / 100)."""
     dram_active_ratio: float | None = None
     """GPM: DRAM bandwidth used over its peak (``NVML_GPM_METRIC_DRAM_BW_UTIL`` / 100)."""
+    slow_sampled_at: float | None = None
+    """Unix time (``time.time()``, s) the slow readings above were taken; None while none of
+    them has a value (not supported, or their last read failed)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +250,16 @@ class GpuSnapshot:
 NOT_STARTED = GpuSnapshot(ok=False, error="GPU sampling has not run yet")
 
 
+@dataclass(frozen=True, slots=True)
+class _Slow:
+    """One GPU's slow readings (:data:`SLOW_READINGS`) from their last read."""
+
+    energy_joules: float | None = None
+    pcie_transmit_bytes: float | None = None
+    pcie_receive_bytes: float | None = None
+    taken_at: float | None = None
+
+
 @dataclass(slots=True)
 class _Gpu:
     index: int
@@ -236,6 +274,8 @@ class _Gpu:
     gpm_prev: Any = None
     xid: dict[str, int] = field(default_factory=dict)
     xid_at: dict[str, float] = field(default_factory=dict)
+    slow: _Slow = field(default_factory=_Slow)
+    slow_due: int = 0  # the pass number at which the slow readings are next read
 
 
 class GpuSampler:
@@ -247,9 +287,13 @@ class GpuSampler:
     ``require_gpus`` setting) makes GPUs expected from the start.
 
     Per pass and GPU it makes about 20 NVML calls (the sampling cost is in
-    ``trainmon_gpu_sample_duration_seconds`` and docs/performance.md). Every exception from
-    one reading is confined to that reading: the reading is omitted (and counted unless the
-    device or driver lacks it), the rest of the GPU and the other GPUs are sampled.
+    ``trainmon_gpu_sample_duration_seconds`` and docs/performance.md). The slow readings
+    (:data:`SLOW_READINGS`) are read every ``slow_interval`` seconds instead: every
+    :attr:`slow_every` passes (at least every pass), and on the first pass over a GPU, so none
+    is missing from the start or after NVML is initialised again. Every exception from one
+    reading is confined to that reading: the reading is omitted (and counted unless the
+    device or driver lacks it), the rest of the GPU and the other GPUs are sampled. A slow
+    reading that failed that way is omitted until it is read again, on the next pass.
     """
 
     def __init__(
@@ -259,9 +303,12 @@ class GpuSampler:
         retry_seconds: float = 30.0,
         processes: bool = True,
         require: bool = False,
+        slow_interval: float = SLOW_INTERVAL_SECONDS,
     ) -> None:
         self.backend = backend
         self.interval = interval
+        self.slow_every = max(1, round(slow_interval / interval))
+        """Passes between two reads of the slow readings (``slow_interval / interval``)."""
         self.retry_seconds = retry_seconds
         self.sample_processes = processes
         self.require = require
@@ -279,6 +326,7 @@ class GpuSampler:
         self._read_errors: dict[str, int] = {}  # kind -> count, kinds that happened
         self._noted: set[str] = set()  # (reading, condition) already logged once
         self._samples_total = 0
+        self._pass = 0  # passes since the sampler was made (schedules the slow readings)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -366,10 +414,12 @@ class GpuSampler:
             self._note_unsupported("XID events", translate(exc, "XID events"))
             self._events = None
         log.info(
-            "NVML driver %s: sampling %d GPU(s) every %.3g s",
+            "NVML driver %s: sampling %d GPU(s) every %.3g s, energy and PCIe counters every "
+            "%d pass(es)",
             self._driver or "?",
             len(self._gpus),
             self.interval,
+            self.slow_every,
         )
         return True
 
@@ -424,6 +474,7 @@ class GpuSampler:
         nothing else escapes.
         """
         t0 = time.perf_counter()
+        self._pass += 1
         self._drain_xid()
         samples = []
         for g in list(self._gpus):
@@ -468,11 +519,14 @@ class GpuSampler:
         util = r("utilization", lambda: b.utilization(h))
         power = _scaled(r("power", lambda: b.power_usage(h)), 1e-3)
         power_limit = _scaled(r("power_limit", lambda: b.power_limit(h)), 1e-3)
-        energy = _scaled(r("energy", lambda: b.energy(h)), 1e-3)
         temperature = _scaled(r("temperature", lambda: b.temperature(h)), 1.0)
         sm_clock = _scaled(r("clock", lambda: b.clock(h, CLOCK_SM)), 1e6)
         memory_clock = _scaled(r("clock", lambda: b.clock(h, CLOCK_MEM)), 1e6)
-        memory_temp, pcie_tx, pcie_rx, nvlink_tx, nvlink_rx = self._field_values(h)
+        slow_due = self._pass >= g.slow_due
+        fields, failed = self._field_values(h, _ALL_FIELDS if slow_due else _FAST_FIELDS)
+        if slow_due:
+            self._read_slow(g, fields, failed)
+        slow = g.slow
 
         reasons = r("clock_event_reasons", lambda: b.clock_event_reasons(h))
         clock_events = (
@@ -511,17 +565,17 @@ class GpuSampler:
             memory_total_bytes=None if mem is None else float(mem[0]),
             power_usage_watts=power,
             power_limit_watts=power_limit,
-            energy_joules=energy,
+            energy_joules=slow.energy_joules,
             temperature_celsius=temperature,
-            memory_temperature_celsius=memory_temp,
+            memory_temperature_celsius=fields.get("memory_temperature"),
             sm_clock_hertz=sm_clock,
             memory_clock_hertz=memory_clock,
             sm_clock_max_hertz=g.sm_clock_max_hertz,
             memory_clock_max_hertz=g.memory_clock_max_hertz,
-            pcie_transmit_bytes=pcie_tx,
-            pcie_receive_bytes=pcie_rx,
-            nvlink_transmit_bytes=nvlink_tx,
-            nvlink_receive_bytes=nvlink_rx,
+            pcie_transmit_bytes=slow.pcie_transmit_bytes,
+            pcie_receive_bytes=slow.pcie_receive_bytes,
+            nvlink_transmit_bytes=fields.get("nvlink_transmit"),
+            nvlink_receive_bytes=fields.get("nvlink_receive"),
             remapped_rows_pending=None if rows is None else bool(rows[2]),
             remapped_rows_failed=None if rows is None else bool(rows[3]),
             processes=n_procs,
@@ -529,6 +583,7 @@ class GpuSampler:
             sm_occupancy_ratio=sm_occupancy,
             tensor_active_ratio=tensor_active,
             dram_active_ratio=dram_active,
+            slow_sampled_at=slow.taken_at,
         )
         return GpuSample(
             index=g.index,
@@ -545,27 +600,48 @@ class GpuSampler:
             xid_at=dict(g.xid_at),
         )
 
-    def _field_values(self, h: Any) -> tuple[float | None, ...]:
-        """The :data:`_FIELDS` readings of one GPU, scaled, in that order (None: not read).
+    def _field_values(
+        self, h: Any, fields: tuple[_FieldSpec, ...]
+    ) -> tuple[dict[str, float], set[str]]:
+        """``fields`` of one GPU, scaled: (what -> value, the whats whose read failed).
 
-        One ``nvmlDeviceGetFieldValues`` call; each field fails or succeeds on its own.
+        One ``nvmlDeviceGetFieldValues`` call; each field fails or succeeds on its own. A
+        field the device or driver lacks is in neither; a failed one (counted) is in the set.
         """
-        out: list[float | None] = [None] * len(_FIELDS)
-        got = self._read("field_values", lambda: self.backend.field_values(h, _FIELD_IDS))
+        ids = [fid for _, fid, _ in fields]
+        got, answered = self._attempt("field_values", lambda: self.backend.field_values(h, ids))
         if got is None:
-            return tuple(out)
-        for i, ((what, _, scale), value) in enumerate(zip(_FIELDS, got, strict=False)):
+            return {}, (set() if answered else {what for what, _, _ in fields})
+        out: dict[str, float] = {}
+        failed: set[str] = set()
+        for (what, _, scale), value in zip(fields, got, strict=False):
             if isinstance(value, GpuLost):
                 raise value
             if isinstance(value, BaseException):
                 if not isinstance(value, (NotSupported, FunctionNotFound)):
                     self._count_error(translate(value, what))
+                    failed.add(what)
                 continue
             try:
-                out[i] = float(value) * scale
+                out[what] = float(value) * scale
             except (TypeError, ValueError) as exc:
                 self._count_error(translate(exc, what))
-        return tuple(out)
+                failed.add(what)
+        return out, failed
+
+    def _read_slow(self, g: _Gpu, fields: dict[str, float], failed: set[str]) -> None:
+        """Read the energy counter and keep it with the PCIe fields as ``g.slow``.
+
+        Schedules the next read: in :attr:`slow_every` passes, or on the next pass when any
+        slow reading failed (a reading the device lacks is not a failure).
+        """
+        mj, answered = self._attempt("energy", lambda: self.backend.energy(g.handle))
+        energy = _scaled(mj, 1e-3)
+        tx, rx = fields.get("pcie_transmit"), fields.get("pcie_receive")
+        read = energy is not None or tx is not None or rx is not None
+        g.slow = _Slow(energy, tx, rx, time.time() if read else None)
+        retry = not answered or not failed.isdisjoint(SLOW_READINGS)
+        g.slow_due = self._pass + (1 if retry else self.slow_every)
 
     def _sample_gpm(self, g: _Gpu) -> tuple[float | None, ...]:
         """The :data:`_GPM_METRICS` ratios of one GPU, in that order (None: not read).
@@ -623,8 +699,15 @@ class GpuSampler:
         ``GpuLost`` propagates (the GPU is dropped), and so does :class:`NvmlUnavailable`
         except "no permission" (the driver went away: the sampler starts over).
         """
+        return self._attempt(reading, fn)[0]
+
+    def _attempt(self, reading: str, fn: Callable[[], T]) -> tuple[T | None, bool]:
+        """:meth:`_read`, and whether NVML answered: False only for a failure it counted.
+
+        "Not supported" and a missing function are answers (the reading does not exist here).
+        """
         try:
-            return fn()
+            return fn(), True
         except Exception as exc:
             err = translate(exc, reading)
             if isinstance(err, GpuLost):
@@ -634,14 +717,14 @@ class GpuSampler:
                     raise err from None
                 self._note(f"{reading}:denied", f"{err}; that reading is omitted")
             elif isinstance(err, NotSupported):
-                return None
+                return None, True
             elif isinstance(err, FunctionNotFound):
                 self._note(f"{reading}:missing", f"{err}; that reading is omitted", logging.INFO)
-                return None
+                return None, True
             elif not isinstance(exc, NvmlError):  # a bug in a backend or the bindings
                 self._note(f"{reading}:exception", f"{reading} failed: {err}", exc_info=True)
             self._count_error(err)
-            return None
+            return None, False
 
     def _count_error(self, exc: NvmlError) -> None:
         kind = error_kind(exc)

@@ -531,10 +531,21 @@ class Settings(BaseSettings):
         "keeps GPU series fresher than any scrape interval at well under 1 % of a core for 8 "
         "GPUs (docs/performance.md).",
     )
+    nvml_slow_interval_seconds: float = Field(
+        15.0,
+        ge=0.1,
+        le=600,
+        description="How often the NVML sampler reads the slow readings (s): the energy "
+        "counter (2.3-2.8 ms a call on an H200) and the PCIe byte counters (135 us each); "
+        "every other reading, power and SM activity among them, is read every "
+        "nvml_interval_seconds. Rounded to a whole number of those passes, at least one. "
+        "They are cumulative counters: a longer interval costs resolution of rate() over "
+        "short windows, never a joule or a byte (docs/exporter.md#gpu-sampling).",
+    )
     nvml_processes: bool = Field(
         True,
-        description="Read each GPU's compute processes (per-rank GPU memory). The costliest "
-        "NVML call; turn off on hosts with many processes.",
+        description="Read each GPU's compute processes (per-rank GPU memory), every pass: "
+        "6 us a call on an H200; turn off on hosts with many processes.",
     )
     require_gpus: bool = Field(
         False,

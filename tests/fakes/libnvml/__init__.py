@@ -9,6 +9,9 @@ The library is compiled with gcc into a directory of the caller's choice. Two wa
 
 Either way ``FAKE_NVML_CONFIG`` names the script written by :func:`write_config`.
 
+Calls cost what the fake's C code costs (a few µs through ctypes) unless the script gives
+them a per-call cost (``costs_us``; :data:`H200_COSTS_US` are a real driver's slowest calls).
+
 :func:`build` with ``branch`` gives the library shaped like one NVIDIA driver branch: only the
 symbols that branch's ``libnvidia-ml.so.1`` exports, among those trainmon calls
 (:data:`BRANCH_SYMBOLS`; sources in ``fake_nvml.c``'s header).
@@ -142,9 +145,32 @@ def load(lib: Path) -> None:
         raise RuntimeError(f"another fake NVML is already loaded: {_loaded}")
 
 
-def write_config(path: Path, gpus: list[Mapping[str, object]], **top: object) -> None:
-    """Write the script atomically (the library re-reads it when its mtime changes)."""
+H200_COSTS_US: dict[str, int] = {
+    "nvmlDeviceGetTotalEnergyConsumption": 2313,
+    "field.197": 135,  # NVML_FI_DEV_PCIE_COUNT_TX_BYTES
+    "field.198": 135,  # NVML_FI_DEV_PCIE_COUNT_RX_BYTES
+}
+"""The per-call costs (µs) of the NVML calls that dominated a sampling pass on an H200 with
+driver 580.159.04 (docs/gpu-validation.md): the energy counter (median of 60 calls; 2,828 µs
+on a second machine of the same kind) and the two PCIe byte-counter fields of
+``nvmlDeviceGetFieldValues``. Every other call the sampler makes cost 1 to 6 µs there, about
+what the fake costs through ctypes, so it gets no extra cost."""
+
+
+def write_config(
+    path: Path,
+    gpus: list[Mapping[str, object]],
+    costs_us: Mapping[str, int] | None = None,
+    **top: object,
+) -> None:
+    """Write the script atomically (the library re-reads it when its mtime changes).
+
+    ``costs_us``: per-call costs in µs, by exact NVML symbol (every call of it) or
+    ``field.ID`` (added to ``nvmlDeviceGetFieldValues`` per requested field), e.g.
+    :data:`H200_COSTS_US`.
+    """
     lines = [f"count={len(gpus)}", *(f"{k}={v}" for k, v in top.items())]
+    lines += [f"cost_us.{k}={int(v)}" for k, v in (costs_us or {}).items()]
     for i, g in enumerate(gpus):
         lines += [f"gpu.{i}.{k}={v}" for k, v in g.items()]
     tmp = path.with_suffix(".tmp")

@@ -52,6 +52,17 @@
  *   gpu.N.lost=1                 every call on this device returns 15 (GPU_IS_LOST)
  *   gpu.N.error.FUNCTION=CODE    that function (exact symbol) returns CODE for this device,
  *                                e.g. gpu.2.error.nvmlDeviceGetTemperature=3 (NOT_SUPPORTED)
+ *   cost_us.FUNCTION=MICROSECONDS   every call of that device function (exact symbol) takes
+ *                                at least this long, on any device, e.g.
+ *                                cost_us.nvmlDeviceGetTotalEnergyConsumption=2313
+ *   cost_us.field.ID=MICROSECONDS   nvmlDeviceGetFieldValues takes this much longer for each
+ *                                requested field ID, e.g. cost_us.field.197=135
+ *
+ * A cost is spent spinning until the calling thread has used that much CPU time
+ * (CLOCK_THREAD_CPUTIME_ID), as a driver's ioctl spends it: it stands for a real driver's
+ * per-call cost (docs/gpu-validation.md has the H200's), so a benchmark can measure a sampling
+ * schedule against it. On an idle machine the call's wall time is the same; on a loaded one,
+ * the wall time grows with the waits for a core and the CPU time does not.
  *
  * Without the variable, nvmlInitWithFlags returns NVML_ERROR_DRIVER_NOT_LOADED.
  */
@@ -88,6 +99,8 @@
 
 #define MAX_GPUS 16
 #define MAX_ERRORS 16
+#define MAX_COSTS 32
+#define MAX_FIELD_ID 300
 #define MAX_PROCS 16
 #define MAX_XIDS 64
 
@@ -117,10 +130,16 @@ static int n_gpus, init_error = E_DRIVER_NOT_LOADED, initialised;
 static char driver_version[80] = "0.0";
 static time_t config_mtime;
 static long config_mtime_ns;
+static int n_costs;
+static char cost_fn[MAX_COSTS][64];
+static long cost_us[MAX_COSTS];
+static long field_cost_us[MAX_FIELD_ID + 1];
 
 static void reset(void) {
     memset(gpus, 0, sizeof gpus);
     n_gpus = 0;
+    n_costs = 0;
+    memset(field_cost_us, 0, sizeof field_cost_us);
     init_error = OK;
     strcpy(driver_version, "550.54.15");
 }
@@ -215,6 +234,13 @@ static void refresh(void) {
         *eq = 0;
         const char *key = line, *v = eq + 1;
         if (!strcmp(key, "init_error")) init_error = atoi(v);
+        else if (!strncmp(key, "cost_us.field.", 14)) {
+            long id = strtol(key + 14, NULL, 10);
+            if (id >= 0 && id <= MAX_FIELD_ID) field_cost_us[id] = strtol(v, NULL, 10);
+        } else if (!strncmp(key, "cost_us.", 8) && n_costs < MAX_COSTS) {
+            snprintf(cost_fn[n_costs], sizeof cost_fn[n_costs], "%.63s", key + 8);
+            cost_us[n_costs++] = strtol(v, NULL, 10);
+        }
         else if (!strcmp(key, "driver_version")) snprintf(driver_version, sizeof driver_version, "%s", v);
         else if (!strcmp(key, "count")) n_gpus = atoi(v) > MAX_GPUS ? MAX_GPUS : atoi(v);
         else if (!strncmp(key, "gpu.", 4)) {
@@ -226,9 +252,25 @@ static void refresh(void) {
     fclose(f);
 }
 
-/* Common prologue of every device call: initialised, a valid handle, lost, scripted error. */
+/* Spend `us` microseconds of this thread's CPU time (a scripted per-call cost). */
+static void spin(long us) {
+    if (us <= 0) return;
+    struct timespec t0, t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+    do clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    while ((t.tv_sec - t0.tv_sec) * 1000000L + (t.tv_nsec - t0.tv_nsec) / 1000L < us);
+}
+
+static void pay(const char *fn) {
+    for (int i = 0; i < n_costs; i++)
+        if (!strcmp(cost_fn[i], fn)) spin(cost_us[i]);
+}
+
+/* Common prologue of every device call: its scripted cost, initialised, a valid handle, lost,
+ * scripted error. */
 static int check(struct gpu *g, const char *fn) {
     refresh();
+    pay(fn);
     if (!initialised) return E_UNINITIALIZED;
     if (g < gpus || g >= gpus + n_gpus) return E_INVALID_ARGUMENT;
     if (g->lost) return E_GPU_IS_LOST;
@@ -471,6 +513,7 @@ int nvmlDeviceGetFieldValues(struct gpu *g, int count, nvmlFieldValue_t *values)
     CHECK(g);
     for (int i = 0; i < count; i++) {
         nvmlFieldValue_t *f = &values[i];
+        if (f->fieldId <= MAX_FIELD_ID) spin(field_cost_us[f->fieldId]);
         f->nvmlReturn = OK;
         f->valueType = 3; /* unsigned long long */
         switch (f->fieldId) {
@@ -573,6 +616,7 @@ int nvmlGpmSampleGet(struct gpu *g, struct gpm_sample *s) {
 
 int nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *m) {
     refresh();
+    pay(__func__);
     if (!m->sample1 || !m->sample2 || !m->sample1->filled || !m->sample2->filled) return E_INVALID_ARGUMENT;
     struct gpu *g = m->sample2->g;
     if (g->lost) return E_GPU_IS_LOST;

@@ -52,6 +52,7 @@ _READINGS: tuple[tuple[Family, Callable[[GpuReadings], float | None]], ...] = (
     (catalog.GPU_PCIE_RECEIVE_BYTES, lambda r: r.pcie_receive_bytes),
     (catalog.GPU_NVLINK_TRANSMIT_BYTES, lambda r: r.nvlink_transmit_bytes),
     (catalog.GPU_NVLINK_RECEIVE_BYTES, lambda r: r.nvlink_receive_bytes),
+    (catalog.GPU_SLOW_SAMPLE_TIMESTAMP_SECONDS, lambda r: r.slow_sampled_at),
 )
 
 
