@@ -647,8 +647,12 @@ def test_daemonset_shape() -> None:
     assert env(c)["TRAINMON_LISTEN"]["value"].endswith(f":{ports['metrics']}")
     assert c["resources"]["requests"] and c["resources"]["limits"]
     assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
-    for vol in spec["volumes"]:
-        assert vol["hostPath"] == {"path": "/run/trainmon", "type": "DirectoryOrCreate"}
+    paths = {v["name"]: v["hostPath"] for v in spec["volumes"]}
+    assert paths == {
+        "socket-dir": {"path": "/run/trainmon", "type": "DirectoryOrCreate"},
+        "state-dir": {"path": "/var/lib/trainmon", "type": "DirectoryOrCreate"},
+    }
+    assert env(c)["TRAINMON_STATE_FILE"]["value"] == "/var/lib/trainmon/state.json"
 
 
 def test_the_daemonset_runs_on_every_gpu_node_whatever_taints_it() -> None:
@@ -1009,7 +1013,7 @@ def test_a_non_root_trainer_reaches_the_socket_with_the_manifests_permissions(
     trainer = next(c for c in tr_spec["containers"] if "TRAINMON_RUN" in env(c))
     with _kubelet_mount(ex_spec, "socket") as mount:
         for init in ex_spec.get("initContainers", []):
-            if "command" in init:  # the DaemonSet's socket-dir preparation
+            if init["name"] == "socket-dir":  # the DaemonSet's socket-dir preparation
                 out = _run_init_container(ex_spec, init, mount)
                 assert out.returncode == 0, out.stderr
         sock = env(exporter)["TRAINMON_SOCKET"]["value"].replace("/run/trainmon", str(mount))
@@ -1022,6 +1026,7 @@ def test_a_non_root_trainer_reaches_the_socket_with_the_manifests_permissions(
             }
         )
         ex_env.update(TRAINMON_SOCKET=sock, TRAINMON_LISTEN=f"127.0.0.1:{port}")
+        ex_env["TRAINMON_STATE_FILE"] = f"{mount}/state.json"  # not the host's /var/lib
         ex_env["TRAINMON_COLLECTORS__GPU"] = "false"
         ex_env["TRAINMON_COLLECTORS__RANK_GPU"] = "false"
         uid, gid, groups = _identity(ex_spec, exporter)

@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, disable_created_metrics
 from prometheus_client.exposition import choose_encoder, generate_latest
 
 from trainmon_exporter import __version__
+from trainmon_exporter.apply import checked_hello
 from trainmon_exporter.claims import OwnerClaims
 from trainmon_exporter.collectors import CollectorContext, ScrapeCollector, build_collectors
 from trainmon_exporter.exposition import TextExposition
@@ -38,6 +39,7 @@ from trainmon_exporter.sampler import FAILED, NOT_STARTED, GpuSampler, GpuSnapsh
 from trainmon_exporter.settings import Settings
 from trainmon_exporter.shed import SampleBudget
 from trainmon_exporter.sockfile import IngestSocket
+from trainmon_exporter.state.statefile import Keeper
 from trainmon_exporter.state.store import Store
 from trainmon_exporter.views.api import GpusResponse, RunsResponse, gpu_snapshot, snapshot
 from trainmon_exporter.views.html import StatusPage, render_status
@@ -67,6 +69,7 @@ class Exporter:
     scrape_gate: RequestGate | None = None
     api_gate: RequestGate | None = None
     auth_stats: AuthStats | None = None
+    keeper: Keeper | None = None
 
 
 class GpusRequiredError(RuntimeError):
@@ -97,9 +100,13 @@ def build_exporter(
         max_series_per_uid=settings.max_series_per_uid,
         retention_s=settings.rank_retention_seconds,
         default_namespace=settings.default_namespace or "",
+        goodput_retention_s=settings.goodput_retention_seconds,
     )
     if settings.owner_claims_dir is not None:
         store.claims = OwnerClaims(settings.owner_claims_dir)
+    keeper = None
+    if settings.state_path is not None:
+        keeper = Keeper(store, settings.state_path, checked_hello, __version__)
     registry = CollectorRegistry(auto_describe=False)
     metrics = IngestMetrics(registry)
     registry.register(LogMetrics())  # type: ignore[arg-type]
@@ -148,7 +155,15 @@ def build_exporter(
         gate,
         api_gate,
         auth_stats,
+        keeper,
     )
+
+
+async def _keep(keeper: Keeper, period: float) -> None:
+    """Write the state file every ``period`` s (in a worker thread: the disk may be slow)."""
+    while True:
+        await asyncio.sleep(period)
+        await anyio.to_thread.run_sync(keeper.save)
 
 
 async def _sweep(store: Store) -> None:
@@ -204,11 +219,17 @@ def create_app(
                     ex.gpus.stop()
                     raise GpusRequiredError("require_gpus is set but NVML sees no GPU")
             ex.gpus.start()
+        if ex.keeper is not None:
+            ex.keeper.load()  # before the first trainer connects
         ex.ingest.start()
         tasks = [
             asyncio.create_task(_sweep(ex.store)),
             asyncio.create_task(_watch_conditions(ex.store)),
         ]
+        if ex.keeper is not None:
+            tasks.append(
+                asyncio.create_task(_keep(ex.keeper, settings.state_save_interval_seconds))
+            )
         try:
             yield
         finally:
@@ -218,6 +239,8 @@ def create_app(
                     await task
             ex.ingest.close()
             log.info("ingest socket closed and removed")
+            if ex.keeper is not None and ex.keeper.save():
+                log.info("state file %s written", ex.keeper.path)
             report_pending(log)
             if ex.gpus is not None:
                 ex.gpus.stop()
