@@ -157,12 +157,18 @@ class Cells:
         return f"{self.missing}{self.gap}({mfu_reason(reason)[0]})"
 
     def goodput(self, rank: RankView) -> str:
-        """The rank's goodput as a percentage and its largest badput (``91.2% (data_loading)``)."""
+        """The rank's goodput as a percentage and its largest badput (``91.2% (data_loading)``).
+
+        A rank that never reported its data waits says so: ``97.0% (data unmeasured)``.
+        """
         g = rank.goodput
         if g is None or g.ratio is None:
             return self.missing
         text = self.percent(g.ratio)
-        return f"{text} ({g.largest_badput})" if g.largest_badput else text
+        notes = [g.largest_badput] if g.largest_badput else []
+        if not g.data_loading_measured:
+            notes.append("data unmeasured")
+        return f"{text} ({', '.join(notes)})" if notes else text
 
     def throughput(self, rank: RankView, fmt: str) -> str:
         """The rank's tokens/s; the missing mark once it no longer runs."""
