@@ -100,3 +100,26 @@ def test_the_restore_byte_is_optional_and_checked() -> None:
     with pytest.raises(P.ProtocolError) as bad:
         P.decode_checkpoint(memoryview(save[3:] + b"\x02"))  # an unknown flag
     assert bad.value.reason == "malformed"
+
+
+class SlowStart:
+    """An iterable whose iterator takes ``start`` seconds to make (a DataLoader starting its
+    worker processes) and then hands its items out at once."""
+
+    def __init__(self, start: float, n: int) -> None:
+        self.start, self.n = start, n
+
+    def __iter__(self) -> Iterator[int]:
+        time.sleep(self.start)
+        return iter(range(self.n))
+
+
+def test_timed_counts_the_start_of_the_iterator_as_the_first_wait(listener: Listener) -> None:
+    run = make_run(listener.path, flush_interval=0.05)
+    for step, _ in enumerate(run.timed(SlowStart(0.15, 3))):
+        run.log(step, loss=1.0)
+    run.finish()
+    listener.accept()
+    got = data_times(listener)
+    assert got[0] is not None and got[0] >= 0.15
+    assert all(t is None or t < 0.05 for t in got[1:])
