@@ -341,3 +341,26 @@ def test_a_rank_that_never_reports_data_time_says_so() -> None:
     assert not g.data_seen
     g.step(2, INIT + 2.0, INIT + 2.0, 0.0)
     assert g.data_seen
+
+
+def test_running_totals_make_up_for_the_records_an_exporter_never_got() -> None:
+    """Steps 6..9 and the save of step 8 were sent while this exporter was down: step 10's
+    running totals bring their data waits and the save, and keep the steps it saved."""
+    led = Ledger()
+    g = led.g
+    t = INIT
+    for n in range(1, 6):
+        t += 1.0
+        g.step(n, t, t, 0.2, data_total=0.2 * n)
+    t += 5.0
+    g.step(10, t, t, 0.2, data_total=2.0, saved=(8.0, 0.6), lost=True)
+    led.check(t)
+    assert g.badput["data_loading"] == pytest.approx(2.0)
+    assert g.badput["checkpoint_save"] == pytest.approx(0.6)
+    assert g.productive == pytest.approx(4 * 0.8 + (5.0 - 0.6 - 1.0) * 3 / 5)  # 2..5, 6..8
+    # Without a loss the totals change nothing: records already counted are not counted twice.
+    g.checkpoint(12, t + 1.5, 0.5, t + 1.5, restore=False)
+    g.step(12, t + 2.0, t + 2.0, 0.1, data_total=2.1, saved=(12.0, 1.1))
+    led.check(t + 2.0)
+    assert g.badput["checkpoint_save"] == pytest.approx(1.1)
+    assert g.badput["data_loading"] == pytest.approx(2.1)

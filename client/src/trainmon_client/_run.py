@@ -472,6 +472,8 @@ class Run:
                 self._refused += 1
                 return
             self._send_now(P.encode_checkpoint(s, _wall(), sec, bool(restore)), now)
+            if not restore:  # the later STEPs carry it too: a lost CHECKPOINT is not lost
+                self._encoder.checkpointed(s, sec)
         except Exception:
             self._internal_errors += 1
             log.debug("trainmon_client: checkpoint() failed internally", exc_info=True)

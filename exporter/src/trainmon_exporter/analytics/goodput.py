@@ -43,7 +43,7 @@ leaving the exporter (:meth:`Goodput.settle`) wastes what is still at risk.
 finish the last two are 0. The options weighed:
 docs/goodput.md#why-uncheckpointed-time-is-held-back.
 
-Why this module is one module of about 650 lines: :class:`Goodput` is one ledger whose every
+Why this module is one module of about 700 lines: :class:`Goodput` is one ledger whose every
 event (a step, a checkpoint, a span, a hang, a crash, a restart) moves time between the same
 buckets under one identity; its events and the interval arithmetic they share are read and
 checked together (tests/exporter/test_goodput.py checks the identity after each). Its record
@@ -149,6 +149,10 @@ class Goodput:
     """No process of the rank ended yet: the first process counts its steps from 0."""
     data_seen: bool = False
     """The rank reported how long it waited for its input (``data_time``) at least once."""
+    wire_data: float | None = None
+    """This process's ``data_time_total`` in its last STEP (None: none yet)."""
+    saves_seen: float = 0.0
+    """This process's checkpoint save seconds from its CHECKPOINT records."""
     hang_open: bool = False
     ended_at: float | None = None
     data_window: deque[tuple[float, float, float]] = field(
@@ -271,6 +275,9 @@ class Goodput:
         restarted: bool = False,
         rolled_back: bool = False,
         unseen_before: bool = False,
+        data_total: float | None = None,
+        saved: tuple[float, float] | None = None,
+        lost: bool = False,
     ) -> None:
         """A step logged at ``when`` (monotonic, mapped from the client's clock).
 
@@ -281,16 +288,33 @@ class Goodput:
         the process logged steps this exporter never saw (it started after the trainer, with
         no record of it): on the process's first step here, the time before it is not
         start-up, and the accounting starts at this step.
+
+        The process's running totals, when its client sends them, make up for its records
+        this exporter never got (``lost``: the STEP says steps or records went missing
+        since the last one, or this exporter restarted): ``data_total`` (its
+        ``data_time_total``) gives the waits of every step since the last one seen, and
+        ``saved`` (its ``checkpoint_step`` and ``checkpoint_time_total``) the checkpoints: the
+        step saved last is kept, and save seconds no CHECKPOINT record brought are a save in
+        this step's interval.
         """
         c = self.cursor
         if data_time is not None:
             self.data_seen = True
+        if data_total is not None and math.isfinite(data_total):
+            prev = self.wire_data
+            if prev is not None and not restarted and data_total >= prev:
+                data_time = data_total - prev  # every wait since the last STEP seen
+            self.wire_data = data_total
+        save = 0.0
+        if saved is not None and lost and saved[1] > self.saves_seen + 1e-6:
+            save = saved[1] - self.saves_seen  # seconds of saves whose records were lost
+            self.saves_seen = saved[1]
         if (
             self.phase == "running"
             and not self.spans
             and not self.hang_open
             and self.first is None
-            and not (restarted or rolled_back)
+            and not (restarted or rolled_back or save)
             and c < when <= now
         ):  # the usual step: nothing else happened since the last one
             rest = when - c
@@ -322,6 +346,10 @@ class Goodput:
         t = _clamp(when, self.cursor, now)
         startup = self.phase == "startup"
         rest = self._interval(t, "startup" if startup else "productive")
+        if save:
+            save = min(save, rest)
+            self.badput["checkpoint_save"] += save
+            rest -= save
         data = 0.0
         if data_time is not None and math.isfinite(data_time) and data_time > 0:
             data = min(data_time, rest)
@@ -343,6 +371,9 @@ class Goodput:
             if self.first is not None:
                 self._split_first(step, held)
             self._hold(step, held)
+        if saved is not None and lost and saved[0] > (self.saved_step or -1):
+            self.saved_step = int(saved[0])  # a save whose record was lost
+            self._commit(self.saved_step)
         self.partial = 0.0
         self.phase = "running"
         self.hang_open = False
@@ -366,6 +397,8 @@ class Goodput:
                 self.last_step = step  # a reload mid-run: the run goes on after ``step``
         else:
             self.saved_step = step if self.saved_step is None else max(self.saved_step, step)
+            if math.isfinite(seconds) and seconds > 0:
+                self.saves_seen += seconds
             self._commit(step)
 
     def evaluation(self, when: float, now: float) -> None:
@@ -478,6 +511,8 @@ class Goodput:
         self.last_step = None
         self.restored_step = None
         self.fresh = False
+        self.wire_data = None
+        self.saves_seen = 0.0
         self.spans.clear()
         self.op_seconds.clear()  # the new process counts its operations from 0
 

@@ -79,6 +79,8 @@ def goodput_record(g: Goodput, offset: float) -> dict[str, Any]:
         "fresh": g.fresh,
         "data_seen": g.data_seen,
         "ops": dict(g.op_seconds),
+        "wire_data": g.wire_data,
+        "saves_seen": g.saves_seen,
     }
 
 
@@ -139,6 +141,9 @@ def goodput_from_record(rec: Mapping[str, Any], offset: float, now: float) -> Go
     if not isinstance(ops, Mapping) or len(ops) > 64:
         raise ValueError("ops must be a mapping of at most 64 operations")
     g.op_seconds = {str(k): _field(ops, k, lo=0.0) for k in ops}
+    wire = rec.get("wire_data")
+    g.wire_data = None if wire is None else _field(rec, "wire_data", lo=0.0)
+    g.saves_seen = _field(rec, "saves_seen", lo=0.0) if "saves_seen" in rec else 0.0
     # The identity accounted = cursor - init holds for what was written; keep it so.
     g.cursor = max(g.cursor, min(now, g.init + g.accounted()))
     g.init = g.cursor - g.accounted()
