@@ -43,6 +43,7 @@ from trainmon_exporter.state.statefile import Keeper
 from trainmon_exporter.state.store import Store
 from trainmon_exporter.views.api import GpusResponse, RunsResponse, gpu_snapshot, snapshot
 from trainmon_exporter.views.html import StatusPage, render_status
+from trainmon_exporter.views.jobs import JobSource, source_of
 from trainmon_exporter.webconfig import (
     AuthStats,
     WebConfig,
@@ -70,6 +71,7 @@ class Exporter:
     api_gate: RequestGate | None = None
     auth_stats: AuthStats | None = None
     keeper: Keeper | None = None
+    jobs: JobSource | None = None
 
 
 class GpusRequiredError(RuntimeError):
@@ -156,7 +158,14 @@ def build_exporter(
         api_gate,
         auth_stats,
         keeper,
+        source_of(settings.prometheus_url),
     )
+
+
+def runs_of(ex: Exporter, gpus: GpuSnapshot | None = None) -> RunsResponse:
+    """The body of ``/api/v1/runs``: the store's runs (each job's figures too, if set up)."""
+    runs = snapshot(ex.store, _gpus(ex) if gpus is None else gpus, ex.settings.peak_flops)
+    return runs if ex.jobs is None else ex.jobs.add_to(runs)
 
 
 async def _keep(keeper: Keeper, period: float) -> None:
@@ -351,7 +360,7 @@ def create_app(
         requests at once (503 past it), each holding its slot until its body is written.
         """
         return await gated(
-            lambda: snapshot(ex.store, _gpus(ex), settings.peak_flops).model_dump_json().encode(),
+            lambda: runs_of(ex).model_dump_json().encode(),
             "application/json",
         )
 
@@ -365,7 +374,7 @@ def create_app(
     def status_body() -> bytes:
         gpus = _gpus(ex)
         page = StatusPage(
-            runs=snapshot(ex.store, gpus, settings.peak_flops),
+            runs=runs_of(ex, gpus),
             gpus=gpu_snapshot(gpus),
             socket=str(settings.socket),
             socket_problem=ex.ingest.socket_problem(),

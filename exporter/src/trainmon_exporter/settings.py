@@ -424,6 +424,14 @@ class Settings(BaseSettings):
         "max_ranks such ranks; trainmon_exporter_departed_ranks): a restart that comes back "
         "later, here or on another node, is then accounted whole. 0: not kept.",
     )
+    prometheus_url: str | None = Field(
+        None,
+        description="A Prometheus (or compatible) query URL that evaluates the shipped "
+        "recording rules over every node (http(s)://host:port[/path]): the JSON API, the status "
+        "page and trainmon status then show each run's job-wide goodput read from it "
+        "(run:trainmon_train_goodput:ratio...), refreshed every 10 s. Unset: the figures of "
+        "the ranks this exporter holds only.",
+    )
     rate_window_seconds: float = Field(
         30.0,
         gt=0,
@@ -606,6 +614,15 @@ class Settings(BaseSettings):
         if value and not P.valid_namespace(value):
             raise ValueError("must be a Kubernetes namespace name (RFC 1123 label) or empty")
         return value or None
+
+    @field_validator("prometheus_url")
+    @classmethod
+    def _prometheus_url(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        if not re.match(r"https?://[^/\s]+(/\S*)?\Z", value.strip()):
+            raise ValueError("must be an http:// or https:// URL")
+        return value.strip()
 
     @field_validator("state_file", mode="before")
     @classmethod

@@ -140,6 +140,26 @@ class RankView(BaseModel):
     )
 
 
+class JobView(BaseModel):
+    """The whole job across nodes, from the recording rules (docs/goodput.md#the-whole-job)."""
+
+    goodput_ratio: float | None = Field(
+        default=None, description="run:trainmon_train_goodput:ratio, over the run's life"
+    )
+    goodput_ratio_1h: float | None = Field(
+        default=None, description="run:trainmon_train_goodput:ratio_1h, over the last hour"
+    )
+    badput_seconds: dict[str, float] = Field(
+        default={}, description="run:trainmon_train_badput_seconds:sum, rank-seconds by kind"
+    )
+    waits_on_rank: int | None = Field(
+        default=None,
+        description="the rank the job waits on for its input over the last 5 minutes "
+        "(run:trainmon_train_badput_seconds:data_loading_critical_rank)",
+    )
+    waits_on_hostname: str | None = Field(default=None, description="where that rank runs")
+
+
 class RunView(BaseModel):
     """A run and its ranks."""
 
@@ -183,6 +203,11 @@ class RunView(BaseModel):
         default=[],
         description="ranks that left without a clean finish whose accounting this exporter "
         "keeps (goodput_retention_seconds), counted in goodput_ratio",
+    )
+    job: JobView | None = Field(
+        default=None,
+        description="the whole job's figures across nodes, read from the Prometheus at "
+        "prometheus_url; null: not set, not answering, or no figures yet",
     )
     ranks: list[RankView]
 
