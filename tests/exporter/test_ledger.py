@@ -206,3 +206,20 @@ def test_a_forged_row_is_refused_and_the_others_restored(tmp_path: Path) -> None
     keeper(new, path).load()
     assert new.file_stats.refused == {"bad_row": 2}
     assert [r.rank for r in new.ranks.values()] == [1]
+
+
+def test_a_rank_is_restored_once_whatever_the_file_says(tmp_path: Path) -> None:
+    """A forged file with the same rank live and departed (or twice) restores it once, so its
+    series are exported once."""
+    path = tmp_path / "state.json"
+    old = store_of()
+    run_steps(old, attach(old), 1, 3)
+    assert keeper(old, path).save()
+    doc = json.loads(path.read_text())
+    row = doc["ranks"][0]
+    doc["ranks"].append(row)
+    doc["departed"].append({**row, "departed_ago": 5.0})
+    path.write_text(json.dumps(doc))
+    new = store_of()
+    keeper(new, path).load()
+    assert len(new.ranks) == 1 and len(new.ledger) == 0

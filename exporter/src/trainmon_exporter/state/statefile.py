@@ -300,8 +300,8 @@ class Keeper:
                     if store.admit_restored(state, now):
                         n_live += 1
                         continue
-                    if row.key in store.ranks:
-                        continue
+                if row.key in store.ranks:
+                    continue  # one record a rank: its live state holds its accounting
                 row.goodput.closed(now)
                 store.ledger.put(
                     Departed(
