@@ -403,47 +403,27 @@ def lightning_truth(ev: list[dict[str, Any]]) -> dict[str, float]:
 # ----------------------------------------------------------------------------- scenarios
 
 
-def moved(lab: Lab, steps: int = 30, pause: float = 3.0) -> Result:
-    """Killed on node a after step ``steps // 2 + 5``, restarted on node b from its checkpoint."""
-    run, truth = "gp-moved", lab.tmp / "moved.jsonl"
+def killed_and_restarted(
+    lab: Lab, run: str, first: str, then: str, steps: int, wait: float
+) -> Path:
+    """A rank killed on exporter ``first`` halfway between two checkpoints, restarted ``wait``
+    seconds later on exporter ``then`` from its last checkpoint; the truth file's path."""
+    truth = lab.tmp / f"{run}.jsonl"
     save = steps // 3
-    finish(
-        trainer(
-            "timed_trainer.py",
-            lab.socket("a"),
-            run,
-            truth,
-            "--first",
-            "1",
-            "--last",
-            str(steps),
-            "--save-every",
-            str(save),
-            "--kill-after",
-            str(save + save // 2 + 1),
-        ),
-        want=-9,
-    )
-    time.sleep(pause)
-    finish(
-        trainer(
-            "timed_trainer.py",
-            lab.socket("b"),
-            run,
-            truth,
-            "--first",
-            str(save + 1),
-            "--last",
-            str(steps),
-            "--save-every",
-            str(save),
-            "--startup",
-            "0.5",
-            "--restore",
-            "0.4",
-        )
-    )
-    lab.settle(run, 1, "b")
+    every = ("--last", str(steps), "--save-every", str(save))
+    kill = ("--first", "1", "--kill-after", str(save + save // 2 + 1))
+    finish(trainer("timed_trainer.py", lab.socket(first), run, truth, *kill, *every), want=-9)
+    time.sleep(wait)
+    again = ("--first", str(save + 1), "--startup", "0.5", "--restore", "0.4")
+    finish(trainer("timed_trainer.py", lab.socket(then), run, truth, *again, *every))
+    lab.settle(run, 1, then)
+    return truth
+
+
+def moved(lab: Lab, steps: int = 30, pause: float = 3.0) -> Result:
+    """Killed on node a, restarted on node b from its checkpoint ``pause`` seconds later."""
+    run = "gp-moved"
+    truth = killed_and_restarted(lab, run, "a", "b", steps, pause)
     return Result(
         "moved",
         run,
@@ -456,45 +436,9 @@ def moved(lab: Lab, steps: int = 30, pause: float = 3.0) -> Result:
 
 def ttl(lab: Lab, steps: int = 30, ttl_s: float = 5.0) -> Result:
     """Killed, and restarted on the same node after longer than its series TTL."""
-    run, truth = "gp-ttl", lab.tmp / "ttl.jsonl"
-    save = steps // 3
-    finish(
-        trainer(
-            "timed_trainer.py",
-            lab.socket("c"),
-            run,
-            truth,
-            "--first",
-            "1",
-            "--last",
-            str(steps),
-            "--save-every",
-            str(save),
-            "--kill-after",
-            str(save + save // 2 + 1),
-        ),
-        want=-9,
-    )
-    time.sleep(ttl_s + 3.0)  # the rank's state expires (the sweep runs every ttl / 4)
-    finish(
-        trainer(
-            "timed_trainer.py",
-            lab.socket("c"),
-            run,
-            truth,
-            "--first",
-            str(save + 1),
-            "--last",
-            str(steps),
-            "--save-every",
-            str(save),
-            "--startup",
-            "0.5",
-            "--restore",
-            "0.4",
-        )
-    )
-    lab.settle(run, 1, "c")
+    run = "gp-ttl"
+    # the rank's state expires first (the sweep runs every ttl / 4)
+    truth = killed_and_restarted(lab, run, "c", "c", steps, ttl_s + 3.0)
     return Result("ttl", run, timed_truth(events(truth)), lab.rules(run, 1), *lab.api("c", run, 1))
 
 
@@ -586,7 +530,7 @@ RUNNERS: dict[str, Callable[..., Result]] = {
     "gloo4": gloo4,
     "lightning": lightning,
 }
-EXPORTER_ARGS = {
+EXPORTER_ARGS: dict[str, tuple[str, ...]] = {
     "*": (
         "--state-save-interval-seconds",
         "0.5",
