@@ -79,17 +79,6 @@ _COUNTERS: tuple[tuple[Family, Callable[[RankState, RankAnalytics], float]], ...
     (catalog.EVAL_EVALUATIONS, lambda s, a: a.eval_total),
     (catalog.CHECKPOINTS, lambda s, a: s.checkpoints_total),
 )
-_GOODPUT_COUNTERS: tuple[tuple[Family, Callable[[Goodput, float], float]], ...] = (
-    (catalog.TRAIN_PRODUCTIVE_SECONDS, lambda g, offset: g.productive),
-)
-_GOODPUT_GAUGES: tuple[tuple[Family, Callable[[Goodput, float], float]], ...] = (
-    (catalog.TRAIN_UNCHECKPOINTED_SECONDS, lambda g, offset: g.uncheckpointed),
-    (catalog.TRAIN_AT_RISK_SECONDS, lambda g, offset: g.at_risk),
-    (catalog.TRAIN_ACCOUNTING_START_TIMESTAMP_SECONDS, lambda g, offset: g.init + offset),
-    (catalog.TRAIN_DATA_LOADING_MEASURED, lambda g, offset: 1.0 if g.data_seen else 0.0),
-)
-
-
 def _fin(v: float) -> float | None:
     return v if math.isfinite(v) else None
 
@@ -124,15 +113,20 @@ class HealthCollector:
         eval_value = catalog.EVAL_VALUE.gauge()
         badput = catalog.TRAIN_BADPUT_SECONDS.counter()
         input_bound = catalog.TRAIN_INPUT_BOUND.gauge()
-        g_counters = [(f.counter(), fn) for f, fn in _GOODPUT_COUNTERS]
-        g_gauges = [(f.gauge(), fn) for f, fn in _GOODPUT_GAUGES]
+        productive = catalog.TRAIN_PRODUCTIVE_SECONDS.counter()
+        unchecked = catalog.TRAIN_UNCHECKPOINTED_SECONDS.gauge()
+        at_risk = catalog.TRAIN_AT_RISK_SECONDS.gauge()
+        started = catalog.TRAIN_ACCOUNTING_START_TIMESTAMP_SECONDS.gauge()
+        measured = catalog.TRAIN_DATA_LOADING_MEASURED.gauge()
         offset = now - time.monotonic()
 
         def goodput(labels: list[str], g: Goodput) -> None:
-            for fam, fn in g_counters:
-                fam.add_metric(labels, fn(g, offset))
-            for gfam, gfn in g_gauges:
-                gfam.add_metric(labels, gfn(g, offset))
+            held = g.held  # one pass over the held ranges for both gauges
+            productive.add_metric(labels, g.productive)
+            unchecked.add_metric(labels, 0.0 if g.risk else held)
+            at_risk.add_metric(labels, held if g.risk else 0.0)
+            started.add_metric(labels, g.init + offset)
+            measured.add_metric(labels, 1.0 if g.data_seen else 0.0)
             for kind, seconds in g.badput.items():
                 badput.add_metric([*labels, kind], seconds)
 
@@ -171,6 +165,5 @@ class HealthCollector:
         out += [fam for fam, _ in counters]
         out += [loss_spikes, grad_spikes, mon_ratio, over_budget]
         out += [op_seconds, op_count, op_active, eval_value]
-        out += [fam for fam, _ in g_counters] + [fam for fam, _ in g_gauges]
-        out += [badput, input_bound]
+        out += [productive, unchecked, at_risk, started, measured, badput, input_bound]
         return out
