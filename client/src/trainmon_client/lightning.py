@@ -29,7 +29,8 @@ is the wait for rank 0's write) and reported as it returns, so the fetch of the 
 is data loading, not the save; a save that bypasses the method is reported at the first hook
 after ``on_save_checkpoint``, as before. Data loading: each
 step carries as ``data_time`` the time from the previous hook (the start of training, the
-previous micro-batch's end, a validation, a checkpoint) to each of its micro-batches' start,
+end of this callback's previous ``on_train_batch_end``, a validation, a checkpoint) to each of
+its micro-batches' start,
 which is when Lightning fetches the batch. A fit resumed from a checkpoint (``ckpt_path``)
 reports it at ``on_load_checkpoint`` as a restore (``Run.checkpoint(step, restore=True)``;
 the load's duration is not seen by a callback, so the exporter counts it as start-up). Ranks
@@ -201,8 +202,17 @@ class TrainmonCallback(Callback):  # type: ignore[misc]
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        """Add the micro-batch; after an optimizer step, send the step."""
-        self._t_event = time.perf_counter()
+        """Add the micro-batch; after an optimizer step, send the step.
+
+        The next batch's fetch is timed from when this returns: this hook's own work is the
+        step's, not data loading.
+        """
+        try:
+            self._batch_end(trainer, outputs, batch)
+        finally:
+            self._t_event = time.perf_counter()
+
+    def _batch_end(self, trainer: Any, outputs: Any, batch: Any) -> None:
         run = self.run
         if run is None:
             return
