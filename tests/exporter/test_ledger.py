@@ -223,3 +223,24 @@ def test_a_rank_is_restored_once_whatever_the_file_says(tmp_path: Path) -> None:
     new = store_of()
     keeper(new, path).load()
     assert len(new.ranks) == 1 and len(new.ledger) == 0
+
+
+def test_a_state_file_is_read_no_further_than_the_store_holds(tmp_path: Path) -> None:
+    """Rows past max_ranks (of live ranks, and of departed ones) are refused unread."""
+    path = tmp_path / "state.json"
+    old = store_of()
+    run_steps(old, attach(old), 1, 3)
+    assert keeper(old, path).save()
+    doc = json.loads(path.read_text())
+    row = doc["ranks"][0]
+    rows = []
+    for rank in range(12):
+        r = json.loads(json.dumps(row))
+        r["hello"].update(rank=rank, world_size=12)
+        rows.append(r)
+    doc["ranks"] = rows
+    path.write_text(json.dumps(doc))
+    new = store_of()  # max_ranks 8
+    keeper(new, path).load()
+    assert new.file_stats.refused == {"bad_row": 4}
+    assert len(new.ranks) == 8

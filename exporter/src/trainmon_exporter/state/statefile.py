@@ -242,11 +242,16 @@ class Keeper:
         rows: list[Row] = []
         bad = 0
         first_problem = ""
+        most = self.store.admission.max_ranks  # what the store and its ledger hold, each
         for part in ("ranks", "departed"):
             items = doc.get(part, [])
             if not isinstance(items, list):
                 items, bad = [], bad + 1
                 first_problem = first_problem or f"{part} is not a list"
+            if len(items) > most:
+                bad += len(items) - most
+                first_problem = first_problem or f"{len(items)} {part}, more than max_ranks"
+                items = items[:most]
             for item in items:
                 try:
                     row = parse_row(item, offset, now, self.check_hello)
