@@ -79,6 +79,8 @@ _COUNTERS: tuple[tuple[Family, Callable[[RankState, RankAnalytics], float]], ...
     (catalog.EVAL_EVALUATIONS, lambda s, a: a.eval_total),
     (catalog.CHECKPOINTS, lambda s, a: s.checkpoints_total),
 )
+
+
 def _fin(v: float) -> float | None:
     return v if math.isfinite(v) else None
 
