@@ -298,20 +298,22 @@ def training() -> dict[str, Any]:
         row(lay, "Where the time goes"),
         panel(
             lay,
-            "Badput by kind (share of the ranks' wall-clock)",
+            "Badput by kind (share of the job's time, last 5 minutes)",
             [
                 (
-                    f"sum by ({FLEET}, run, kind) (rate(trainmon_train_badput_seconds_total{{{SEL}}}"
-                    "[$__rate_interval])) / on (cluster, namespace, run) group_left () "
-                    f"count by ({FLEET}, run) (trainmon_train_productive_seconds_total{{{SEL}}})",
+                    f"run:trainmon_train_badput_seconds:increase5m{{{RUN}}} / on ({FLEET}, run) "
+                    f"group_left () run:trainmon_train_accounted_seconds:increase5m{{{RUN}}}",
                     "{{run}} {{kind}}",
                 ),
             ],
             unit="percentunit",
             stacked=True,
-            description="Seconds per second of each badput kind, over the selected ranks: "
-            "startup, data loading, checkpoint save and restore, evaluation, hang, wasted "
-            "progress, recovery, other (docs/goodput.md). What is left of 100 % trained.",
+            description="Each badput kind's share of the job's time (every rank's, on every "
+            "node that accounted it): startup, data loading, checkpoint save and restore, "
+            "evaluation, hang, wasted progress (at-risk time included), recovery (with the time "
+            "between two nodes), other. The job goes at its slowest loader's pace: its data "
+            "loading is the largest share of any rank (recording rules; docs/goodput.md). What "
+            "is left of 100 % trained.",
         ),
         panel(
             lay,
@@ -319,10 +321,44 @@ def training() -> dict[str, Any]:
             [
                 (f"run:trainmon_train_goodput:ratio{{{RUN}}}", "{{run}} over its life"),
                 (f"run:trainmon_train_goodput:ratio_1h{{{RUN}}}", "{{run}} last hour"),
+                (f"run:trainmon_train_goodput:ratio5m{{{RUN}}}", "{{run}} last 5 minutes"),
             ],
             unit="percentunit",
-            description="Productive plus uncheckpointed step time over all the wall-clock "
-            "accounted, the run's ranks summed (recording rules; docs/goodput.md).",
+            description="The job's productive plus uncheckpointed step time over all its "
+            "ranks' wall-clock, across restarts on other nodes, at its critical path "
+            "(recording rules; docs/goodput.md).",
+        ),
+        panel(
+            lay,
+            "The rank the job waits on for its input",
+            [
+                (
+                    f"run:trainmon_train_badput_seconds:data_loading_critical_rank{{{RUN}}}",
+                    "{{run}} rank {{rank}} on {{hostname}}",
+                ),
+            ],
+            unit="percentunit",
+            kind="stat",
+            w=12,
+            h=6,
+            description="The rank with the largest share of its time waiting for data over the "
+            "last 5 minutes, and where it runs: in a synchronous job every rank waits that "
+            "long (docs/goodput.md#the-jobs-critical-path).",
+        ),
+        panel(
+            lay,
+            "Ranks whose data loading is not measured",
+            [
+                (
+                    f"count by ({FLEET}, run) (trainmon_train_data_loading_measured{{{SEL}}} == 0)",
+                    "{{run}}",
+                ),
+            ],
+            kind="stat",
+            w=12,
+            h=6,
+            description="Ranks that never reported a data wait (Run.timed(), data_time): their "
+            "data loading is inside their step time, not zero (docs/goodput.md).",
         ),
         row(lay, "Events (counted at every step)"),
         panel(

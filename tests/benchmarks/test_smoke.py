@@ -47,6 +47,7 @@ NEEDS = {
     "rules_eval.py": "prometheus",
     "false_alarms.py": "prometheus",
     "prometheus_memory.py": "prometheus",
+    "goodput_job.py": "prometheus",
 }
 
 

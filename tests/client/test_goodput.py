@@ -100,3 +100,51 @@ def test_the_restore_byte_is_optional_and_checked() -> None:
     with pytest.raises(P.ProtocolError) as bad:
         P.decode_checkpoint(memoryview(save[3:] + b"\x02"))  # an unknown flag
     assert bad.value.reason == "malformed"
+
+
+class SlowStart:
+    """An iterable whose iterator takes ``start`` seconds to make (a DataLoader starting its
+    worker processes) and then hands its items out at once."""
+
+    def __init__(self, start: float, n: int) -> None:
+        self.start, self.n = start, n
+
+    def __iter__(self) -> Iterator[int]:
+        time.sleep(self.start)
+        return iter(range(self.n))
+
+
+def test_timed_counts_the_start_of_the_iterator_as_the_first_wait(listener: Listener) -> None:
+    run = make_run(listener.path, flush_interval=0.05)
+    for step, _ in enumerate(run.timed(SlowStart(0.15, 3))):
+        run.log(step, loss=1.0)
+    run.finish()
+    listener.accept()
+    got = data_times(listener)
+    assert got[0] is not None and got[0] >= 0.15
+    assert all(t is None or t < 0.05 for t in got[1:])
+
+
+def fields_of(listener: Listener) -> list[dict[int, float]]:
+    return [dict(zip(r.ids, r.values, strict=True)) for r in steps_of(listener.records())]
+
+
+def test_steps_carry_running_totals_so_a_lost_record_loses_nothing(listener: Listener) -> None:
+    """data_time_total in every STEP with a data_time; once a checkpoint is saved, the step it
+    saved and the saves' seconds so far in every STEP after it (a restore is not a save)."""
+    run = make_run(listener.path, flush_interval=0.0)
+    run.log(1, loss=1.0, data_time=0.25)
+    run.log(2, loss=1.0)
+    run.checkpoint(2, seconds=1.5)
+    run.checkpoint(0, seconds=9.0, restore=True)
+    run.log(3, loss=1.0, data_time=0.5)
+    run.checkpoint(3, seconds=math.nan)  # an unknown duration adds nothing
+    run.log(4, loss=1.0)
+    run.finish()
+    listener.accept()
+    got = fields_of(listener)
+    assert got[0][P.FIELD_DATA_TIME_TOTAL] == 0.25
+    assert P.FIELD_DATA_TIME_TOTAL not in got[1] and P.FIELD_CHECKPOINT_STEP not in got[1]
+    assert got[2][P.FIELD_DATA_TIME_TOTAL] == 0.75
+    assert (got[2][P.FIELD_CHECKPOINT_STEP], got[2][P.FIELD_CHECKPOINT_TIME_TOTAL]) == (2, 1.5)
+    assert (got[3][P.FIELD_CHECKPOINT_STEP], got[3][P.FIELD_CHECKPOINT_TIME_TOTAL]) == (3, 1.5)

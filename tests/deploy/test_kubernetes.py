@@ -658,6 +658,12 @@ def test_daemonset_shape() -> None:
     assert mounts["pod-logs"]["readOnly"] is True
     assert env(c)["TRAINMON_KUBELET_POD_LOGS_DIR"]["value"] == mounts["pod-logs"]["mountPath"]
 
+    assert volumes["state-dir"]["hostPath"] == {
+        "path": "/var/lib/trainmon",
+        "type": "DirectoryOrCreate",
+    }
+    assert env(c)["TRAINMON_STATE_FILE"]["value"] == "/var/lib/trainmon/state.json"
+
 
 # --------------------------------------------------------------------------- Pod Security
 
@@ -1418,7 +1424,7 @@ def test_a_non_root_trainer_reaches_the_socket_with_the_manifests_permissions(
     trainer_volume = {v["name"]: v for v in tr_spec["volumes"]}["trainmon"]
     with _kubelet_mount(ex_spec, "socket") as mount:
         for init in ex_spec.get("initContainers", []):
-            if "command" in init:  # the DaemonSet's socket-dir preparation
+            if init["name"] == "socket-dir":  # the DaemonSet's socket-dir preparation
                 out = _run_init_container(ex_spec, init, mount)
                 assert out.returncode == 0, out.stderr
         sock = env(exporter)["TRAINMON_SOCKET"]["value"].replace("/run/trainmon", str(mount))
@@ -1431,6 +1437,7 @@ def test_a_non_root_trainer_reaches_the_socket_with_the_manifests_permissions(
             }
         )
         ex_env.update(TRAINMON_SOCKET=sock, TRAINMON_LISTEN=f"127.0.0.1:{port}")
+        ex_env["TRAINMON_STATE_FILE"] = f"{mount}/state.json"  # not the host's /var/lib
         ex_env["TRAINMON_COLLECTORS__GPU"] = "false"
         ex_env["TRAINMON_COLLECTORS__RANK_GPU"] = "false"
         uid, gid, groups = _identity(ex_spec, exporter)

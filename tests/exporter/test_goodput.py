@@ -12,6 +12,7 @@ import math
 import pytest
 
 from trainmon_exporter.analytics.goodput import KINDS, MAX_UNCHECKPOINTED_RANGES, Goodput
+from trainmon_exporter.state.records import goodput_from_record, goodput_record
 
 INIT = 100.0
 
@@ -200,3 +201,166 @@ def test_a_process_first_seen_after_its_steps_began_is_accounted_from_that_step(
     g.step(501, INIT + 2.0, INIT + 2.0, 0.25)
     assert g.accounted() == pytest.approx(1.0)
     assert g.badput["data_loading"] == pytest.approx(0.25)
+
+
+def test_time_a_crash_holds_is_at_risk_until_a_resume_here_or_the_record_leaves() -> None:
+    led = Ledger()
+    g = led.g
+    t = led.steps(20)  # held: steps 2..20 (step 1's interval is start-up)
+    g.checkpoint(10, t, math.nan, t, restore=False)
+    g.crash(t + 0.5)
+    led.check(t + 0.5)
+    # Steps 11..20 are at risk: not good (optimistic ratio), counted wasted by lost().
+    assert g.uncheckpointed == 0.0 and g.at_risk == pytest.approx(10.0)
+    assert g.optimistic_ratio() == pytest.approx(9.0 / (t + 0.5 - INIT))
+    assert g.lost()["wasted_progress"] == pytest.approx(10.5)
+    assert g.totals()[0] == pytest.approx(9.0)
+    # A restart here that resumes from step 15 (a checkpoint this rank did not report) keeps
+    # steps 11..15.
+    g.reconnect(t + 3.0, t + 3.0, 0.0, same_process=False)
+    g.checkpoint(15, t + 4.0, 1.0, t + 4.0, restore=True)
+    led.check(t + 3.0)
+    assert g.at_risk == 0.0 and g.productive == pytest.approx(9.0 + 5.0)
+    assert g.badput["wasted_progress"] == pytest.approx(0.5 + 5.0)
+    assert g.badput["recovery"] == pytest.approx(2.5)
+
+
+def test_settling_a_crashed_record_wastes_what_is_at_risk() -> None:
+    led = Ledger()
+    g = led.g
+    t = led.steps(10)
+    g.crash(t)
+    g.settle()
+    led.check(t)
+    assert g.at_risk == 0.0 and g.badput["wasted_progress"] == pytest.approx(9.0)
+    # Adopted later by a restarted process: recovery from the crash to its init().
+    g.reconnect(t + 100.0, t + 100.0, 0.0, same_process=False)
+    led.check(t + 100.0)
+    assert g.badput["recovery"] == pytest.approx(100.0)
+
+
+def test_a_connection_the_exporter_closed_is_placed_by_what_the_process_reports_next() -> None:
+    led = Ledger()
+    g = led.g
+    t = led.steps(10)
+    g.closed(t + 0.2)  # the exporter restarts: nothing is placed yet
+    led.check(t)
+    assert g.phase == "detached" and g.uncheckpointed == pytest.approx(9.0)
+    g.reconnect(INIT, t + 5.0, 0.0, same_process=True)
+    g.step(15, t + 5.0, t + 5.0, 0.5)  # steps 11..15 ran meanwhile
+    led.check(t + 5.0)
+    assert g.badput["other"] == 0.0 and g.badput["recovery"] == 0.0
+    assert g.uncheckpointed == pytest.approx(9.0 + 4.5)
+    # Detached again, and a new process comes instead: the old one went away unseen.
+    g.closed(t + 6.0)
+    g.reconnect(t + 8.0, t + 8.0, 0.0, same_process=False)
+    led.check(t + 8.0)
+    assert g.badput["recovery"] == pytest.approx(3.0)
+    assert g.at_risk == pytest.approx(13.5)
+
+
+def test_a_rank_that_logs_every_tenth_step_counts_only_start_up_as_start_up() -> None:
+    led = Ledger()
+    g = led.g
+    # 2 s of start-up, then 10 steps of 1 s each before the first log at step 10
+    t = INIT + 12.0
+    g.step(10, t, t, None)
+    for n in (20, 30):
+        t += 10.0
+        g.step(n, t, t, None)
+        led.check(t)
+    assert g.badput["startup"] == pytest.approx(3.0)  # 2 s, and step 1's compute
+    assert g.uncheckpointed == pytest.approx(29.0)  # steps 2..30
+
+
+def test_a_checkpoint_between_two_logged_steps_keeps_the_steps_it_saved() -> None:
+    led = Ledger()
+    g = led.g
+    t = INIT + 1.0
+    g.step(0, t, t, None)
+    for n in (10, 20, 30):
+        t += 10.0
+        g.step(n, t, t, None)
+    g.checkpoint(25, t, math.nan, t, restore=False)  # saves every 25, logs every 10
+    g.crash(t + 1.0)
+    g.reconnect(t + 2.0, t + 2.0, 0.0, same_process=False)
+    g.checkpoint(25, t + 3.0, math.nan, t + 3.0, restore=True)
+    led.check(t + 2.0)
+    assert g.productive == pytest.approx(25.0)  # steps 1..25
+    assert g.badput["wasted_progress"] == pytest.approx(5.0 + 1.0)  # 26..30, in progress
+
+
+def test_an_evaluation_before_the_first_step_leaves_start_up_alone() -> None:
+    led = Ledger()
+    g = led.g
+    g.evaluation(INIT + 5.0, INIT + 5.0)  # an eval() with no step before it
+    g.operation("validation", 2.0, INIT + 5.0)  # tracked: 2 s of it
+    t = INIT + 6.0
+    g.step(1, t, t, None)
+    g.step(2, t + 1.0, t + 1.0, None)
+    led.check(t + 1.0)
+    assert g.badput["evaluation"] == pytest.approx(2.0)
+    assert g.badput["startup"] == pytest.approx(4.0)
+
+
+def test_a_record_round_trips_through_the_state_file_and_bad_ones_are_refused() -> None:
+    led = Ledger()
+    g = led.g
+    t = led.steps(12)
+    g.checkpoint(10, t, 0.5, t, restore=False)
+    g.operation("validation", 0.5, t)  # taken back from step 12's time, as the save
+    g.crash(t + 0.5)
+    assert g.at_risk == pytest.approx(1.0)
+    rec = goodput_record(g, offset=1000.0)
+    back = goodput_from_record(rec, offset=1000.0, now=t + 60.0)
+    assert back.accounted() == pytest.approx(g.accounted())
+    assert back.at_risk == pytest.approx(g.at_risk) and back.risk
+    assert back.badput == pytest.approx(g.badput)
+    assert back.cursor - back.init == pytest.approx(g.cursor - g.init)
+    # The same process resumes: nothing is counted twice or lost.
+    back.reconnect(INIT + 1000.0, t + 60.0, 1000.0, same_process=True)
+    assert back.uncheckpointed == pytest.approx(g.at_risk)
+    for bad in (
+        {**rec, "v": 2},
+        {**rec, "phase": "flying"},
+        {**rec, "productive": -1.0},
+        {**rec, "badput": {"startup": 1.0}},
+        {**rec, "ranges": [[5, 3, 1.0]]},
+        {**rec, "ranges": [[1, 2, math.inf]]},
+        {**rec, "spans": [["hang", None, "x"]]},
+        {**rec, "last_step": -3},
+        {**rec, "init": True},
+    ):
+        with pytest.raises(ValueError):
+            goodput_from_record(bad, offset=0.0, now=t)
+
+
+def test_a_rank_that_never_reports_data_time_says_so() -> None:
+    g = Goodput.start(INIT, INIT, 0.0)
+    g.step(1, INIT + 1.0, INIT + 1.0, None)
+    assert not g.data_seen
+    g.step(2, INIT + 2.0, INIT + 2.0, 0.0)
+    assert g.data_seen
+
+
+def test_running_totals_make_up_for_the_records_an_exporter_never_got() -> None:
+    """Steps 6..9 and the save of step 8 were sent while this exporter was down: step 10's
+    running totals bring their data waits and the save, and keep the steps it saved."""
+    led = Ledger()
+    g = led.g
+    t = INIT
+    for n in range(1, 6):
+        t += 1.0
+        g.step(n, t, t, 0.2, data_total=0.2 * n)
+    t += 5.0
+    g.step(10, t, t, 0.2, data_total=2.0, saved=(8.0, 0.6), lost=True)
+    led.check(t)
+    assert g.badput["data_loading"] == pytest.approx(2.0)
+    assert g.badput["checkpoint_save"] == pytest.approx(0.6)
+    assert g.productive == pytest.approx(4 * 0.8 + (5.0 - 0.6 - 1.0) * 3 / 5)  # 2..5, 6..8
+    # Without a loss the totals change nothing: records already counted are not counted twice.
+    g.checkpoint(12, t + 1.5, 0.5, t + 1.5, restore=False)
+    g.step(12, t + 2.0, t + 2.0, 0.1, data_total=2.1, saved=(12.0, 1.1))
+    led.check(t + 2.0)
+    assert g.badput["checkpoint_save"] == pytest.approx(1.1)
+    assert g.badput["data_loading"] == pytest.approx(2.1)

@@ -11,8 +11,9 @@ returns as counts, to its own totals. The encoder owns what only encoding needs:
   after a (re)connect;
 - the *plan* cache: the :class:`struct.Struct` and field ids of each distinct tuple of
   ``log()`` keyword names, so that encoding a step is one ``pack`` call;
-- the cumulative STEP totals (steps, tokens, samples, the previous step's time) and the
-  cumulative TRACK totals of each operation;
+- the cumulative STEP totals (steps, tokens, samples, the previous step's time, the
+  ``data_time`` so far and the checkpoints saved) and the cumulative TRACK totals of each
+  operation;
 - the open packet: records are appended until the next one would take it past
   :data:`FLUSH_BYTES`; then it is closed and another opened. Each closed packet keeps its
   count of data records (what dropping it loses).
@@ -105,6 +106,7 @@ class _Plan(NamedTuple):
     batch_index: int
     seq_index: int
     refused: int  # keys dropped at every call (bad name, over the name cap)
+    data_index: int = -1  # data_time's position: its running total is appended
 
 
 class Encoder:
@@ -152,6 +154,10 @@ class Encoder:
         """Cumulative tokens (``tokens_total``)."""
         self.samples = 0.0
         """Cumulative samples (``samples_total``)."""
+        self.data_time = 0.0
+        """Cumulative ``data_time`` of the steps encoded (``data_time_total``)."""
+        self._checkpoint: tuple[float, float] | None = None  # (last saved step, seconds so far)
+        self._plans_saved: dict[tuple[str, ...], _Plan] = {}  # plans once a save was reported
         self._prev_t = math.nan
 
     # ------------------------------------------------------------------------- names
@@ -227,6 +233,18 @@ class Encoder:
 
     # ------------------------------------------------------------------------- records
 
+    def checkpointed(self, step: int, seconds: float) -> None:
+        """A checkpoint of ``step`` was saved in ``seconds`` (NaN: unknown).
+
+        Every later STEP carries the last saved step and the saves' seconds so far
+        (``checkpoint_step``, ``checkpoint_time_total``).
+        """
+        total = self._checkpoint[1] if self._checkpoint is not None else 0.0
+        if math.isfinite(seconds) and seconds > 0:
+            total += seconds
+        last = self._checkpoint[0] if self._checkpoint is not None else -1.0
+        self._checkpoint = (float(max(step, last)), total)
+
     def add_steps(
         self,
         pending: deque[tuple[Any, float, dict[str, Any]]],
@@ -267,11 +285,12 @@ class Encoder:
                     total_refused += 1
                     continue
             keys = tuple(metrics)
-            plan = self._plans.get(keys)
+            saved = self._checkpoint
+            plan = (self._plans if saved is None else self._plans_saved).get(keys)
             if plan is None:
-                plan = self._plan(keys)
+                plan = self._plan(keys, saved is not None)
             vals = list(metrics.values())
-            tokens, samples = self.tokens, self.samples
+            tokens, samples, data = self.tokens, self.samples, self.data_time
             step_refused = plan.refused
             try:
                 if plan.tokens_index >= 0:
@@ -295,6 +314,13 @@ class Encoder:
                 else:
                     step_refused += 1
                 fields = vals if plan.value_index is None else [vals[i] for i in plan.value_index]
+                if plan.data_index >= 0:
+                    add = vals[plan.data_index]
+                    if 0 <= add < math.inf:
+                        data += add
+                    fields.append(data)
+                if saved is not None:
+                    fields += saved
                 record = plan.struct_pack(
                     P.STEP,
                     plan.payload_length,
@@ -315,7 +341,7 @@ class Encoder:
                 encode_errors += 1
                 log.debug("trainmon_client: a step could not be encoded", exc_info=True)
                 continue
-            self.tokens, self.samples = tokens, samples
+            self.tokens, self.samples, self.data_time = tokens, samples, data
             total_refused += step_refused
             self.steps += 1
             self._prev_t = t0
@@ -381,8 +407,13 @@ class Encoder:
 
     # ------------------------------------------------------------------------- plans
 
-    def _plan(self, keys: tuple[str, ...]) -> _Plan:
-        """Build (and cache) the encoding of one key tuple; interns new custom names."""
+    def _plan(self, keys: tuple[str, ...], saved: bool = False) -> _Plan:
+        """Build (and cache) the encoding of one key tuple; interns new custom names.
+
+        The cumulative fields follow the caller's: ``data_time_total`` when ``data_time`` is
+        among the keys, ``checkpoint_step`` and ``checkpoint_time_total`` once a save was
+        reported (``saved``).
+        """
         ids: list[int] = []
         index: list[int] = []
         refused = 0
@@ -399,8 +430,16 @@ class Encoder:
                 index.append(i)
             else:
                 refused += 1
-        s = P.step_struct(len(ids))
         all_fields = len(index) == len(keys)
+        data_index = -1
+        if "data_time" in keys and "data_time_total" not in keys:
+            data_index = keys.index("data_time")
+            ids.append(P.FIELD_DATA_TIME_TOTAL)
+            all_fields = False  # the fields are a list the cumulative ones are appended to
+        if saved and "checkpoint_step" not in keys and "checkpoint_time_total" not in keys:
+            ids += (P.FIELD_CHECKPOINT_STEP, P.FIELD_CHECKPOINT_TIME_TOTAL)
+            all_fields = False
+        s = P.step_struct(len(ids))
         plan = _Plan(
             struct_pack=s.pack,
             payload_length=P.step_payload_length(len(ids)),
@@ -411,7 +450,9 @@ class Encoder:
             batch_index=special["batch_size"],
             seq_index=special["seq_len"],
             refused=refused,
+            data_index=data_index,
         )
-        if len(self._plans) < MAX_PLANS:
-            self._plans[keys] = plan
+        plans = self._plans_saved if saved else self._plans
+        if len(plans) < MAX_PLANS:
+            plans[keys] = plan
         return plan

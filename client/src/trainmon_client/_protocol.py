@@ -230,6 +230,9 @@ FIELD_MEM_PEAK: Final = 9
 FIELD_ALLOC_RETRIES: Final = 10
 FIELD_OOMS: Final = 11
 FIELD_DATA_TIME: Final = 12
+FIELD_DATA_TIME_TOTAL: Final = 13
+FIELD_CHECKPOINT_STEP: Final = 14
+FIELD_CHECKPOINT_TIME_TOTAL: Final = 15
 STANDARD_FIELDS: Final[dict[str, int]] = {
     "loss": FIELD_LOSS,
     "lr": FIELD_LR,
@@ -243,9 +246,20 @@ STANDARD_FIELDS: Final[dict[str, int]] = {
     "alloc_retries": FIELD_ALLOC_RETRIES,
     "ooms": FIELD_OOMS,
     "data_time": FIELD_DATA_TIME,
+    "data_time_total": FIELD_DATA_TIME_TOTAL,
+    "checkpoint_step": FIELD_CHECKPOINT_STEP,
+    "checkpoint_time_total": FIELD_CHECKPOINT_TIME_TOTAL,
 }
 """Field ids of the standard scalars. ``tokens`` and ``samples`` are not fields: the client
-adds them to the cumulative totals in the STEP header."""
+adds them to the cumulative totals in the STEP header.
+
+The last three are cumulative, for the time accounting, added by the client's encoder (not
+by ``log()``'s caller) so that a STEP lost with its exporter loses none of them:
+``data_time_total`` (the process's ``data_time`` so far, in every STEP that carries a
+``data_time``), ``checkpoint_step`` and ``checkpoint_time_total`` (the last checkpoint the
+process saved and its saves' seconds so far, in every STEP after its first save). Added
+without a version bump: an exporter that predates them counts each as ``unknown_field`` and
+applies the rest of the STEP, so upgrade exporters before clients."""
 STANDARD_NAMES: Final[dict[int, str]] = {v: k for k, v in STANDARD_FIELDS.items()}
 FIRST_CUSTOM_ID: Final = 64
 MAX_FIELD_ID: Final = 0xFFFF

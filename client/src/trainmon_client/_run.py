@@ -437,6 +437,8 @@ class Run:
                 self._refused += 1
                 return
             self._sender.send_now(P.encode_checkpoint(s, _wall(), sec, bool(restore)), now)
+            if not restore:  # the later STEPs carry it too: a lost CHECKPOINT is not lost
+                self._sender.encoder.checkpointed(s, sec)
         except Exception:
             self._internal_errors += 1
             log.debug("trainmon_client: checkpoint() failed internally", exc_info=True)
@@ -447,9 +449,10 @@ class Run:
     def timed(self, iterable: Iterable[T]) -> Iterator[T]:
         """Yield the items of ``iterable``, timing how long each took to arrive.
 
-        The wait for each item (``time.perf_counter`` around its ``next()``: no system call)
-        is added up, and the next :meth:`log` sends the sum as ``data_time`` (seconds), unless
-        it is given one. The exporter counts it as data-loading time and judges the rank
+        The wait for each item (``time.perf_counter`` around its ``next()``, and around the
+        ``iter()`` that starts a ``DataLoader``'s worker processes: no system call) is added
+        up, and the next :meth:`log` sends the sum as ``data_time`` (seconds), unless it is
+        given one. The exporter counts it as data-loading time and judges the rank
         input-bound when it exceeds a share of the step time (docs/goodput.md). Exceptions of
         the iterable propagate unchanged; after :meth:`finish` the items still pass through.
 
@@ -458,7 +461,9 @@ class Run:
             >>> for step, batch in enumerate(run.timed([[1, 2], [3, 4]])):
             ...     run.log(step, loss=0.5)
         """
-        it = iter(iterable)
+        t0 = _perf()
+        it = iter(iterable)  # a DataLoader starts its worker processes here
+        self._data_wait += _perf() - t0
         while True:
             t0 = _perf()
             try:

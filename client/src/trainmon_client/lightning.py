@@ -23,10 +23,14 @@ synchronisation.
 Validation, outside the sanity check, is timed as the operation ``validation``. At its end,
 ``trainer.callback_metrics`` whose names start with ``val`` are sent through
 :meth:`Run.eval`: ``val_loss`` or ``val/loss`` as ``val_loss``, and the others without the
-prefix. A checkpoint is reported at the first hook after ``on_save_checkpoint``. That hook
-runs before the file is written, so the seconds in between are the write. Data loading: each
+prefix. A checkpoint is timed around ``trainer.save_checkpoint`` (the callback wraps the
+trainer's method: no hook runs after the file is written, and on ranks other than 0 the save
+is the wait for rank 0's write) and reported as it returns, so the fetch of the next batch
+is data loading, not the save; a save that bypasses the method is reported at the first hook
+after ``on_save_checkpoint``, as before. Data loading: each
 step carries as ``data_time`` the time from the previous hook (the start of training, the
-previous micro-batch's end, a validation, a checkpoint) to each of its micro-batches' start,
+end of this callback's previous ``on_train_batch_end``, a validation, a checkpoint) to each of
+its micro-batches' start,
 which is when Lightning fetches the batch. A fit resumed from a checkpoint (``ckpt_path``)
 reports it at ``on_load_checkpoint`` as a restore (``Run.checkpoint(step, restore=True)``;
 the load's duration is not seen by a callback, so the exporter counts it as start-up). Ranks
@@ -117,6 +121,29 @@ class TrainmonCallback(Callback):  # type: ignore[misc]
         )
         self._global_step = trainer.global_step
         self._params = None
+        save = trainer.save_checkpoint
+        if getattr(save, "__trainmon__", None) is not self:
+            trainer.save_checkpoint = self._timed_save(save)
+
+    def _timed_save(self, save: Callable[..., Any]) -> Callable[..., Any]:
+        """``trainer.save_checkpoint``, timed: the checkpoint is reported when it returns."""
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return save(*args, **kwargs)
+            finally:
+                if self._checkpoint is not None:  # on_save_checkpoint ran: a save of this fit
+                    self._checkpoint = (self._checkpoint[0], t0)
+                    self._checkpoint_written()
+
+        timed.__trainmon__ = self  # type: ignore[attr-defined]
+        return timed
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """Give the trainer its own ``save_checkpoint`` back."""
+        if getattr(trainer.__dict__.get("save_checkpoint"), "__trainmon__", None) is self:
+            del trainer.save_checkpoint
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         """Send what is left and finish the run (reported as finished)."""
@@ -175,8 +202,17 @@ class TrainmonCallback(Callback):  # type: ignore[misc]
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        """Add the micro-batch; after an optimizer step, send the step."""
-        self._t_event = time.perf_counter()
+        """Add the micro-batch; after an optimizer step, send the step.
+
+        The next batch's fetch is timed from when this returns: this hook's own work is the
+        step's, not data loading.
+        """
+        try:
+            self._batch_end(trainer, outputs, batch)
+        finally:
+            self._t_event = time.perf_counter()
+
+    def _batch_end(self, trainer: Any, outputs: Any, batch: Any) -> None:
         run = self.run
         if run is None:
             return

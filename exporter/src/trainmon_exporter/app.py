@@ -26,6 +26,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from prometheus_client import CollectorRegistry, disable_created_metrics
 
 from trainmon_exporter import __version__
+from trainmon_exporter.apply import checked_hello
 from trainmon_exporter.claims import OwnerClaims
 from trainmon_exporter.collectors import CollectorContext, ScrapeCollector, build_collectors
 from trainmon_exporter.exposition import TextExposition
@@ -39,9 +40,11 @@ from trainmon_exporter.scrapes import SharedScrapes, scrape_format
 from trainmon_exporter.settings import Settings
 from trainmon_exporter.shed import SampleBudget
 from trainmon_exporter.sockfile import IngestSocket
+from trainmon_exporter.state.statefile import Keeper
 from trainmon_exporter.state.store import Store
 from trainmon_exporter.views.api import GpusResponse, RunsResponse, gpu_snapshot, snapshot
 from trainmon_exporter.views.html import StatusPage, render_status
+from trainmon_exporter.views.jobs import JobSource, source_of
 from trainmon_exporter.webconfig import (
     AuthStats,
     TlsStats,
@@ -70,6 +73,8 @@ class Exporter:
     api_gate: RequestGate | None = None
     auth_stats: AuthStats | None = None
     tls_stats: TlsStats | None = None
+    keeper: Keeper | None = None
+    jobs: JobSource | None = None
 
 
 class GpusRequiredError(RuntimeError):
@@ -100,9 +105,13 @@ def build_exporter(
         max_series_per_uid=settings.max_series_per_uid,
         retention_s=settings.rank_retention_seconds,
         default_namespace=settings.default_namespace or "",
+        goodput_retention_s=settings.goodput_retention_seconds,
     )
     if settings.owner_claims_dir is not None:
         store.claims = OwnerClaims(settings.owner_claims_dir)
+    keeper = None
+    if settings.state_path is not None:
+        keeper = Keeper(store, settings.state_path, checked_hello, __version__)
     registry = CollectorRegistry(auto_describe=False)
     metrics = IngestMetrics(registry)
     registry.register(LogMetrics())  # type: ignore[arg-type]
@@ -159,7 +168,22 @@ def build_exporter(
         api_gate,
         auth_stats,
         tls_stats,
+        keeper,
+        source_of(settings.prometheus_url),
     )
+
+
+def runs_of(ex: Exporter, gpus: GpuSnapshot | None = None) -> RunsResponse:
+    """The body of ``/api/v1/runs``: the store's runs (each job's figures too, if set up)."""
+    runs = snapshot(ex.store, _gpus(ex) if gpus is None else gpus, ex.settings.peak_flops)
+    return runs if ex.jobs is None else ex.jobs.add_to(runs)
+
+
+async def _keep(keeper: Keeper, period: float) -> None:
+    """Write the state file every ``period`` s (in a worker thread: the disk may be slow)."""
+    while True:
+        await asyncio.sleep(period)
+        await anyio.to_thread.run_sync(keeper.save)
 
 
 async def _sweep(store: Store) -> None:
@@ -215,11 +239,17 @@ def create_app(
                     ex.gpus.stop()
                     raise GpusRequiredError("require_gpus is set but NVML sees no GPU")
             ex.gpus.start()
+        if ex.keeper is not None:
+            ex.keeper.load()  # before the first trainer connects
         ex.ingest.start()
         tasks = [
             asyncio.create_task(_sweep(ex.store)),
             asyncio.create_task(_watch_conditions(ex.store)),
         ]
+        if ex.keeper is not None:
+            tasks.append(
+                asyncio.create_task(_keep(ex.keeper, settings.state_save_interval_seconds))
+            )
         try:
             yield
         finally:
@@ -229,6 +259,8 @@ def create_app(
                     await task
             ex.ingest.close()
             log.info("ingest socket closed and removed")
+            if ex.keeper is not None and ex.keeper.save():
+                log.info("state file %s written", ex.keeper.path)
             report_pending(log)
             if ex.gpus is not None:
                 ex.gpus.stop()
@@ -328,7 +360,7 @@ def create_app(
         requests at once (503 past it), each holding its slot until its body is written.
         """
         return await gated(
-            lambda: snapshot(ex.store, _gpus(ex), settings.peak_flops).model_dump_json().encode(),
+            lambda: runs_of(ex).model_dump_json().encode(),
             "application/json",
         )
 
@@ -342,7 +374,7 @@ def create_app(
     def status_body() -> bytes:
         gpus = _gpus(ex)
         page = StatusPage(
-            runs=snapshot(ex.store, gpus, settings.peak_flops),
+            runs=runs_of(ex, gpus),
             gpus=gpu_snapshot(gpus),
             socket=str(settings.socket),
             socket_problem=ex.ingest.socket_problem(),

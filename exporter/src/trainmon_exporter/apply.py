@@ -234,6 +234,11 @@ class HelloMessage(BaseModel):
         return None if v is None else _label(v, 96)
 
 
+def checked_hello(raw: object) -> dict[str, object]:
+    """A HELLO (of the state file) checked as one from the wire; ``ValueError`` if refused."""
+    return HelloMessage.model_validate(raw).model_dump()
+
+
 class Link:
     """What applying records knows of one trainer connection.
 

@@ -1394,6 +1394,64 @@ TRAIN_UNCHECKPOINTED_SECONDS = Family(
     ),
 )
 
+TRAIN_AT_RISK_SECONDS = Family(
+    "trainmon_train_at_risk_seconds",
+    GAUGE,
+    (
+        "Step time not yet kept whose process ended without a clean finish: lost unless a "
+        "restart on this exporter resumes past it; the goodput rules count it as "
+        "wasted_progress."
+    ),
+    RANK,
+    unit="s",
+    collector="health",
+    doc=(
+        "Uncheckpointed step time of a process that crashed (or went away while the exporter "
+        "was down): it moves to `trainmon_train_productive_seconds_total` or "
+        '`badput_seconds_total{kind="wasted_progress"}` when a restart here resumes, and to '
+        "`wasted_progress` when the rank's state expires. The goodput recording rules count it "
+        "as `wasted_progress` meanwhile, so time a crash threw away is never counted as good "
+        "([docs/goodput.md](goodput.md))."
+    ),
+)
+
+TRAIN_ACCOUNTING_START_TIMESTAMP_SECONDS = Family(
+    "trainmon_train_accounting_start_timestamp_seconds",
+    GAUGE,
+    (
+        "When this exporter's time accounting of the rank starts (Unix s): the first "
+        "process's init() it knows of. Its productive, badput, uncheckpointed and at-risk "
+        "seconds add up to the time from here."
+    ),
+    RANK,
+    unit="s",
+    collector="health",
+    doc=(
+        "Start of the wall-clock this exporter accounts for the rank (Unix seconds): the "
+        "`init()` of the first process it knows of (or the first step it saw, for a process "
+        "that began before the exporter knew of it). With the accounted seconds it gives "
+        "where this exporter's accounting ends, and the recording rules count the gaps "
+        "between the exporters that accounted a rank (a restart on another node) as recovery."
+    ),
+)
+
+TRAIN_DATA_LOADING_MEASURED = Family(
+    "trainmon_train_data_loading_measured",
+    GAUGE,
+    (
+        "1 once the rank reported how long it waited for its input (Run.timed, data_time), "
+        "else 0: its data-loading badput is not measured, not zero."
+    ),
+    RANK,
+    unit="0/1",
+    collector="health",
+    doc=(
+        "1 once the rank has reported its data waits (`Run.timed()`, `data_time`, or a "
+        "framework callback), 0 while it never did: then its data loading is inside its step "
+        "time, unmeasured, and the dashboard and the status page say so."
+    ),
+)
+
 TRAIN_INPUT_BOUND = Family(
     "trainmon_train_input_bound",
     GAUGE,
@@ -2326,6 +2384,90 @@ EXPORTER_RANKS_EXPIRED = Family(
     doc="Pairs dropped `series_ttl_seconds` after they disconnected.",
 )
 
+EXPORTER_DEPARTED_RANKS = Family(
+    "trainmon_exporter_departed_ranks",
+    GAUGE,
+    (
+        "Ranks whose state expired or was evicted without a clean finish, whose time "
+        "accounting is kept (and exported) for goodput_retention_seconds."
+    ),
+    (),
+    unit="pairs",
+    collector="exporter",
+    doc=(
+        "(run, rank) pairs that left without a clean finish and whose goodput series are still "
+        "exported, for `goodput_retention_seconds` and at most `max_ranks` of them: a rank that "
+        "comes back adopts its accounting, and the recording rules still see the time a run "
+        "spent on this node after it moved elsewhere."
+    ),
+)
+
+EXPORTER_DEPARTED_EVICTED = Family(
+    "trainmon_exporter_departed_evicted",
+    COUNTER,
+    "Departed ranks' accounting dropped before goodput_retention_seconds to stay within max_ranks.",
+    (),
+    unit="pairs",
+    collector="exporter",
+    doc="Departed pairs' accounting dropped, oldest first, to keep at most `max_ranks` of them.",
+)
+
+EXPORTER_STATE_SAVES = Family(
+    "trainmon_exporter_state_saves",
+    COUNTER,
+    "Writes of the state file (state_file), by result: ok or error (logged).",
+    ("result",),
+    unit="writes",
+    collector="exporter",
+    doc=(
+        "Writes of the state file every `state_save_interval_seconds` and at shutdown, by "
+        "`result`: `ok`, or `error` (the directory is not writable, the disk is full: logged)."
+    ),
+)
+
+EXPORTER_STATE_LAST_SAVE_TIMESTAMP_SECONDS = Family(
+    "trainmon_exporter_state_last_save_timestamp_seconds",
+    GAUGE,
+    "When the state file was last written (Unix s); 0 before the first write.",
+    (),
+    unit="s",
+    collector="exporter",
+    doc="When the state file was last written (Unix seconds); 0 before the first write.",
+)
+
+EXPORTER_STATE_REFUSED = Family(
+    "trainmon_exporter_state_refused",
+    COUNTER,
+    (
+        "State files (or rows of one) refused at start, by reason: unsafe, too_large, "
+        "corrupt, foreign, future_version, unreadable, bad_row. Logged; the exporter starts "
+        "without them."
+    ),
+    ("reason",),
+    unit="files",
+    collector="exporter",
+    doc=(
+        "A state file refused at start, by `reason`: `unsafe` (another user could write it, "
+        "or it is a symbolic link), `too_large`, `corrupt` (not JSON), `foreign` (not a "
+        "trainmon exporter's), `future_version` (written by a later exporter), `unreadable`; "
+        "`bad_row` counts each row of an accepted file that fails its checks. The exporter "
+        "logs why, sets a refused file aside as `<file>.refused`, and starts without it."
+    ),
+)
+
+EXPORTER_STATE_RESTORED = Family(
+    "trainmon_exporter_state_restored",
+    GAUGE,
+    "Rows restored from the state file at start, by kind: rank (live) or departed.",
+    ("kind",),
+    unit="pairs",
+    collector="exporter",
+    doc=(
+        "Rows taken back from the state file when the exporter started, by `kind`: `rank` (a "
+        "rank that was connected or within its TTL) and `departed` (kept accounting)."
+    ),
+)
+
 EXPORTER_RANKS_EVICTED = Family(
     "trainmon_exporter_ranks_evicted",
     COUNTER,
@@ -2367,7 +2509,7 @@ EXPORTER_SERIES = Family(
     unit="series",
     collector="exporter",
     doc=(
-        "Estimated series of every rank in the exposition (121 per rank, 1 per custom metric or "
+        "Estimated series of every rank in the exposition (124 per rank, 1 per custom metric or "
         "evaluation value, 3 per operation, 15 per exported layer), held under `max_series`."
     ),
 )
@@ -3081,6 +3223,9 @@ HEALTH_TABLE: tuple[Family, ...] = (
     TRAIN_PRODUCTIVE_SECONDS,
     TRAIN_BADPUT_SECONDS,
     TRAIN_UNCHECKPOINTED_SECONDS,
+    TRAIN_AT_RISK_SECONDS,
+    TRAIN_ACCOUNTING_START_TIMESTAMP_SECONDS,
+    TRAIN_DATA_LOADING_MEASURED,
     TRAIN_INPUT_BOUND,
 )
 LAYER_TABLE: tuple[Family, ...] = (
@@ -3113,6 +3258,12 @@ EXPORTER_TABLE: tuple[Family, ...] = (
     INGEST_HELLOS_REFUSED,
     INGEST_HELLOS_REFUSED_LAST_TIMESTAMP_SECONDS,
     OWNER_CLAIMS_INVALID,
+    EXPORTER_DEPARTED_RANKS,
+    EXPORTER_DEPARTED_EVICTED,
+    EXPORTER_STATE_SAVES,
+    EXPORTER_STATE_LAST_SAVE_TIMESTAMP_SECONDS,
+    EXPORTER_STATE_REFUSED,
+    EXPORTER_STATE_RESTORED,
     INGEST_CONNECTIONS,
     INGEST_OPEN_CONNECTIONS,
     INGEST_MAX_CONNECTIONS,

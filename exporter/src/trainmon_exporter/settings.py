@@ -423,6 +423,42 @@ class Settings(BaseSettings):
         le=WEEK_S,
         description="How long a finished or disconnected rank's series stay exported (s).",
     )
+    state_file: Path | None = Field(
+        None,
+        description="The exporter's state file: each rank's time accounting (goodput) and the "
+        "accounting of ranks that left, written atomically every state_save_interval_seconds "
+        "and at shutdown, read at start, so a restart (crash, upgrade) loses none of it. "
+        "Default: beside the socket (<socket>.state; /run is emptied at reboot: point it at "
+        "/var/lib/trainmon/state.json to keep it across reboots). off: none. A file that is "
+        "corrupt, not the exporter's, of a later version or writable by another user is "
+        "refused (trainmon_exporter_state_refused_total), logged and set aside (<file>.refused).",
+    )
+    state_save_interval_seconds: float = Field(
+        5.0,
+        ge=0.1,
+        le=3600,
+        allow_inf_nan=False,
+        description="How often the state file is written (s): at most this much accounting "
+        "is lost when the exporter is killed (a clean stop writes it at once).",
+    )
+    goodput_retention_seconds: float = Field(
+        86_400.0,
+        ge=0,
+        le=30 * 86_400,
+        allow_inf_nan=False,
+        description="How long a rank that left without a clean finish keeps its time "
+        "accounting after its series TTL (s), its goodput series still exported (at most "
+        "max_ranks such ranks; trainmon_exporter_departed_ranks): a restart that comes back "
+        "later, here or on another node, is then accounted whole. 0: not kept.",
+    )
+    prometheus_url: str | None = Field(
+        None,
+        description="A Prometheus (or compatible) query URL that evaluates the shipped "
+        "recording rules over every node (http(s)://host:port[/path]): the JSON API, the status "
+        "page and trainmon status then show each run's job-wide goodput read from it "
+        "(run:trainmon_train_goodput:ratio...), refreshed every 10 s. Unset: the figures of "
+        "the ranks this exporter holds only.",
+    )
     rate_window_seconds: float = Field(
         30.0,
         gt=0,
@@ -446,7 +482,7 @@ class Settings(BaseSettings):
         "pair past rank_retention_seconds (its own tenant's first); else, for a tenant below "
         "its fair share (max_ranks over the tenants holding ranks), a connected pair of a "
         "tenant above it, one that never stepped first; else it is refused (too_many_ranks). "
-        "256 x 121 series per rank fits max_series with room for custom metrics and layers.",
+        "256 x 124 series per rank fits max_series with room for custom metrics and layers.",
     )
     max_ranks_per_uid: int = Field(
         64,
@@ -496,7 +532,7 @@ class Settings(BaseSettings):
         description="One tenant's (verified namespace, else uid) share of max_series (its "
         "ranks' series together): a new rank past it is refused (uid_series_quota), a new name "
         "dropped (series_budget). A quarter "
-        "of max_series, above max_ranks_per_uid x 120 so a uid can reach its rank quota; "
+        "of max_series, above max_ranks_per_uid x 124 so a uid can reach its rank quota; "
         "capped at max_series.",
     )
     scrape_sample_limit: int = Field(
@@ -619,6 +655,33 @@ class Settings(BaseSettings):
         if value and not P.valid_namespace(value):
             raise ValueError("must be a Kubernetes namespace name (RFC 1123 label) or empty")
         return value or None
+
+    @field_validator("prometheus_url")
+    @classmethod
+    def _prometheus_url(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        if not re.match(r"https?://[^/\s]+(/\S*)?\Z", value.strip()):
+            raise ValueError("must be an http:// or https:// URL")
+        return value.strip()
+
+    @field_validator("state_file", mode="before")
+    @classmethod
+    def _state_file(cls, value: Any) -> Any:
+        if value is None or (isinstance(value, str) and value.strip() == ""):
+            return None
+        if isinstance(value, str) and value.strip().lower() == "off":
+            return Path("off")
+        if not Path(value).is_absolute():
+            raise ValueError("must be an absolute path, or off")
+        return value
+
+    @property
+    def state_path(self) -> Path | None:
+        """Where the state file is (beside the socket by default); None: off."""
+        if self.state_file is None:
+            return self.socket.with_name(self.socket.name + ".state")
+        return None if self.state_file == Path("off") else self.state_file
 
     @field_validator("owner_claims_dir", "kubelet_pod_logs_dir", mode="before")
     @classmethod

@@ -10,6 +10,7 @@ from prometheus_client.metrics_core import Metric
 from trainmon_exporter import __version__, catalog
 from trainmon_exporter._build import revision
 from trainmon_exporter.collectors import CollectorContext, register
+from trainmon_exporter.state.statefile import REFUSALS
 
 TENANTS_LABELLED = 32
 """Tenants with series of their own in ``trainmon_exporter_tenant_ranks`` and
@@ -39,6 +40,12 @@ class ExporterCollector:
             holdings = list(self.store.admission.holdings(TENANTS_LABELLED))
             claims = self.store.claims
             bad_claims = dict(claims.invalid) if claims is not None else {}
+            ledger = self.store.ledger
+            departed, departed_evicted = len(ledger), ledger.evicted
+            fs = self.store.file_stats
+            saves = {"ok": fs.saves_ok, "error": fs.save_errors}
+            last_save, refused_files = fs.last_save, dict(fs.refused)
+            restored = {"rank": fs.restored_ranks, "departed": fs.restored_departed}
         ranks = catalog.EXPORTER_RANKS.gauge()
         ranks.add_metric([], float(n))
         exp = catalog.EXPORTER_RANKS_EXPIRED.counter()
@@ -62,4 +69,36 @@ class ExporterCollector:
         invalid = catalog.OWNER_CLAIMS_INVALID.counter()
         for problem, count in bad_claims.items():
             invalid.add_metric([problem], float(count))
-        return [info, ranks, exp, ev, used, tenant_ranks, tenant_series, hellos, hellos_at, invalid]
+        dep = catalog.EXPORTER_DEPARTED_RANKS.gauge()
+        dep.add_metric([], float(departed))
+        dep_ev = catalog.EXPORTER_DEPARTED_EVICTED.counter()
+        dep_ev.add_metric([], float(departed_evicted))
+        save = catalog.EXPORTER_STATE_SAVES.counter()
+        for result, count in saves.items():
+            save.add_metric([result], float(count))
+        last = catalog.EXPORTER_STATE_LAST_SAVE_TIMESTAMP_SECONDS.gauge()
+        last.add_metric([], last_save)
+        refused_fam = catalog.EXPORTER_STATE_REFUSED.counter()
+        for reason in (*REFUSALS, "bad_row"):
+            refused_fam.add_metric([reason], float(refused_files.get(reason, 0)))
+        rest = catalog.EXPORTER_STATE_RESTORED.gauge()
+        for kind, count in restored.items():
+            rest.add_metric([kind], float(count))
+        return [
+            info,
+            ranks,
+            exp,
+            ev,
+            used,
+            tenant_ranks,
+            tenant_series,
+            hellos,
+            hellos_at,
+            invalid,
+            dep,
+            dep_ev,
+            save,
+            last,
+            refused_fam,
+            rest,
+        ]

@@ -14,6 +14,7 @@ from prometheus_client.metrics_core import Metric
 
 from trainmon_exporter import catalog, derive
 from trainmon_exporter.analytics import SEVERITIES, RankAnalytics
+from trainmon_exporter.analytics.goodput import Goodput
 from trainmon_exporter.catalog import Family
 from trainmon_exporter.collectors import CollectorContext, register
 from trainmon_exporter.state.rank import RankState
@@ -63,7 +64,6 @@ _GAUGES: tuple[tuple[Family, _Getter], ...] = (
         catalog.CHECKPOINT_LAST_STEP,
         lambda s, a: None if s.checkpoint is None else float(s.checkpoint.step),
     ),
-    (catalog.TRAIN_UNCHECKPOINTED_SECONDS, lambda s, a: s.goodput.uncheckpointed),
 )
 
 _COUNTERS: tuple[tuple[Family, Callable[[RankState, RankAnalytics], float]], ...] = (
@@ -78,7 +78,6 @@ _COUNTERS: tuple[tuple[Family, Callable[[RankState, RankAnalytics], float]], ...
     (catalog.TRAIN_STRAGGLER_EPISODES, lambda s, a: a.straggler_episodes),
     (catalog.EVAL_EVALUATIONS, lambda s, a: a.eval_total),
     (catalog.CHECKPOINTS, lambda s, a: s.checkpoints_total),
-    (catalog.TRAIN_PRODUCTIVE_SECONDS, lambda s, a: s.goodput.productive),
 )
 
 _EVENT_TIMES: tuple[tuple[Family, str], ...] = (
@@ -128,6 +127,23 @@ class HealthCollector:
         eval_value = catalog.EVAL_VALUE.gauge()
         badput = catalog.TRAIN_BADPUT_SECONDS.counter()
         input_bound = catalog.TRAIN_INPUT_BOUND.gauge()
+        productive = catalog.TRAIN_PRODUCTIVE_SECONDS.counter()
+        unchecked = catalog.TRAIN_UNCHECKPOINTED_SECONDS.gauge()
+        at_risk = catalog.TRAIN_AT_RISK_SECONDS.gauge()
+        started = catalog.TRAIN_ACCOUNTING_START_TIMESTAMP_SECONDS.gauge()
+        measured = catalog.TRAIN_DATA_LOADING_MEASURED.gauge()
+        offset = now - time.monotonic()
+
+        def goodput(labels: list[str], g: Goodput) -> None:
+            held = g.held  # one pass over the held ranges for both gauges
+            productive.add_metric(labels, g.productive)
+            unchecked.add_metric(labels, 0.0 if g.risk else held)
+            at_risk.add_metric(labels, held if g.risk else 0.0)
+            started.add_metric(labels, g.init + offset)
+            measured.add_metric(labels, 1.0 if g.data_seen else 0.0)
+            for kind, seconds in g.badput.items():
+                badput.add_metric([*labels, kind], seconds)
+
         for s in self.store.iter_ranks():
             a = s.analytics
             labels = [s.namespace, s.run, str(s.rank)]
@@ -162,13 +178,17 @@ class HealthCollector:
             for name, v in s.eval_values.items():
                 if v is not None and name != "val_loss":
                     eval_value.add_metric([*labels, name], v)
-            for kind, seconds in s.goodput.badput.items():
-                badput.add_metric([*labels, kind], seconds)
+            goodput(labels, s.goodput)
             bound = derive.input_bound(s, self.window_s, self.cfg)
             input_bound.add_metric(labels, 1.0 if bound else 0.0)
+        with self.store.lock:  # departed ranks: their accounting alone, kept for retention
+            departed = [([d.namespace, d.run, str(d.rank)], d.goodput) for d in self.store.ledger]
+            for labels, g in departed:
+                goodput(labels, g)
         out: list[Metric] = [fam for fam, _ in gauges]
         out += [fam for fam, _ in counters]
         out += [fam for fam, _ in times]
         out += [loss_spikes, loss_spikes_at, grad_spikes, mon_ratio, over_budget]
-        out += [op_seconds, op_count, op_active, eval_value, badput, input_bound]
+        out += [op_seconds, op_count, op_active, eval_value]
+        out += [productive, unchecked, at_risk, started, measured, badput, input_bound]
         return out

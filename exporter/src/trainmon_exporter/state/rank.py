@@ -1,6 +1,6 @@
 """One (run, rank): :class:`RankState`, its figures, and how each record changes them.
 
-Why this module is one module of about 480 lines: :class:`RankState` is the one place a rank's
+Why this module is one module of about 500 lines: :class:`RankState` is the one place a rank's
 figures change (a step, layers, an evaluation, a checkpoint, totals; finish, disconnect), and
 each ``observe_*`` method keeps its record's fields together with the counters, the history
 and the time accounting they move. The limits a record is applied under (custom metrics,
@@ -79,6 +79,10 @@ LAYER_STAT_CODES = frozenset(
 _FIELD_DATA_TIME = P.FIELD_DATA_TIME
 """Field id of a step's input wait (s), for the time accounting
 (:mod:`trainmon_exporter.analytics.goodput`)."""
+_ACCOUNTING_FIELDS = frozenset(
+    (P.FIELD_DATA_TIME_TOTAL, P.FIELD_CHECKPOINT_STEP, P.FIELD_CHECKPOINT_TIME_TOTAL)
+)
+"""The running totals a client sends for the time accounting (its lost records' share)."""
 WATCH_OPERATION = "watch"
 """Operation name of a rank's ``Run.watch`` checks (from its LAYERS records)."""
 
@@ -276,6 +280,11 @@ class RankState:
         (step, steps, when, step_time, tokens, samples, overhead, d_disc, d_bp, refused) = header
         prev = self.step
         restarted = steps < self.steps_total  # a new client process resumed this rank
+        lost = not restarted and (
+            steps > self.steps_total + 1
+            or d_disc > self.dropped_disconnected
+            or d_bp > self.dropped_backpressure
+        )  # records of this process went missing since its last STEP here
         rolled_back = not restarted and prev is not None and step < prev  # a checkpoint reload
         tokens, samples, overhead, bad = self._checked_totals(restarted, tokens, samples, overhead)
         if bad:
@@ -312,6 +321,7 @@ class RankState:
             win.popleft()
         unknown = capped = 0
         loss = grad_norm = mem = data_time = None
+        totals: dict[int, float] | None = None
         std = P.STANDARD_NAMES
         f_loss, f_grad_norm, f_mem = P.FIELD_LOSS, P.FIELD_GRAD_NORM, P.FIELD_MEM_ALLOCATED
         for fid, v in zip(ids, values, strict=True):
@@ -326,6 +336,10 @@ class RankState:
                     mem = v
                 elif fid == _FIELD_DATA_TIME:
                     data_time = v
+                elif fid in _ACCOUNTING_FIELDS:
+                    if totals is None:
+                        totals = {}
+                    totals[fid] = v
                 if (name == "loss" or name == "grad_norm" or name == "lr") and not math.isfinite(v):
                     self.nonfinite[name] += 1
                     self.analytics.observe_nonfinite(step, name, v)
@@ -343,6 +357,11 @@ class RankState:
                 self.analytics.observe_nonfinite(step, "custom", v)
         self.analytics.observe_step(step, loss, grad_norm, step_time, new_tokens, mem, stride)
         g = self.goodput
+        saved = None
+        if totals is not None and P.FIELD_CHECKPOINT_STEP in totals:
+            ck_step = totals[P.FIELD_CHECKPOINT_STEP]
+            if 0 <= ck_step <= P.MAX_STEP:
+                saved = (ck_step, totals.get(P.FIELD_CHECKPOINT_TIME_TOTAL, 0.0))
         g.step(
             step,
             when - wall_offset(mono),
@@ -351,6 +370,9 @@ class RankState:
             restarted=restarted,
             rolled_back=rolled_back,
             unseen_before=steps > 1 and self.goodput.phase == "startup",
+            data_total=None if totals is None else totals.get(P.FIELD_DATA_TIME_TOTAL),
+            saved=saved,
+            lost=lost,
         )
         good, accounted = g.totals()
         self.history.append(

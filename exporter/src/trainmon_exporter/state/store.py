@@ -5,10 +5,17 @@ rank (:meth:`Store.attach`: ownership, owner claims, resuming), applies the reco
 the store's limits (custom metrics, layers, operations, charged to the series budget of its
 :class:`~trainmon_exporter.state.admission.Admission`), expires ranks past the TTL and runs the
 periodic judgement. A rank's own figures change in :class:`~trainmon_exporter.state.rank.RankState`.
+What outlives a rank (its accounting past expiry) is :attr:`Store.ledger`'s: the store tells
+it when a rank leaves (:meth:`Store._remove`) and asks it when one comes back (:meth:`attach`).
+
+Why this module is one module of about 520 lines: :meth:`Store.attach` decides who a connection
+is bound to (owner claims, the tenant that owns a run, a namespace's pods over a process that
+only named it, resuming a rank, adopting a departed rank's accounting), and every one of those
+rules reads and changes the same indexes; split, each part would need all of them.
 
 :mod:`trainmon_exporter.apply` calls the store from the ingest server's thread; collectors and
 the JSON API (worker threads) read. Both sides hold :attr:`Store.lock` for the duration of one
-packet or one snapshot.
+slice of a packet's records or one snapshot.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from trainmon_exporter.analytics.goodput import Goodput
 from trainmon_exporter.claims import OwnerClaims
 from trainmon_exporter.settings import AnalyticsSettings
 from trainmon_exporter.state.admission import SERIES_PER_LAYER, SERIES_PER_OPERATION, Admission
+from trainmon_exporter.state.ledger import FileStats, Ledger
 from trainmon_exporter.state.rank import (
     WATCH_OPERATION,
     Drop,
@@ -78,6 +86,7 @@ class Store:
         max_series_per_uid: int | None = None,
         retention_s: float = 0.0,
         default_namespace: str = "",
+        goodput_retention_s: float = 86_400.0,
     ) -> None:
         self.lock = threading.Lock()
         self.default_namespace = default_namespace
@@ -112,6 +121,9 @@ class Store:
         self.expired_total = 0
         self.analytics = analytics or AnalyticsSettings()
         self.judge = RunAnalytics()  # the periodic judgement (check_conditions)
+        # The accounting of ranks that left without a clean finish (at most max_ranks).
+        self.ledger = Ledger(max_ranks, goodput_retention_s)
+        self.file_stats = FileStats()  # the state file's, kept by its Keeper
 
     def iter_ranks(self, chunk: int = RANK_CHUNK) -> Iterator[RankState]:
         """Every rank state, holding :attr:`lock` for at most ``chunk`` ranks at a time.
@@ -138,9 +150,14 @@ class Store:
         self._runs.setdefault(state.run_key, {})[state.rank] = state
         self.admission.admit(state)
 
-    def _remove(self, state: RankState, *, remember: bool = True) -> None:
-        """Forget a rank; if it was its run's last, remember the run's owner until the TTL."""
+    def _remove(self, state: RankState, *, remember: bool = True, depart: bool = True) -> None:
+        """Forget a rank; if it was its run's last, remember the run's owner until the TTL.
+
+        ``depart``: its time accounting goes to :attr:`ledger` (unless it finished cleanly).
+        """
         key = state.key
+        if depart:
+            self.ledger.keep(state, time.monotonic())
         del self.ranks[key]
         self.admission.release(state)
         state.on_gone = None
@@ -276,12 +293,26 @@ class Store:
         refusal = self.admission.make_room(tenant, now)
         if refusal is not None:
             return refusal
+        offset = time.time() - now
+        if holder is None and any(d.tenant != tenant for d in self.ledger.of_run(run)):
+            self.ledger.forget_run(run)  # another tenant's run of old: this is a new run
+        record = self.ledger.take(key)
         state = RankState(
             **{k: hello[k] for k in P.HELLO_FIELDS},
             buckets=self.buckets,
             analytics=RankAnalytics(self.analytics),
-            goodput=Goodput.start(hello["started_at"], now, time.time() - now),
+            goodput=(
+                Goodput.start(hello["started_at"], now, offset)
+                if record is None
+                else record.goodput
+            ),
         )
+        if record is not None:  # it comes back after its state expired: its accounting goes on
+            state.step, state.steps_total = record.step, record.steps_total
+            same = record.hello["pid"] == hello["pid"] and (
+                record.hello["started_at"] == hello["started_at"]
+            )
+            state.goodput.reconnect(hello["started_at"], now, offset, same)
         state.owner_uid = uid
         state.tenant = tenant
         state.peer_pid = pid
@@ -305,7 +336,7 @@ class Store:
         (refused ``not_owner``, counted by its uid and namespace).
         """
         for state in list(self._runs.get(run, {}).values()):
-            self._remove(state, remember=False)
+            self._remove(state, remember=False, depart=False)
             state.revoked = "not_owner"
             namespace, _ = tenant_labels(state.tenant)
             self.admission.count_refused_hello("not_owner", state.owner_uid, namespace)
@@ -432,6 +463,19 @@ class Store:
         if refused:
             drop("series_budget", refused)
 
+    def admit_restored(self, state: RankState, now: float) -> bool:
+        """Index ``state``, a disconnected rank read back from the state file, under the lock.
+
+        Admitted like a new rank, then queued for eviction and expiry from ``now``. False when
+        its key is taken or the node's caps do not hold it.
+        """
+        if state.key in self.ranks or self.admission.make_room(state.owner_uid, now) is not None:
+            return False
+        self._add(state)
+        if state.on_gone is not None:
+            state.on_gone(state)
+        return True
+
     def expire(self, now_mono: float | None = None) -> int:
         """Drop ranks disconnected for longer than the TTL. Returns how many were dropped.
 
@@ -450,6 +494,7 @@ class Store:
                     self._remove(s, remember=False)
                     n += 1
             self.expired_total += n
+            self.ledger.expire(now_mono)
             while self.owners:
                 run, (_owner, lapse) = next(iter(self.owners.items()))
                 if lapse > now_mono:

@@ -76,8 +76,18 @@ class GoodputView(BaseModel):
     )
     productive_seconds: float = Field(description="step time kept by a checkpoint or a finish")
     uncheckpointed_seconds: float = Field(description="step time not yet kept")
+    at_risk_seconds: float = Field(
+        default=0.0,
+        description="step time not yet kept of a process that ended without a clean finish: "
+        "lost unless a restart here resumes past it (counted as wasted_progress in ratio)",
+    )
     badput_seconds: dict[str, float] = Field(description="seconds by badput kind")
     largest_badput: str | None = Field(description="the badput kind with the most seconds")
+    data_loading_measured: bool = Field(
+        default=True,
+        description="the rank reported its data waits (Run.timed, data_time); false: its data "
+        "loading is inside its step time, not measured",
+    )
     data_loading_share: float | None = Field(
         description="data waits over step time in the rate window (0..1)"
     )
@@ -130,6 +140,26 @@ class RankView(BaseModel):
     )
 
 
+class JobView(BaseModel):
+    """The whole job across nodes, from the recording rules (docs/goodput.md#the-whole-job)."""
+
+    goodput_ratio: float | None = Field(
+        default=None, description="run:trainmon_train_goodput:ratio, over the run's life"
+    )
+    goodput_ratio_1h: float | None = Field(
+        default=None, description="run:trainmon_train_goodput:ratio_1h, over the last hour"
+    )
+    badput_seconds: dict[str, float] = Field(
+        default={}, description="run:trainmon_train_badput_seconds:sum, rank-seconds by kind"
+    )
+    waits_on_rank: int | None = Field(
+        default=None,
+        description="the rank the job waits on for its input over the last 5 minutes "
+        "(run:trainmon_train_badput_seconds:data_loading_critical_rank)",
+    )
+    waits_on_hostname: str | None = Field(default=None, description="where that rank runs")
+
+
 class RunView(BaseModel):
     """A run and its ranks."""
 
@@ -146,10 +176,38 @@ class RunView(BaseModel):
     )
     goodput_ratio: float | None = Field(
         default=None,
-        description="the ranks' (productive + uncheckpointed) seconds over all they accounted",
+        description="the job's goodput over the ranks this exporter holds (and those it keeps "
+        "after they left): good step time over everything accounted, at the job's critical "
+        "path (docs/goodput.md); the whole job across nodes: run:trainmon_train_goodput:ratio",
     )
     largest_badput: str | None = Field(
         default=None, description="the badput kind with the most seconds"
+    )
+    badput_seconds: dict[str, float] = Field(
+        default={}, description="the job's badput by kind, in rank-seconds, as goodput_ratio"
+    )
+    collective_wait_seconds: float = Field(
+        default=0.0,
+        description="rank-seconds fast ranks waited in a collective for the slowest loader: the "
+        "job's data_loading, not good step time",
+    )
+    waits_on_rank: int | None = Field(
+        default=None,
+        description="the rank with the largest share of its time waiting for data over the "
+        "rate window: the one a synchronous job waits on",
+    )
+    data_loading_unmeasured: list[int] = Field(
+        default=[], description="ranks that never reported their data waits"
+    )
+    departed_ranks: list[int] = Field(
+        default=[],
+        description="ranks that left without a clean finish whose accounting this exporter "
+        "keeps (goodput_retention_seconds), counted in goodput_ratio",
+    )
+    job: JobView | None = Field(
+        default=None,
+        description="the whole job's figures across nodes, read from the Prometheus at "
+        "prometheus_url; null: not set, not answering, or no figures yet",
     )
     ranks: list[RankView]
 
@@ -246,28 +304,12 @@ def _goodput_view(s: RankState, window_s: float, cfg: AnalyticsSettings) -> Good
         ratio=g.optimistic_ratio(),
         productive_seconds=g.productive,
         uncheckpointed_seconds=g.uncheckpointed,
+        at_risk_seconds=g.at_risk,
         badput_seconds=dict(g.badput),
         largest_badput=None if largest is None else largest[0],
+        data_loading_measured=g.data_seen,
         data_loading_share=g.data_share(time.monotonic(), window_s),
         input_bound=derive.input_bound(s, window_s, cfg),
-    )
-
-
-def _run_goodput(ranks: list[RankView]) -> tuple[float | None, str | None]:
-    """A run's goodput ratio and largest badput kind, its ranks' seconds summed."""
-    good = total = 0.0
-    kinds: dict[str, float] = {}
-    for r in ranks:
-        g = r.goodput
-        if g is None:
-            continue
-        good += g.productive_seconds + g.uncheckpointed_seconds
-        total += g.productive_seconds + g.uncheckpointed_seconds + sum(g.badput_seconds.values())
-        for k, v in g.badput_seconds.items():
-            kinds[k] = kinds.get(k, 0.0) + v
-    largest = max(kinds, key=kinds.__getitem__) if kinds else None
-    return (good / total if total > 0 else None), (
-        largest if largest is not None and kinds[largest] > 0 else None
     )
 
 
@@ -294,6 +336,7 @@ def snapshot(
     not sampled); ``peak_flops`` the MFU override setting.
     """
     from trainmon_exporter import derive
+    from trainmon_exporter.analytics.job import RankTime, job_goodput
     from trainmon_exporter.sampler import NOT_STARTED
 
     if gpus is None:
@@ -303,13 +346,30 @@ def snapshot(
     pids = gpus.process_memory()
     runs: dict[tuple[str, str], list[RankView]] = {}
     owners: dict[tuple[str, str], int | None] = {}
+    times: dict[tuple[str, str], list[RankTime]] = {}
     copied: list[tuple[RankView, derive.TrendInput]] = []
+    mono = time.monotonic()
     for s in store.iter_ranks():
         view = _rank_view(s, now, store.window_s, by_uuid, pids, peak_flops, store.analytics)
         key = (s.namespace, s.run)
         runs.setdefault(key, []).append(view)
         copied.append((view, derive.trend_input(s)))  # a copy: the trend is drawn unlocked
         owners.setdefault(key, s.owner_uid)
+        times.setdefault(key, []).append(
+            RankTime.of(
+                s.rank,
+                s.goodput,
+                s.connected and s.analytics.is_straggling(),
+                s.goodput.data_share(mono, store.window_s) if s.connected else None,
+            )
+        )
+    departed: dict[tuple[str, str], list[int]] = {}
+    with store.lock:
+        for d in store.ledger:
+            key = (d.namespace, d.run)
+            if key in runs:
+                departed.setdefault(key, []).append(d.rank)
+                times[key].append(RankTime.of(d.rank, d.goodput))
     for view, given in copied:
         view.trend = trend_view(derive.trend(given))
     for views in runs.values():
@@ -322,12 +382,17 @@ def snapshot(
                 namespace=r[0],
                 world_size=max(v.world_size for v in ranks),
                 owner_uid=owners[r],
-                goodput_ratio=goodput[0],
-                largest_badput=goodput[1],
+                goodput_ratio=job.ratio,
+                largest_badput=job.largest,
+                badput_seconds=job.badput,
+                collective_wait_seconds=job.collective_wait,
+                waits_on_rank=job.waits_on,
+                data_loading_unmeasured=sorted(job.unmeasured),
+                departed_ranks=sorted(departed.get(r, [])),
                 ranks=ranks,
             )
             for r, ranks in sorted(runs.items())
-            for goodput in (_run_goodput(ranks),)
+            for job in (job_goodput(times[r]),)
         ],
     )
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from unicodedata import east_asian_width
 
-from trainmon_exporter.views.api import RankView
+from trainmon_exporter.views.api import RankView, RunView
 
 NONFINITE = "NaN/Inf"
 """A logged value that was reported but is NaN or infinite."""
@@ -157,12 +157,49 @@ class Cells:
         return f"{self.missing}{self.gap}({mfu_reason(reason)[0]})"
 
     def goodput(self, rank: RankView) -> str:
-        """The rank's goodput as a percentage and its largest badput (``91.2% (data_loading)``)."""
+        """The rank's goodput as a percentage and its largest badput (``91.2% (data_loading)``).
+
+        A rank that never reported its data waits says so: ``97.0% (data unmeasured)``.
+        """
         g = rank.goodput
         if g is None or g.ratio is None:
             return self.missing
         text = self.percent(g.ratio)
-        return f"{text} ({g.largest_badput})" if g.largest_badput else text
+        notes = [g.largest_badput] if g.largest_badput else []
+        if not g.data_loading_measured:
+            notes.append("data unmeasured")
+        return f"{text} ({', '.join(notes)})" if notes else text
+
+    def job(self, run: RunView) -> str | None:
+        """A run's job-wide goodput in one line: over the ranks here, then across nodes.
+
+        ``llama: goodput here 41.2% (data_loading) · waits on rank 3 for its input · data
+        loading unmeasured on ranks 0, 1 · whole job 38.0%, last hour 35.0%``. None before
+        anything is accounted.
+        """
+        if run.goodput_ratio is None and run.job is None:
+            return None
+        parts = [f"{run.label}: goodput here {self.percent(run.goodput_ratio)}"]
+        if run.largest_badput:
+            parts[0] += f" ({run.largest_badput})"
+        if run.departed_ranks:
+            left = ", ".join(map(str, run.departed_ranks))
+            parts.append(f"with the accounting of ranks {left}, which left")
+        if run.waits_on_rank is not None:
+            parts.append(f"waits on rank {run.waits_on_rank} for its input")
+        if run.data_loading_unmeasured:
+            ranks = ", ".join(map(str, run.data_loading_unmeasured))
+            parts.append(f"data loading unmeasured on ranks {ranks}")
+        j = run.job
+        if j is not None:
+            whole = f"whole job {self.percent(j.goodput_ratio)}"
+            if j.goodput_ratio_1h is not None:
+                whole += f", last hour {self.percent(j.goodput_ratio_1h)}"
+            if j.waits_on_rank is not None:
+                where = f" on {j.waits_on_hostname}" if j.waits_on_hostname else ""
+                whole += f", waits on rank {j.waits_on_rank}{where}"
+            parts.append(whole)
+        return " · ".join(parts)
 
     def throughput(self, rank: RankView, fmt: str) -> str:
         """The rank's tokens/s; the missing mark once it no longer runs."""

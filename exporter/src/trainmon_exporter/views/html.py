@@ -90,6 +90,12 @@ def _rank_rows(page: StatusPage) -> str:
     return "\n".join(rows) or "<tr><td colspan='18'>No trainer has connected yet.</td></tr>"
 
 
+def _job_lines(page: StatusPage) -> str:
+    """Each run's job-wide goodput (docs/goodput.md#the-whole-job), one paragraph a run."""
+    lines = (PAGE.job(run) for run in page.runs.runs)
+    return "\n".join(f"<p class='job'>{_text(line)}</p>" for line in lines if line)
+
+
 def _gpu_rows(gpus: GpusResponse) -> str:
     e, c = _text, PAGE
     return "".join(
@@ -182,6 +188,7 @@ svg.spark{{display:block}} .range{{font-size:75%;color:#555}}
 <a href="/metrics">/metrics</a> · <a href="/api/v1/runs">/api/v1/runs</a> ·
 <a href="/openapi.json">API schema (OpenAPI)</a></p>
 {_legend()}
+{_job_lines(page)}
 <table class='ranks'><thead><tr><th>run</th><th>rank</th><th>host</th><th>status</th>
 <th class='health'>health</th><th>step</th>
 <th>loss</th><th>loss, recent steps</th><th>lr</th><th>grad norm</th><th>tokens/s</th>

@@ -142,6 +142,9 @@ def plain(runs: RunsResponse, gpus: GpusResponse) -> str:
 
     lines = ["# ranks", *table(RANK_COLUMNS, rank_rows(runs, gpus))]
     lines.append("")
+    jobs = [printable(line) for run in runs.runs if (line := TERMINAL.job(run))]
+    if jobs:
+        lines += ["# jobs", *jobs, ""]
     if gpus.ok:
         driver = printable(gpus.driver_version) or "?"
         lines.append(f"# gpus (driver {driver}, {gpus.lost_total} lost)")
@@ -363,15 +366,18 @@ def rich_view(runs: RunsResponse, gpus: GpusResponse, url: str) -> Any:
         None if rows else "No trainer has connected yet.",
     )
     trends = sparkline.TerminalTrends(runs, SHORT_RUN)
+    jobs = [_line(printable(line)) for run in runs.runs if (line := TERMINAL.job(run))]
     line = gpu_line(gpus)
     if line is not None:
-        return Group(ranks, trends, _line(line, "" if gpus.ok or not gpus.hint else "yellow"))
+        gpu = _line(line, "" if gpus.ok or not gpus.hint else "yellow")
+        return Group(ranks, *jobs, trends, gpu)
     grows = gpu_rows(gpus)
     gstyles: list[tuple[str, dict[str, str]]] = [
         ("bold red" if r["xids"] != "0" else ("yellow" if r["slowdown"] != "none" else ""), {})
         for r in grows
     ]
-    return Group(ranks, trends, _FittedTable("GPUs", LIVE_GPU_COLUMNS, grows, gstyles, None))
+    gpu_table = _FittedTable("GPUs", LIVE_GPU_COLUMNS, grows, gstyles, None)
+    return Group(ranks, *jobs, trends, gpu_table)
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
