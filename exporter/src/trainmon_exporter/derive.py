@@ -19,7 +19,7 @@ from bisect import bisect_right
 from collections.abc import Mapping
 from typing import NamedTuple, Protocol, TypeVar
 
-from trainmon_exporter.analytics import RankAnalytics
+from trainmon_exporter.analytics import RankAnalytics, stepping
 from trainmon_exporter.peaks import Mfu, rank_mfu
 from trainmon_exporter.settings import AnalyticsSettings
 from trainmon_exporter.state import HistoryPoint, RankState
@@ -145,12 +145,15 @@ def overdue_ratio(state: RankState, now_mono: float) -> float | None:
 
     Both on the exporter's monotonic clock (``now_mono``, ``last_step_mono``), as hangs are.
 
-    1: a step is about due. None while disconnected, before a step, or before the median.
+    1: a step is about due. None while disconnected, before a step since the trainer
+    connected (:func:`~trainmon_exporter.analytics.stepping`: a new process after a crash is
+    starting, not late), or before the median.
     """
     median = state.analytics.median_interval()
-    if not state.connected or state.last_step_mono is None or not median:
+    last = state.last_step_mono
+    if last is None or not median or not stepping(state):
         return None
-    return max(0.0, now_mono - state.last_step_mono) / median
+    return max(0.0, now_mono - last) / median
 
 
 def slow_improvement(a: RankAnalytics) -> bool | None:
