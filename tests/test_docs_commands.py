@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, child_env
+from tests.helpers.checkout import tracked
 
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "secrets" / "README.md"]
+DOCS = [ROOT / "README.md", *tracked("docs/*.md"), ROOT / "secrets" / "README.md"]
 BLOCK = re.compile(r"^```(?:sh|bash|shell|console)\n(.*?)^```", re.S | re.M)
 
 # Commands that cannot run on a CI machine, by the start of the command, with the reason.
@@ -165,7 +166,7 @@ def test_doc_command_runs(cmd: Command, tmp_path: Path) -> None:
 
 def documented_flags() -> set[str]:
     """Flags the docs spell out; ``--[no-]x`` documents ``--x`` and ``--no-x``."""
-    text = "\n".join(p.read_text() for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+    text = "\n".join(p.read_text() for p in [ROOT / "README.md", *tracked("docs/*.md")])
     flags = set(re.findall(r"--[a-z][\w.-]*[\w]", text))
     for name in re.findall(r"--\[no-\]([a-z][\w.-]*[\w])", text):
         flags |= {f"--{name}", f"--no-{name}"}
@@ -222,7 +223,7 @@ def test_runnable_commands_use_tools_ci_has() -> None:
 def exporter_flag_examples() -> list[str]:
     """Inline examples in the docs that give an exporter flag a value (`--layer-ranks all`)."""
     flags = help_flags("-m", "trainmon_exporter")
-    text = "\n".join(p.read_text() for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+    text = "\n".join(p.read_text() for p in [ROOT / "README.md", *tracked("docs/*.md")])
     spans = set(re.findall(r"`(--[a-z][^`]*)`", text))
     return sorted(
         s
