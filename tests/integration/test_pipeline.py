@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -40,11 +41,13 @@ def test_torchrun_two_ranks_are_separate_series(
     exporter_process: Callable[..., ExporterProcess],
 ) -> None:
     ex = exporter_process().start()
-    p = torchrun(ex.socket, ["--nproc-per-node=2"], "--steps", "30")
+    # As the README launches it: --standalone makes up a UUID for the rendezvous id.
+    p = torchrun(ex.socket, ["--standalone", "--nproc-per-node=2"], "--steps", "30")
     out, _ = p.communicate(timeout=240)
     assert p.returncode == 0, out
     runs = ex.runs()["runs"]
     assert len(runs) == 1, runs  # both ranks agreed on the run id
+    assert re.fullmatch(r"train_char_transformer-[0-9a-f]{8}", runs[0]["run"]), runs[0]["run"]
     ranks = runs[0]["ranks"]
     assert [(r["rank"], r["world_size"], r["status"]) for r in ranks] == [
         (0, 2, "finished"),
