@@ -32,6 +32,20 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ["POD_NAMESPACE"] = ""
 os.environ.pop("POD_NAME", None)
 
+# The suite never reaches a socket it did not make, whoever runs it and whatever the node has:
+# an exporter of this user already running (on $XDG_RUNTIME_DIR/trainmon), a root one on
+# /run/trainmon, a /run/trainmon this user may not use. Every client of the suite and of its
+# subprocesses that is given no socket sends to TRAINMON_SOCKET, a path in a directory of the
+# suite's own where nothing listens (its drops are counted, as with no exporter), and the
+# runtime directory the socket rule falls back to is the suite's too. Tests of the rule itself
+# pass their own environment and stand-in for /run/trainmon (tests/exporter/
+# test_default_socket.py); tests that start the README's commands start their exporter first.
+SUITE_DIR = Path(tempfile.mkdtemp(prefix="tm-suite-"))
+NOWHERE = str(SUITE_DIR / "nobody-listens.sock")
+"""Where a client of the suite sends when a test gives it no socket: nothing listens there."""
+os.environ["XDG_RUNTIME_DIR"] = str(SUITE_DIR)
+os.environ["TRAINMON_SOCKET"] = NOWHERE
+
 
 def pytest_configure(config: pytest.Config) -> None:
     """Let the suite's subprocesses be stopped with Ctrl-C even if the suite itself was not.
@@ -44,6 +58,10 @@ def pytest_configure(config: pytest.Config) -> None:
     """
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(SUITE_DIR, ignore_errors=True)
 
 
 def wait_for(cond: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
@@ -201,13 +219,19 @@ def raw_connect(path: str) -> socket.socket:
 
 
 def child_env(**extra: str) -> dict[str, str]:
-    """Environment for subprocesses: the current one without launcher variables (Slurm's too)."""
+    """Environment for subprocesses: the current one without launcher variables (Slurm's too).
+
+    ``TRAINMON_SOCKET`` is :data:`NOWHERE` unless ``extra`` names a socket: a child never
+    reaches a socket the test did not make (the suite's runtime directory stays its own too).
+    """
     env = {
         k: v
         for k, v in os.environ.items()
-        if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TRAINMON_RUN", "TRAINMON_SOCKET")
+        if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TRAINMON_RUN")
         and not k.startswith("SLURM_")  # a suite run inside a Slurm job
+        and not k.startswith("TORCHELASTIC_")  # a suite run under torchrun
     }
+    env["TRAINMON_SOCKET"] = NOWHERE
     env.update(extra)
     env["PYTHONUNBUFFERED"] = "1"
     return env
