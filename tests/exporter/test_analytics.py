@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from trainmon_client import _protocol as P
 from trainmon_exporter import derive
 from trainmon_exporter.analytics import AnalyticsSettings, RankAnalytics, RollingStats, RunAnalytics
+from trainmon_exporter.analytics.goodput import Goodput
 from trainmon_exporter.collectors import CollectorContext
 from trainmon_exporter.collectors.health import HealthCollector
 from trainmon_exporter.settings import Settings
@@ -303,7 +304,7 @@ class Rank:
     run_key: str
     connected: bool = True
     last_step_mono: float | None = 100.0
-    connected_mono: float = 0.0
+    goodput: Goodput = field(default_factory=lambda: Goodput(0.0, phase="running"))
     analytics: RankAnalytics = field(default_factory=lambda: RankAnalytics(AnalyticsSettings()))
     running_operation: bool = False
 
@@ -387,7 +388,7 @@ def test_the_verdicts_follow_the_settings_and_are_exported_from_zero() -> None:
     for rank, seconds in enumerate((0.1, 0.1, 0.2)):
         s = store.attach(HELLO | {"rank": rank, "local_rank": rank, "world_size": 3}, uid=1)
         assert not isinstance(s, str)
-        s.connected_mono, s.last_step_mono = 50.0, 100.0  # a step since it connected
+        s.last_step_mono, s.goodput.phase = 100.0, "running"  # its process has stepped
         s.analytics.step_times.extend([seconds] * 30)
         ranks.append(s)
     registry = CollectorRegistry()

@@ -107,11 +107,12 @@ def test_overdue_ratio_while_connected() -> None:
     assert derive.overdue_ratio(s, 1000.0) is None  # no step, no median
     feed(s, range(30), step_time=2.0)
     assert s.last_step_mono is not None  # when the last step arrived (monotonic s)
-    s.connected_mono, s.last_step_mono = 10.0, 50.0  # a step since it connected
+    s.last_step_mono = 50.0
     assert derive.overdue_ratio(s, 50.0 + 3.0) == pytest.approx(1.5)
     assert derive.overdue_ratio(s, 40.0) == 0.0  # a clock behind the step's: not negative
-    s.connected_mono = 60.0  # connected again (a new process) and no step since: starting
+    s.goodput.phase = "startup"  # a new process after a crash, not stepped yet: starting
     assert derive.overdue_ratio(s, 200.0) is None
+    s.goodput.phase = "running"
     s.connected = False
     assert derive.overdue_ratio(s, 200.0) is None
 

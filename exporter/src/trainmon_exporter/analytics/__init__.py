@@ -26,7 +26,7 @@ step the exporter receives, and exported as a counter. The detectors and their f
   **Vanishing**: ``grad_norm < grad_vanishing_norm``.
 - **Hang**: connected, no operation under ``Run.track`` running, and no step for longer than
   ``hang_factor * median step time + hang_grace_seconds``. It is judged only after
-  ``min_history_steps`` step times and once a step arrived since the trainer connected (a new
+  ``min_history_steps`` step times and once the rank's process has logged a step (a new
   process after a crash, loading its checkpoint, is starting, not hung), and counted once
   per episode.
 - **Throughput**: the median per-step rate (tokens/s, or steps/s without tokens) of the last

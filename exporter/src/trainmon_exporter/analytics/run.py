@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from typing import Protocol, TypeVar
 
 from trainmon_exporter.analytics.detectors import RankAnalytics
+from trainmon_exporter.analytics.goodput import Goodput
 
 __all__ = ["RankClock", "RunAnalytics", "stepping"]
 
@@ -37,12 +38,12 @@ class RankClock(Protocol):
         """
 
     @property
-    def connected_mono(self) -> float:
-        """When its trainer's connection began, on the same monotonic clock (s).
+    def goodput(self) -> Goodput:
+        """Its time accounting, whose ``phase`` says whether its process has stepped yet.
 
-        A new process after a crash connects again before its first step: until that step,
-        ``last_step_mono`` is the dead process's, and the time since is the crash and the new
-        process's start-up (loading its checkpoint), not a hang.
+        A new process after a crash connects again before its first step: until that step
+        (phase ``startup``), ``last_step_mono`` is the dead process's, and the time since is
+        the crash and the new process's start-up (loading its checkpoint), not a hang.
         """
 
     @property
@@ -57,14 +58,13 @@ R = TypeVar("R", bound=RankClock)
 
 
 def stepping(rank: RankClock) -> bool:
-    """Whether ``rank`` runs now: connected, and a step arrived since it connected.
+    """Whether ``rank`` runs now: connected, and its process has logged a step.
 
-    Before that (no step yet, a new process after a crash loading its checkpoint, a trainer
-    back after a lost connection), its time without a step is start-up, which goodput
-    accounts as ``startup`` and ``recovery``: neither a hang nor overdue.
+    Before that (no step yet, or a new process after a crash, loading its checkpoint), its
+    time without a step is start-up, which goodput accounts as ``recovery`` and ``startup``:
+    neither a hang nor overdue.
     """
-    last = rank.last_step_mono
-    return rank.connected and last is not None and last >= rank.connected_mono
+    return rank.connected and rank.last_step_mono is not None and rank.goodput.phase != "startup"
 
 
 class RunAnalytics:
@@ -72,7 +72,7 @@ class RunAnalytics:
 
     Hangs on every tick; throughput drops, memory leaks and stragglers on ``rates`` ticks
     (medians over hundreds of steps, so judged less often: every 1 s). A rank that is not
-    running (disconnected, or no step since it connected: :func:`stepping`) is neither hung
+    running (disconnected, or its process has not stepped yet: :func:`stepping`) is neither hung
     nor compared (:meth:`RankAnalytics.stopped`).
     """
 
