@@ -10,7 +10,9 @@ shown in GiB. Every string that came from the API goes through
 
 from __future__ import annotations
 
+import math
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from unicodedata import east_asian_width
@@ -114,6 +116,11 @@ def shorten_middle(text: str, width: int) -> str:
     return f"{head}…{tail}"
 
 
+def overflow(v: float) -> str:
+    """An infinite product of finite values, as the bound it passed: ``>1.798e+308``."""
+    return f"{'<-' if v < 0 else '>'}{sys.float_info.max:.4g}"
+
+
 def scale(v: float | None, k: float) -> float | None:
     """``v * k``, or ``None`` for a missing value."""
     return None if v is None else v * k
@@ -129,8 +136,16 @@ class Cells:
     """Goes before ``%`` and before the reason in parentheses after a missing MFU."""
 
     def number(self, v: float | None, fmt: str) -> str:
-        """``v`` formatted with ``fmt``, or the missing mark."""
-        return self.missing if v is None else format(v, fmt)
+        """``v`` formatted with ``fmt``, or the missing mark.
+
+        A value a view scaled past the float range (``1e308`` seconds in milliseconds) is
+        written as the bound it passed, ``>1.798e+308``: never ``inf``, never 309 digits.
+        """
+        if v is None:
+            return self.missing
+        if not math.isfinite(v):
+            return overflow(v)
+        return format(v, fmt)
 
     def logged(self, values: Mapping[str, float | None], key: str, fmt: str) -> str:
         """A logged value (``RankView.values``): null when reported means NaN or infinite."""
@@ -140,7 +155,10 @@ class Cells:
 
     def percent(self, ratio: float | None) -> str:
         """A ratio as a percentage with one decimal (``41.7%``)."""
-        return self.missing if ratio is None else f"{ratio * 100:.1f}{self.gap}%"
+        if ratio is None:
+            return self.missing
+        p = ratio * 100
+        return f"{p:.1f}{self.gap}%" if math.isfinite(p) else f"{overflow(p)}{self.gap}%"
 
     def mfu(self, rank: RankView) -> str:
         """The rank's MFU as a percentage, else the missing mark and why (``- (no GPU)``).

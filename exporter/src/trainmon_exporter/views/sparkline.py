@@ -31,6 +31,31 @@ FLOW = ("hang", "restart")
 """The marks the throughput sparkline shows too (the loss sparkline shows all)."""
 
 
+def mean(values: Sequence[float]) -> float:
+    """The mean of finite ``values`` (at least one), finite however large they are.
+
+    ``sum(values) / n`` overflows to infinity for two values of 1e308: then each value is
+    divided first. The result is kept within the values' range, which rounding can step past.
+    """
+    n = len(values)
+    m = sum(values) / n
+    if not math.isfinite(m):
+        m = sum(v / n for v in values)
+    lo, hi = min(values), max(values)
+    return lo if m < lo else hi if m > hi else m
+
+
+def fraction(v: float, lo: float, hi: float) -> float:
+    """Where ``v`` lies between ``lo`` and ``hi`` (``lo < hi``, all finite), from 0 to 1.
+
+    ``hi - lo`` overflows to infinity across the whole float range (-1e308 to 1e308), and
+    ``(v - lo) / inf`` is 0 or NaN: the halves are subtracted instead, which never overflows.
+    """
+    d = hi - lo
+    f = (v - lo) / d if math.isfinite(d) else (v / 2 - lo / 2) / (hi / 2 - lo / 2)
+    return 0.0 if not f > 0.0 else 1.0 if f > 1.0 else f
+
+
 def resample(values: Sequence[float | None], width: int) -> list[float | None]:
     """``values`` in at most ``width`` columns, each the mean of its values (None: none).
 
@@ -43,7 +68,7 @@ def resample(values: Sequence[float | None], width: int) -> list[float | None]:
     out: list[float | None] = []
     for c in range(width):
         chunk = [v for v in finite[c * n // width : (c + 1) * n // width] if v is not None]
-        out.append(sum(chunk) / len(chunk) if chunk else None)
+        out.append(mean(chunk) if chunk else None)
     return out
 
 
@@ -82,8 +107,13 @@ def span(values: Sequence[float | None]) -> tuple[float, float] | None:
 
 
 def compact(v: float) -> str:
-    """A number in at most about 5 characters: ``2.35``, ``0.0031``, ``123k``, ``1.2M``."""
+    """A number in at most about 5 characters: ``2.35``, ``0.0031``, ``123k``, ``1.2M``.
+
+    Beyond a thousand T, and below 1e-4, in exponent form: ``1e+308``, ``-2.5e-07``.
+    """
     a = abs(v)
+    if a >= 1e15 or 0 < a < 1e-4:
+        return f"{v:.2g}"
     for limit, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
         if a >= limit:
             return f"{v / limit:.3g}{suffix}"
@@ -108,7 +138,7 @@ def blocks(values: Sequence[float | None], width: int) -> str:
         elif hi == lo:
             out.append(BLOCKS[top // 2])
         else:
-            out.append(BLOCKS[round((v - lo) / (hi - lo) * top)])
+            out.append(BLOCKS[round(fraction(v, lo, hi) * top)])
     return "".join(out)
 
 
@@ -146,7 +176,7 @@ def svg(
     def y(v: float) -> float:
         if hi == lo:
             return height / 2
-        return pad + (height - 2 * pad) * (1 - (v - lo) / (hi - lo))
+        return pad + (height - 2 * pad) * (1 - fraction(v, lo, hi))
 
     parts = []
     for m in marks:
