@@ -233,6 +233,8 @@ def svg(
     )
 
 
+MIN_SPARK = 6
+"""Fewest columns a sparkline keeps beside its range; narrower, the range goes under it."""
 _MARK_LEGEND = {"N": "NaN/Inf", "S": "loss spike", "H": "hang", "R": "restart or rollback"}
 _MARK_STYLES = {
     "nonfinite": "bold red",
@@ -261,19 +263,33 @@ class TerminalTrends:
 
     @staticmethod
     def _cell(
-        values: list[float | None], marks: list[Any], points: int, spark_w: int, room: int
+        values: list[float | None], marks: list[Any], points: int, width: int, room: int
     ) -> Any:
-        """Block characters in ``spark_w`` columns, then the range they draw in ``room``."""
+        """Block characters, then the range they draw, in a cell ``width`` wide.
+
+        The range takes ``room`` columns beside the sparkline where that leaves the sparkline
+        :data:`MIN_SPARK` columns or more and the range fits; else the sparkline takes the
+        whole width and the range goes on a line of its own under it. A number is never cut.
+        """
         from rich.text import Text
 
+        beside = width - room >= MIN_SPARK
+        spark_w = width - room if beside else width
+        rng = range_text(resample(values, spark_w))
+        if beside and len(rng) >= room:
+            beside, spark_w = False, width
+            rng = range_text(resample(values, spark_w))
         text = Text(blocks(values, spark_w).ljust(spark_w), style="green")
-        text.append(" " + range_text(resample(values, spark_w)).ljust(room - 1), style="dim")
+        if beside:
+            text.append(" " + rng.ljust(room - 1), style="dim")
         kinds = resample_marks(marks, points, spark_w)
         if any(kinds):
             text.append("\n")
             for k in kinds:
                 text.append(" " if k is None else MARKS[k][0], _MARK_STYLES.get(k or "", ""))
             text.rstrip()
+        if not beside:
+            text.append("\n" + rng, style="dim")
         return text
 
     def __rich_console__(self, console: Any, options: Any) -> Any:
@@ -311,9 +327,9 @@ class TerminalTrends:
             flow = [m for m in t.marks if m.kind in FLOW]
             cells = [
                 label,
-                self._cell(t.loss, t.marks, n, max(1, per_series - rooms[0]), rooms[0]),
-                self._cell(t.tokens_per_second, flow, n, max(1, per_series - rooms[1]), rooms[1]),
-                self._cell(t.goodput, flow, n, max(1, per_series - rooms[2]), rooms[2]),
+                self._cell(t.loss, t.marks, n, per_series, rooms[0]),
+                self._cell(t.tokens_per_second, flow, n, per_series, rooms[1]),
+                self._cell(t.goodput, flow, n, per_series, rooms[2]),
             ]
             if run_w:
                 cells.insert(0, "" if run == prev else shorten_middle(run, run_w))

@@ -27,7 +27,18 @@ from typing import Any, NamedTuple
 
 from trainmon_exporter.views import sparkline
 from trainmon_exporter.views.api import GpusResponse, GpuView, RunsResponse
-from trainmon_exporter.views.cells import NONFINITE, TERMINAL, printable, rank_status
+from trainmon_exporter.views.cells import (
+    NONFINITE,
+    TERMINAL,
+    TIME_PARTS,
+    printable,
+    rank_status,
+    shorten_middle,
+    time_bar,
+    time_part,
+    time_shares,
+    time_words,
+)
 from trainmon_exporter.views.remote import (
     DEFAULT_URL,
     PASSWORD_VARIABLE,
@@ -180,7 +191,6 @@ LIVE_RANK_COLUMNS = (
     Column("loss_ema", "loss ema", 12, False),
     Column("tokens_per_s", "tokens/s", 6, False),
     Column("mfu", "mfu", 7, False),
-    Column("goodput", "goodput", 8, False),
     Column("gpu", "gpu", 10, False),
     Column("gpu_util", "gpu util", 11, False),
     Column("gpu_mem", "gpu mem", 13, False),
@@ -223,10 +233,11 @@ def fit_columns(
 
     Kept columns are always shown, a shortening one at no more than :data:`SHORT_RUN`; the
     others are taken by priority while the table's minimum width (every cell whole, text
-    wrapped between words) stays within ``width``. Space left over widens the text columns
-    up to their longest value, then the shortened ones back to theirs. When even the kept columns
-    do not fit, the shortening ones give way down to their header and the wrapping ones are
-    folded down to :data:`FOLD_MIN`. Returns ``(shown, dropped_headers)``, ``shown`` as
+    wrapped between words) stays within ``width``, and not past the first that does not fit:
+    a column is never hidden while a less urgent one is shown. Space left over widens the text
+    columns up to their longest value, then the shortened ones back to theirs. When even the
+    kept columns do not fit, the shortening ones give way down to their header and the wrapping
+    ones are folded down to :data:`FOLD_MIN`. Returns ``(shown, dropped_headers)``, ``shown`` as
     ``(key, header, width, wraps)`` in display order.
     """
     from rich.cells import cell_len
@@ -251,10 +262,13 @@ def fit_columns(
             minimum[c.key] -= give
             budget += give
     for c in by_priority:
+        if c.key in keep:
+            continue
         cost = minimum[c.key] + _CELL_OVERHEAD
-        if c.key not in keep and cost <= budget:
-            keep.add(c.key)
-            budget -= cost
+        if cost > budget:
+            break  # the rest are less urgent: hidden too, so the order holds at any width
+        keep.add(c.key)
+        budget -= cost
     widths = dict(minimum)
     growing = [c for c in by_priority if c.wraps] + [c for c in by_priority if c.shortens]
     for c in growing:
@@ -285,8 +299,6 @@ class _FittedTable:
         from rich.table import Table
         from rich.text import Text
 
-        from trainmon_exporter.views.cells import shorten_middle
-
         shown, dropped = fit_columns(self.spec, self.rows, options.max_width)
         notes = [self.caption] if self.caption else []
         if dropped:
@@ -306,6 +318,79 @@ class _FittedTable:
                     cell.stylize(cell_styles[key])
                 cells.append(cell)
             table.add_row(*cells, style=style)
+        yield table
+
+
+MIN_WORDS = 24
+"""Narrowest the parts' words get a column of their own beside the bar; narrower, they go
+under it."""
+
+
+class TimeTable:
+    """Where each rank's time went since its ``init()``: its goodput, a bar, every part.
+
+    Always shown, whatever the width (the ranks table above has no goodput column to hide):
+    the goodput figure (``--once``'s ``goodput`` without the largest badput, which leads the
+    parts), then a bar a quarter of the terminal wide (10 to 40 cells), a block for productive
+    time (``█``, ``▓`` uncheckpointed) and a letter for each kind of badput
+    (:data:`~trainmon_exporter.views.cells.TIME_PARTS`, named in the caption), each in its
+    colour, then every part with its share: productive, uncheckpointed, then the badput kinds
+    from the largest. The run column is shown only when more than one run has ranks.
+    """
+
+    def __init__(self, runs: RunsResponse, run_width: int = 20) -> None:
+        self.run_width = run_width
+        self.ranks = [
+            (printable(run.label), f"{r.rank}/{r.world_size}", r.goodput, shares)
+            for run in runs.runs
+            for r in run.ranks
+            if r.goodput is not None and (shares := time_shares(r.goodput))
+        ]
+
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        from rich.table import Table
+        from rich.text import Text
+
+        if not self.ranks:
+            return
+        runs = len({run for run, _, _, _ in self.ranks})
+        run_w = min(max(len(r[0]) for r in self.ranks), self.run_width) if runs > 1 else 0
+        rank_w = max(4, *(len(label) for _, label, _, _ in self.ranks))
+        bar_w = max(10, min(40, options.max_width // 4))
+        fixed = 1 + (run_w + 3 if run_w else 0) + rank_w + 3 + len("goodput") + 3
+        narrow = options.max_width - fixed - (bar_w + 3) - 3 < MIN_WORDS
+        if narrow:  # the parts in words go under the bar, in one column as wide as it can be
+            bar_w = max(1, min(40, options.max_width - fixed - 3))
+        used = {k for *_, shares in self.ranks for k, _ in shares}
+        legend = " · ".join(
+            f"{time_part(k)[0]} {time_part(k)[1]}"
+            for k in [*TIME_PARTS, *sorted(used - set(TIME_PARTS))]
+            if k in used
+        )
+        table = Table(title="where the time went, since each rank's init()", caption=legend)
+        if run_w:
+            table.add_column("run", width=run_w, no_wrap=True, overflow="ignore")
+        table.add_column("rank", width=rank_w, no_wrap=True)
+        table.add_column("goodput", width=len("goodput"), no_wrap=True)  # ≤ "100.0%"
+        if narrow:
+            table.add_column("time, share of the wall-clock", width=bar_w, overflow="fold")
+        else:
+            table.add_column("time", width=bar_w, no_wrap=True, overflow="ignore")
+            table.add_column("share of the wall-clock", overflow="fold")
+        prev = None
+        for run, label, goodput, shares in self.ranks:
+            bar = Text()
+            for part in time_bar(shares, bar_w):
+                char, _, colour = time_part(part)
+                bar.append(char, style=colour)
+            words = time_words(shares, TERMINAL.gap)
+            if narrow:
+                bar.append("\n" + words)
+            cells = [label, TERMINAL.percent(goodput.ratio), *([bar] if narrow else [bar, words])]
+            if run_w:
+                cells.insert(0, "" if run == prev else shorten_middle(run, run_w))
+            table.add_row(*cells)
+            prev = run
         yield table
 
 
@@ -362,16 +447,18 @@ def rich_view(runs: RunsResponse, gpus: GpusResponse, url: str) -> Any:
         styles,
         None if rows else "No trainer has connected yet.",
     )
+    times = TimeTable(runs, SHORT_RUN)
     trends = sparkline.TerminalTrends(runs, SHORT_RUN)
     line = gpu_line(gpus)
     if line is not None:
-        return Group(ranks, trends, _line(line, "" if gpus.ok or not gpus.hint else "yellow"))
+        hint = "" if gpus.ok or not gpus.hint else "yellow"
+        return Group(ranks, times, trends, _line(line, hint))
     grows = gpu_rows(gpus)
     gstyles: list[tuple[str, dict[str, str]]] = [
         ("bold red" if r["xids"] != "0" else ("yellow" if r["slowdown"] != "none" else ""), {})
         for r in grows
     ]
-    return Group(ranks, trends, _FittedTable("GPUs", LIVE_GPU_COLUMNS, grows, gstyles, None))
+    return Group(ranks, times, trends, _FittedTable("GPUs", LIVE_GPU_COLUMNS, grows, gstyles, None))
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
