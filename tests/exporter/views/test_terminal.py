@@ -279,3 +279,27 @@ def test_a_run_id_keeps_both_ends_when_shortened() -> None:
     assert shorten_middle("日本語のランID-0001", 10) == "日本語…001"  # 10 cells: CJK are two wide
     for width in range(1, 44):
         assert len(shorten_middle(GENERATED_RUN, width)) <= width
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["stauts"], "trainmon: error: no command 'stauts' (did you mean status?)"),
+        (
+            ["status", "--onec"],
+            "trainmon status: error: unrecognized arguments: --onec (did you mean --once?)",
+        ),
+        (
+            ["status", "--url=x", "--intervall", "2"],
+            "trainmon status: error: unrecognized arguments: --intervall 2 (did you mean "
+            "--interval?)",
+        ),
+        (["status", "--nothing-alike"], "unrecognized arguments: --nothing-alike\n"),
+    ],
+)
+def test_a_typo_gets_the_closest_command_or_flag(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert terminal.cli(argv) == 2
+    err = capsys.readouterr().err
+    assert said in err, err

@@ -253,8 +253,14 @@ class Cells:
         return f"{text} ({g.largest_badput})" if g.largest_badput else text
 
     def throughput(self, rank: RankView, fmt: str) -> str:
-        """The rank's tokens/s; the missing mark once it no longer runs."""
-        return self.missing if stopped(rank) else self.number(rank.tokens_per_second, fmt)
+        """The rank's tokens/s, or the missing mark.
+
+        Missing once the rank no longer runs, and for a rank that never logged tokens: its
+        rate of 0 says nothing about its speed.
+        """
+        if stopped(rank) or rank.tokens_total == 0:
+            return self.missing
+        return self.number(rank.tokens_per_second, fmt)
 
     def gib(self, nbytes: float | None) -> str:
         """Bytes as GiB with one decimal."""

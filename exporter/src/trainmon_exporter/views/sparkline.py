@@ -269,7 +269,8 @@ class TerminalTrends:
 
         The range takes ``room`` columns beside the sparkline where that leaves the sparkline
         :data:`MIN_SPARK` columns or more and the range fits; else the sparkline takes the
-        whole width and the range goes on a line of its own under it. A number is never cut.
+        whole width and the range goes on a line of its own under it (two, folded after its dash,
+        where one is too narrow). A number is never cut.
         """
         from rich.text import Text
 
@@ -288,8 +289,10 @@ class TerminalTrends:
             for k in kinds:
                 text.append(" " if k is None else MARKS[k][0], _MARK_STYLES.get(k or "", ""))
             text.rstrip()
-        if not beside:
-            text.append("\n" + rng, style="dim")
+        if not beside:  # on a line of its own, or two where even that is too narrow
+            lo, dash, hi = rng.partition("–")
+            shown = f"{lo}{dash}\n{hi}" if len(rng) > width and dash else rng
+            text.append("\n" + shown, style="dim")
         return text
 
     def __rich_console__(self, console: Any, options: Any) -> Any:

@@ -20,6 +20,7 @@ settings model, so the command starts fast; rich is imported when the live view 
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 import time
 from collections.abc import Sequence
@@ -478,9 +479,29 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     return ap
 
 
+def _close(word: str, choices: Sequence[str]) -> str:
+    """`` (did you mean --once?)`` for a mistyped ``word`` close to one of ``choices``, or ``""``.
+
+    :func:`difflib.get_close_matches` at ratio 0.6, as the exporter's own flags are checked.
+    """
+    close = difflib.get_close_matches(word.split("=", 1)[0], choices, 1, 0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 def main(argv: Sequence[str] | None = None, prog: str = "trainmon status") -> int:
-    """``trainmon status``; returns the exit code (2 when the exporter cannot be read)."""
-    args = _parser(prog).parse_args(argv)
+    """``trainmon status``; returns the exit code.
+
+    2 when the exporter cannot be read, and for a flag it does not know (with the closest one
+    it does, ``--onec``: ``did you mean --once?``).
+    """
+    parser = _parser(prog)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        flags = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+        hints = "".join(_close(u, flags) for u in unknown if u.startswith("-"))
+        parser.print_usage(sys.stderr)
+        print(f"{prog}: error: unrecognized arguments: {' '.join(unknown)}{hints}", file=sys.stderr)
+        return 2
     try:
         url = normalise_url(args.url)
         how = access_from(args)
@@ -526,6 +547,14 @@ def cli(argv: Sequence[str] | None = None) -> int:
         add_help=False,  # ``trainmon status --help`` is answered by the status parser
     )
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and not argv[0].startswith("-") and argv[0] != "status":
+        ap.print_usage(sys.stderr)
+        print(
+            f"trainmon: error: no command {argv[0]!r}{_close(argv[0], ['status'])}; the one "
+            "command is trainmon status",
+            file=sys.stderr,
+        )
+        return 2
     try:
         args, _ = ap.parse_known_args(argv[:1])
     except SystemExit as exc:  # --help / --version (0) or an unknown command (2)
