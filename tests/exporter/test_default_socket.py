@@ -16,6 +16,7 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from subprocess import CompletedProcess
 
 import pytest
 
@@ -155,15 +156,7 @@ def meet_as_nobody(env: dict[str, str], exporter_args: list[str], expected: Path
     try:
         wait_for(lambda: expected.is_socket() or exporter.poll() is not None, timeout=30)
         assert exporter.poll() is None, exporter.communicate()[0]
-        trainer = subprocess.run(
-            [sys.executable, "-c", TRAINER],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=ROOT,
-            timeout=60,
-            check=False,
-        )
+        trainer = python(TRAINER, env)
         assert trainer.returncode == 0, trainer.stderr
         assert "no exporter" not in trainer.stderr, trainer.stderr
 
@@ -239,6 +232,19 @@ def patched(code: str, system: Path) -> str:
     return f"import trainmon_client._env as _e; _e.DEFAULT_SOCKET = {str(system)!r}\n" + code
 
 
+def python(code: str, env: dict[str, str], *args: str, cwd: Path = ROOT) -> CompletedProcess[str]:
+    """``python -c code args`` with ``env``, run to its end (60 s at most), output captured."""
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=60,
+        check=False,
+    )
+
+
 PROBE = (
     textwrap.dedent(
         """
@@ -276,14 +282,7 @@ def admin_node(node: tuple[Path, Path, dict[str, str]]) -> tuple[Path, Path, dic
 
 
 def probe(system: Path, env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
-    proc = subprocess.run(
-        [sys.executable, "-c", patched(PROBE, system)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=env["HOME"],
-        timeout=60,
-    )
+    proc = python(patched(PROBE, system), env, cwd=env["HOME"])
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout), proc.stderr.splitlines()
 
@@ -325,27 +324,13 @@ def test_the_fallback_is_said_only_where_it_matters(
     first, before every error, from the settings' default); a trainer that finds its exporter
     says nothing; one that finds none says where it looked and why not /run/trainmon."""
     system, runtime, env = admin_node
-    bad = subprocess.run(
-        [sys.executable, "-c", patched(EXPORTER_SAYS, system), "--listen", "nonsense"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=env["HOME"],
-        timeout=60,
-    )
+    bad = python(patched(EXPORTER_SAYS, system), env, "--listen", "nonsense", cwd=env["HOME"])
     assert bad.returncode == 2
     assert bad.stderr.splitlines() == [
         "trainmon-exporter: error: --listen: expected HOST:PORT (e.g. 127.0.0.1:9478), got "
         "'nonsense'"
     ]
-    alone = subprocess.run(
-        [sys.executable, "-c", patched(TRAINER, system)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=60,
-    )
+    alone = python(patched(TRAINER, system), env)
     fallback = runtime / "trainmon" / "trainmon.sock"
     assert alone.returncode == 0, alone.stderr
     assert alone.stderr.splitlines() == [
@@ -397,14 +382,7 @@ def test_exporter_and_trainer_with_no_flags_meet_beside_an_unusable_run_trainmon
     try:
         wait_for(lambda: expected.is_socket() or exporter.poll() is not None, timeout=30)
         assert exporter.poll() is None, exporter.communicate()[0]
-        trainer = subprocess.run(
-            [sys.executable, "-c", patched(TRAINER, system)],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=ROOT,
-            timeout=60,
-        )
+        trainer = python(patched(TRAINER, system), env)
         assert trainer.returncode == 0, trainer.stderr
         assert trainer.stderr == ""  # it found its exporter: nothing to say
 
@@ -456,14 +434,7 @@ def test_a_trainer_sends_nothing_to_a_runtime_directory_another_user_made(
 ) -> None:
     system, _, env = node
     evil, listener = squatted
-    trainer = subprocess.run(
-        [sys.executable, "-c", patched(TRAINER, system)],
-        capture_output=True,
-        text=True,
-        env=env | {"XDG_RUNTIME_DIR": str(evil)},
-        cwd=ROOT,
-        timeout=60,
-    )
+    trainer = python(patched(TRAINER, system), env | {"XDG_RUNTIME_DIR": str(evil)})
     assert trainer.returncode == 0, trainer.stderr
     with pytest.raises(BlockingIOError):  # no connection was ever made to that listener
         listener.accept()
@@ -484,13 +455,12 @@ def test_an_exporter_does_not_listen_in_a_runtime_directory_another_user_made(
     evil, listener = squatted
     listener.close()
     shutil.rmtree(evil / "trainmon")
-    out = subprocess.run(
-        [sys.executable, "-c", patched(EXPORTER_SAYS, system), "--listen", "127.0.0.1:0"],
-        capture_output=True,
-        text=True,
-        env=env | {"XDG_RUNTIME_DIR": str(evil)},
+    out = python(
+        patched(EXPORTER_SAYS, system),
+        env | {"XDG_RUNTIME_DIR": str(evil)},
+        "--listen",
+        "127.0.0.1:0",
         cwd=env["HOME"],
-        timeout=60,
     )
     assert out.returncode == 2, out.stdout + out.stderr
     assert os.listdir(evil) == []  # nothing made in the other user's directory
@@ -511,14 +481,7 @@ def test_permission_denied_is_never_read_as_no_exporter(
     env = env | {"TRAINMON_SOCKET": str(system)}
 
     def trainer_says() -> str:
-        out = subprocess.run(
-            [sys.executable, "-c", TRAINER],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=ROOT,
-            timeout=60,
-        )
+        out = python(TRAINER, env)
         assert out.returncode == 0, out.stderr
         assert "no exporter" not in out.stderr, out.stderr
         (line,) = out.stderr.splitlines()
