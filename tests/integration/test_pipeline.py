@@ -161,3 +161,26 @@ def test_eight_ranks_at_once(
         }
     m = ex.metrics()
     assert sample(m, "trainmon_ingest_messages_total", type="step") == 16000
+
+
+def test_a_refused_trainer_says_so_in_its_closing_line(
+    exporter_process: Callable[..., ExporterProcess],
+) -> None:
+    """A second trainer of a rank already connected is refused (``duplicate_rank``): its
+    closing line says the exporter refused the run and why. It used to say how many records
+    it "sent" and dropped, the drops counted as ``disconnected``, and pointed at the status
+    page, where the run it reported to was someone else's."""
+    ex = exporter_process().start()
+    first = trainer(ex.socket, "--steps", "0", "--run", "twice")
+    try:
+        wait_for(lambda: ranks_of(ex, "twice"), timeout=120)
+        second = trainer(ex.socket, "--steps", "5", "--run", "twice")
+        out = finished_output(second, 180)
+        assert second.returncode == 0, out
+        closing = [line for line in out.splitlines() if line.startswith("trainmon: run ")]
+        assert closing and closing[-1].endswith(
+            "(the exporter refused this run: duplicate_rank; see the warning above)"
+        ), out
+    finally:
+        first.send_signal(signal.SIGINT)
+        finished_output(first, 60)
