@@ -75,6 +75,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/fuzz.py $(BENCH_ARGS)
 	$(BIN)/python benchmarks/faults.py $(BENCH_ARGS)
 	$(BIN)/python benchmarks/soak.py $(BENCH_ARGS)
+	$(BIN)/python benchmarks/ingest_memory.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(DEMO_VENV)

@@ -31,7 +31,7 @@ import threading
 import time
 
 import torch
-from _harness import Exporter, get
+from _harness import Exporter, get, slope_per_minute
 
 import trainmon_client
 
@@ -67,19 +67,6 @@ class Scraper(threading.Thread):
         self._halt.set()
         self.join()
         return self
-
-
-def slope_per_minute(points: list[tuple[float, float]]) -> float:
-    """Least-squares slope of (seconds, MiB) points, in MiB per minute."""
-    if len(points) < 2:
-        return 0.0
-    n = len(points)
-    mx = sum(t for t, _ in points) / n
-    my = sum(v for _, v in points) / n
-    sxx = sum((t - mx) ** 2 for t, _ in points)
-    if sxx == 0:
-        return 0.0
-    return 60.0 * sum((t - mx) * (v - my) for t, v in points) / sxx
 
 
 def by_label(ex: Exporter, family: str) -> dict[str, float]:
