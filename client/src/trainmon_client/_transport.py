@@ -1,5 +1,9 @@
 """The connection to the exporter: connect, send without blocking, say what became of a packet.
 
+Why this module is one module of about 510 lines: it is the one owner of the socket, and every
+part (the backoff, the send outcomes, the read confirmation, the refusal, the words for a
+connection that failed) reads or changes the same connection state.
+
 A :class:`Transport` owns the ``SOCK_SEQPACKET`` socket and what only the connection knows: the
 backoff schedule, the records sent on this connection and how many of them the exporter was
 seen to read, and ``finish()``'s deadline. It keeps no count of the run's: every call says

@@ -1,5 +1,9 @@
 """Where a rank's time goes: productive step time and badput by kind, in seconds.
 
+Why this module is one module of about 520 lines: it is one account whose buckets must add up
+to the wall-clock at every instant, kept by one state machine (start-up, running, down,
+ended) that every event moves; split, the identity would hold only across modules.
+
 One :class:`Goodput` per (run, rank), told by :class:`~trainmon_exporter.state.RankState` of
 every step, checkpoint, evaluation, tracked operation, hang, crash, restart and rollback. It
 splits the rank's wall-clock, from its trainer's ``init()`` to now (or to its finish), into

@@ -1,5 +1,11 @@
 """``trainmon status``: runs, ranks and GPUs in a terminal, for a node with no Grafana.
 
+Why this module is one module of about 570 lines: it is everything the command prints and
+parses (the ``--once`` table, the live view's fitted tables of ranks, of where their time
+went and of GPUs, the commands and flags with their suggestions), and the tables share one
+fitting rule and one set of cells; what the page shares with it is in
+:mod:`~trainmon_exporter.views.cells`, the sparklines in :mod:`~trainmon_exporter.views.sparkline`.
+
     trainmon status [--url http://127.0.0.1:9478] [--interval 2]   # live view (rich), Ctrl-C
     trainmon status --once                                         # one plain snapshot
     trainmon status --url https://node1:9478 --ca-file ca.crt --user prometheus  # TLS, auth
