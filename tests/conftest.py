@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import signal
@@ -41,6 +42,10 @@ os.environ.pop("POD_NAME", None)
 # pass their own environment and stand-in for /run/trainmon (tests/exporter/
 # test_default_socket.py); tests that start the README's commands start their exporter first.
 SUITE_DIR = Path(tempfile.mkdtemp(prefix="tm-suite-"))
+_MADE_BY = os.getpid()
+# Removed when the process that made it ends (a helper script importing this module too), never
+# by a forked child that exits first.
+atexit.register(lambda: os.getpid() == _MADE_BY and shutil.rmtree(SUITE_DIR, ignore_errors=True))
 NOWHERE = str(SUITE_DIR / "nobody-listens.sock")
 """Where a client of the suite sends when a test gives it no socket: nothing listens there."""
 os.environ["XDG_RUNTIME_DIR"] = str(SUITE_DIR)
@@ -58,10 +63,6 @@ def pytest_configure(config: pytest.Config) -> None:
     """
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    shutil.rmtree(SUITE_DIR, ignore_errors=True)
 
 
 def wait_for(cond: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
