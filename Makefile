@@ -45,7 +45,7 @@ generate: $(STAMP)
 	$(BIN)/python deploy/grafana/build_dashboards.py
 	$(BIN)/python deploy/kubernetes/build.py
 	$(BIN)/python scripts/build_metrics_doc.py
-	TRAINMON_UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q tests/exporter/test_golden.py tests/client/test_golden_wire.py
+	TRAINMON_UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q tests/exporter/test_golden.py tests/client/test_golden_wire.py tests/exporter/views/test_captures.py
 
 $(DEMO_STAMP): requirements-demo.txt client/pyproject.toml exporter/pyproject.toml
 	$(PYTHON) -m venv $(DEMO_VENV)
@@ -82,6 +82,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/fuzz.py $(BENCH_ARGS)
 	$(BIN)/python benchmarks/faults.py $(BENCH_ARGS)
 	$(BIN)/python benchmarks/soak.py $(BENCH_ARGS)
+	$(BIN)/python benchmarks/ingest_memory.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(DEMO_VENV)

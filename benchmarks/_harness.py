@@ -317,3 +317,16 @@ def raw_connect(path: str, timeout: float | None = 5.0) -> socket.socket:
         except OSError:
             s.close()
             raise
+
+
+def slope_per_minute(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of (seconds, MiB) points, in MiB per minute."""
+    if len(points) < 2:
+        return 0.0
+    n = len(points)
+    mx = sum(t for t, _ in points) / n
+    my = sum(v for _, v in points) / n
+    sxx = sum((t - mx) ** 2 for t, _ in points)
+    if sxx == 0:
+        return 0.0
+    return 60.0 * sum((t - mx) * (v - my) for t, v in points) / sxx

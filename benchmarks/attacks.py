@@ -37,6 +37,10 @@ Each attack runs against a fresh exporter subprocess while a prober GETs ``/heal
   a trainer of a fifth uid logs 40 steps.
 - ``signal_storm``: a trainer whose 2 kHz timer signal handler calls ``run.log()`` while its
   loop logs: does it complete (killed after a timeout if not)?
+- ``extreme_sparklines``: a rank logs the float range's ends (-1e308, +1e308, the largest
+  float, the smallest subnormal) as its loss and grad norm: does ``trainmon status`` (the live
+  view, stopped with Ctrl-C after a few refreshes) keep drawing, and does the status page draw
+  its sparklines at finite coordinates? Prints the sparkline row the live view showed.
 
 Each prints its figures and, for each property it checks, ``held`` or ``NOT held``. Attacks
 that need a second uid run their clients as uids 61001 and 61002 when run as root, and print
@@ -54,6 +58,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import socket
 import statistics
 import subprocess
@@ -992,6 +997,61 @@ def signal_storm(hold: float) -> None:
         )
 
 
+EXTREMES = [2.5, -1e308, 1e308, -sys.float_info.max, sys.float_info.max, 5e-324, -5e-324, 2.4]
+"""Losses at the ends of the float range, all finite, between two ordinary ones."""
+SVG_NUMBER = re.compile(r"\b(?:x1|x2|y1|y2|cx|cy|x|y)='([^']*)'|points='([^']*)'")
+
+
+def extreme_sparklines(hold: float) -> None:
+    """A rank logs the float range's ends: the live view and the page must keep drawing."""
+    with Exporter() as ex:
+        run = trainmon_client.init(
+            run="extremes", rank=0, world_size=1, socket_path=ex.socket, flush_interval=0.0
+        )
+        for step, loss in enumerate(EXTREMES):
+            run.log(step, loss=loss, grad_norm=abs(loss), tokens=1e308)
+        run.finish()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and "extremes" not in _runs(ex):
+            time.sleep(0.05)
+        # The live view as a user runs it, refreshed every 0.2 s, then Ctrl-C.
+        status = [sys.executable, "-m", "trainmon_exporter", "status"]
+        live = subprocess.Popen(
+            [*status, "--url", f"127.0.0.1:{ex.port}", "--interval", "0.2"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=os.environ | {"COLUMNS": "120", "LINES": "60"},
+        )
+        time.sleep(max(2.0, hold / 4))
+        alive = live.poll() is None
+        live.send_signal(2)  # SIGINT: how a user leaves the live view
+        out, err = live.communicate(timeout=30)
+        row = next((ln for ln in out.splitlines() if re.search(r"│ 0/1 +│ [▁-█]", ln)), "")
+        _, body = get(ex.port, "/", timeout=10)
+        svgs = re.findall(r"<svg.*?</svg>", body.decode(), re.S)
+        coords = []
+        for svg in svgs:
+            for single, points in SVG_NUMBER.findall(svg):
+                coords += [single] if single else re.split(r"[ ,]", points)
+        bad = [c for c in coords if not re.fullmatch(r"-?\d+(\.\d+)?", c)]
+    crashed = "Traceback" in err or not alive or live.returncode != 0
+    if crashed:
+        last = err.strip().splitlines()[-1] if err.strip() else "no error printed"
+        what = f"trainmon status failed (exit {live.returncode}: {last})"
+    else:
+        what = "trainmon status drew every refresh and left on Ctrl-C (exit 0)"
+    print(
+        f"[extreme_sparklines] {_held(not crashed and bool(row))}: {what}; the loss sparkline "
+        f"row it showed at 120 columns: {row.strip() or '(none drawn)'}"
+    )
+    print(
+        f"[extreme_sparklines] {_held(not bad and bool(coords))}: the status page drew "
+        f"{len(svgs)} sparklines at {len(coords)} coordinates, {len(bad)} not a finite number"
+        + (f" (e.g. {bad[0]!r})" if bad else "")
+    )
+
+
 ATTACKS = {
     "idle": idle,
     "http": http_half,
@@ -1007,6 +1067,7 @@ ATTACKS = {
     "uid_squat": uid_squat,
     "uid_squat_connections": uid_squat_connections,
     "signal_storm": signal_storm,
+    "extreme_sparklines": extreme_sparklines,
 }
 
 

@@ -13,7 +13,8 @@ Printed at the end:
   it reports sent but never applied (``trainmon_ingest_messages_unapplied_total``) and its
   invalid records; **unexplained** = sent - applied - counted (must be 0);
 - exporter RSS at the start, the end, and its least-squares slope (MiB/min) over the second
-  half of the run (after the windows fill);
+  half of the run (after the windows fill), and at the end of each minute (a run of 10
+  minutes or more shows whether a growth levels off);
 - ``/metrics`` p50 / p99 / max latency (ms) and size;
 - exporter CPU seconds per 1,000 records applied (psutil user + system).
 
@@ -30,7 +31,7 @@ import threading
 import time
 
 import torch
-from _harness import Exporter, get
+from _harness import Exporter, get, slope_per_minute
 
 import trainmon_client
 
@@ -66,19 +67,6 @@ class Scraper(threading.Thread):
         self._halt.set()
         self.join()
         return self
-
-
-def slope_per_minute(points: list[tuple[float, float]]) -> float:
-    """Least-squares slope of (seconds, MiB) points, in MiB per minute."""
-    if len(points) < 2:
-        return 0.0
-    n = len(points)
-    mx = sum(t for t, _ in points) / n
-    my = sum(v for _, v in points) / n
-    sxx = sum((t - mx) ** 2 for t, _ in points)
-    if sxx == 0:
-        return 0.0
-    return 60.0 * sum((t - mx) * (v - my) for t, v in points) / sxx
 
 
 def by_label(ex: Exporter, family: str) -> dict[str, float]:
@@ -231,6 +219,14 @@ def main() -> int:
         f"exporter RSS {rss0:.1f} -> {rss1:.1f} MiB; slope over the second half "
         f"{slope_per_minute(half):+.2f} MiB/min"
     )
+    minutes = [
+        next(v for t, v in reversed(rss) if t <= m * 60) for m in range(1, int(elapsed // 60) + 1)
+    ]
+    if minutes:
+        print(
+            "exporter RSS at the end of each minute (MiB): "
+            + ", ".join(f"{v:.1f}" for v in minutes)
+        )
     print(
         f"/metrics: {len(lat)} scrapes, {scraper.failures} failed, "
         f"p50 {q[49] * 1e3:.1f} ms, p99 {q[98] * 1e3:.1f} ms, max "

@@ -130,7 +130,23 @@ def trainmon_summary(run: trainmon_client.Run | None) -> str:
         f"trainmon: run {run.run_id!r} rank {run.rank}: {run.sent} records sent to "
         f"{run.socket_path}, {dropped} dropped"
     )
+    if run.refused_reason:
+        return (
+            line + f" (the exporter refused this run: {run.refused_reason}; see the warning above)"
+        )
     if run.sent == 0:
+        try:
+            os.stat(run.socket_path)
+            denied = not os.access(run.socket_path, os.W_OK)
+        except PermissionError:  # its directory does not let this user in
+            denied = True
+        except OSError:
+            denied = False
+        if denied:
+            return (
+                line
+                + " (permission denied: this user may not connect there; see the warning above)"
+            )
         return line + " (no exporter listened there: start `trainmon-exporter` first)"
     return line + "; see the exporter's status page (http://127.0.0.1:9478/) or `trainmon status`"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import signal
@@ -31,6 +32,24 @@ ROOT = Path(__file__).resolve().parents[1]
 # The tests of attribution per team set their pod's variables themselves.
 os.environ["POD_NAMESPACE"] = ""
 os.environ.pop("POD_NAME", None)
+
+# The suite never reaches a socket it did not make, whoever runs it and whatever the node has:
+# an exporter of this user already running (on $XDG_RUNTIME_DIR/trainmon), a root one on
+# /run/trainmon, a /run/trainmon this user may not use. Every client of the suite and of its
+# subprocesses that is given no socket sends to TRAINMON_SOCKET, a path in a directory of the
+# suite's own where nothing listens (its drops are counted, as with no exporter), and the
+# runtime directory the socket rule falls back to is the suite's too. Tests of the rule itself
+# pass their own environment and stand-in for /run/trainmon (tests/exporter/
+# test_default_socket.py); tests that start the README's commands start their exporter first.
+SUITE_DIR = Path(tempfile.mkdtemp(prefix="tm-suite-"))
+_MADE_BY = os.getpid()
+# Removed when the process that made it ends (a helper script importing this module too), never
+# by a forked child that exits first.
+atexit.register(lambda: os.getpid() == _MADE_BY and shutil.rmtree(SUITE_DIR, ignore_errors=True))
+NOWHERE = str(SUITE_DIR / "nobody-listens.sock")
+"""Where a client of the suite sends when a test gives it no socket: nothing listens there."""
+os.environ["XDG_RUNTIME_DIR"] = str(SUITE_DIR)
+os.environ["TRAINMON_SOCKET"] = NOWHERE
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -201,13 +220,19 @@ def raw_connect(path: str) -> socket.socket:
 
 
 def child_env(**extra: str) -> dict[str, str]:
-    """Environment for subprocesses: the current one without launcher variables (Slurm's too)."""
+    """Environment for subprocesses: the current one without launcher variables (Slurm's too).
+
+    ``TRAINMON_SOCKET`` is :data:`NOWHERE` unless ``extra`` names a socket: a child never
+    reaches a socket the test did not make (the suite's runtime directory stays its own too).
+    """
     env = {
         k: v
         for k, v in os.environ.items()
-        if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TRAINMON_RUN", "TRAINMON_SOCKET")
+        if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TRAINMON_RUN")
         and not k.startswith("SLURM_")  # a suite run inside a Slurm job
+        and not k.startswith("TORCHELASTIC_")  # a suite run under torchrun
     }
+    env["TRAINMON_SOCKET"] = NOWHERE
     env.update(extra)
     env["PYTHONUNBUFFERED"] = "1"
     return env

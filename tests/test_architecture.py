@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import ROOT
+from .helpers.checkout import tracked
 
 PACKAGES = {
     "trainmon_client": ROOT / "client" / "src" / "trainmon_client",
@@ -26,7 +27,7 @@ CLIENT_MOST = 900
 def modules() -> dict[str, Path]:
     out = {}
     for pkg, root in PACKAGES.items():
-        for path in sorted(root.rglob("*.py")):
+        for path in tracked("**/*.py", under=root):
             parts = path.relative_to(root).with_suffix("").parts
             if parts[-1] == "__init__":
                 parts = parts[:-1]
@@ -178,13 +179,13 @@ def test_log_never_calls_into_the_sender() -> None:
 
 def test_no_test_module_imports_another() -> None:
     offenders = []
-    for path in sorted((ROOT / "tests").rglob("*.py")):
+    for path in tracked("**/*.py", under=ROOT / "tests"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
                 mod = node.module or ""
                 if any(part.startswith("test_") for part in mod.split(".")):
                     offenders.append(f"{path.relative_to(ROOT)}: from {'.' * node.level}{mod}")
-    for path in sorted((ROOT / "benchmarks").rglob("*.py")):
+    for path in tracked("**/*.py", under=ROOT / "benchmarks"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and "test_" in (node.module or ""):
                 offenders.append(f"{path.relative_to(ROOT)}: from {node.module}")

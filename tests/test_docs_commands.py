@@ -15,14 +15,16 @@ import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, child_env
+from tests.conftest import ROOT, ExporterProcess, child_env, free_port, short_tmpdir
+from tests.helpers.checkout import tracked
 
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "secrets" / "README.md"]
+DOCS = [ROOT / "README.md", *tracked("docs/*.md"), ROOT / "secrets" / "README.md"]
 BLOCK = re.compile(r"^```(?:sh|bash|shell|console)\n(.*?)^```", re.S | re.M)
 
 # Commands that cannot run on a CI machine, by the start of the command, with the reason.
@@ -127,18 +129,43 @@ def test_every_skip_reason_is_still_used() -> None:
     assert set(SKIP) - used == set(), "skip entries no doc command needs any more"
 
 
-def environment() -> dict[str, str]:
-    """The user's shell after ``make venv``: the venv's ``bin`` first on ``PATH``."""
+def environment(socket: str | None = None) -> dict[str, str]:
+    """The user's shell after ``make venv``: the venv's ``bin`` first on ``PATH``.
+
+    Its trainers report to ``socket``: the exporter "started above" in the docs, which the
+    test starts itself (:func:`docs_exporter`); never the default socket, where this user's
+    own exporter may be listening.
+    """
     venv_bin = str(Path(sys.executable).parent)
-    env = child_env()
+    env = child_env() if socket is None else child_env(TRAINMON_SOCKET=socket)
     env["PATH"] = venv_bin + os.pathsep + env.get("PATH", "/usr/bin:/bin")
-    env.pop("TRAINMON_SOCKET", None)
     return env
 
 
+def command_id(cmd: Command) -> str:
+    """``README.md:183`` and the script it runs, if any: ``-k train_hf_trainer`` selects it."""
+    script = re.search(r"[\w-]+\.py\b", cmd.text)
+    return f"{cmd.doc}:{cmd.line}" + (f"-{script[0]}" if script else "")
+
+
+TRAINS = re.compile(r"\b(?:torchrun|python)\b.*\bexamples/")
+"""A command that runs an example trainer: it reports to the exporter the docs started."""
+
+
+@pytest.fixture(scope="module")
+def docs_exporter() -> Iterator[ExporterProcess]:
+    """The exporter the docs start before their trainers (``trainmon-exporter``), on a socket
+    and port of the test's own."""
+    d = short_tmpdir()
+    ex = ExporterProcess(d / "trainmon.sock", free_port()).start()
+    yield ex
+    ex.stop()
+    shutil.rmtree(d, ignore_errors=True)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("cmd", RUNNABLE, ids=lambda c: f"{c.doc}:{c.line}")
-def test_doc_command_runs(cmd: Command, tmp_path: Path) -> None:
+@pytest.mark.parametrize("cmd", RUNNABLE, ids=command_id)
+def test_doc_command_runs(cmd: Command, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     cwd = ROOT
     if re.search(r"\bsecrets/", cmd.text):
         # Commands that write the secrets run in a scratch copy, never on the checkout's files.
@@ -147,10 +174,11 @@ def test_doc_command_runs(cmd: Command, tmp_path: Path) -> None:
         for sibling in RUNNABLE:  # the files a chmod in the same doc expects are written first
             if sibling.doc == cmd.doc and sibling.line < cmd.line and "printf" in sibling.text:
                 subprocess.run(["bash", "-c", sibling.text], cwd=cwd, check=True, timeout=10)
+    ex = request.getfixturevalue("docs_exporter") if TRAINS.search(cmd.text) else None
     out = subprocess.run(
         ["bash", "-c", cmd.text],
         cwd=cwd,
-        env=environment(),
+        env=environment(None if ex is None else ex.socket),
         capture_output=True,
         text=True,
         timeout=300,
@@ -158,6 +186,10 @@ def test_doc_command_runs(cmd: Command, tmp_path: Path) -> None:
     )
     assert out.returncode == 0, f"{cmd.doc}:{cmd.line}: {cmd.text}\n{out.stdout}\n{out.stderr}"
     assert "Traceback" not in out.stderr, out.stderr
+    if ex is not None:  # the trainer's closing line: it reported to the exporter started above
+        assert re.search(rf"records sent to {re.escape(ex.socket)}, 0 dropped", out.stdout), (
+            out.stdout + out.stderr
+        )
     for target in re.findall(r">\s*(secrets/\S+)", cmd.text):
         assert (cwd / target).read_text(), target
 
@@ -168,7 +200,7 @@ def test_doc_command_runs(cmd: Command, tmp_path: Path) -> None:
 
 def documented_flags() -> set[str]:
     """Flags the docs spell out; ``--[no-]x`` documents ``--x`` and ``--no-x``."""
-    text = "\n".join(p.read_text() for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+    text = "\n".join(p.read_text() for p in [ROOT / "README.md", *tracked("docs/*.md")])
     flags = set(re.findall(r"--[a-z][\w.-]*[\w]", text))
     for name in re.findall(r"--\[no-\]([a-z][\w.-]*[\w])", text):
         flags |= {f"--{name}", f"--no-{name}"}
@@ -225,7 +257,7 @@ def test_runnable_commands_use_tools_ci_has() -> None:
 def exporter_flag_examples() -> list[str]:
     """Inline examples in the docs that give an exporter flag a value (`--layer-ranks all`)."""
     flags = help_flags("-m", "trainmon_exporter")
-    text = "\n".join(p.read_text() for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+    text = "\n".join(p.read_text() for p in [ROOT / "README.md", *tracked("docs/*.md")])
     spans = set(re.findall(r"`(--[a-z][^`]*)`", text))
     return sorted(
         s

@@ -7,6 +7,7 @@ import re
 import yaml
 
 from tests.conftest import ROOT
+from tests.helpers.checkout import tracked
 
 PROM = ROOT / "deploy" / "prometheus"
 
@@ -14,7 +15,7 @@ PROM = ROOT / "deploy" / "prometheus"
 def rule_counts() -> dict[str, tuple[int, int]]:
     """``{group: (alerts, recording rules)}`` of every shipped rule file."""
     counts = {}
-    for f in sorted(PROM.glob("*.yml")):
+    for f in tracked("*.yml", under=PROM):
         spec = yaml.safe_load(f.read_text()) or {}
         for group in spec.get("groups", []):
             rules = group["rules"]

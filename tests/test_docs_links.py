@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
+from tests.helpers.checkout import ignored_file, tracked
 
-SKIP_DIRS = {".git", ".venv", ".venv-demo", "node_modules", ".pytest_cache", ".ruff_cache"}
 FENCE = re.compile(r"^[ \t]*```.*?^[ \t]*```[^\n]*$", re.S | re.M)
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 HEADING = re.compile(r"^#{1,6}[ \t]+(.+?)[ \t]*#*[ \t]*$", re.M)
@@ -18,9 +18,8 @@ EXPLICIT = re.compile(r"<a\s+(?:name|id)=\"([^\"]+)\"")
 
 
 def markdown_files() -> list[Path]:
-    return sorted(
-        p for p in ROOT.rglob("*.md") if not SKIP_DIRS.intersection(p.relative_to(ROOT).parts)
-    )
+    """Every Markdown file git tracks (never a package's, in a virtual environment)."""
+    return tracked("**/*.md")
 
 
 def slug(heading: str) -> str:
@@ -58,6 +57,12 @@ def broken_links(path: Path) -> list[str]:
         elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
             out.append(f"{target}: no heading #{anchor} in {file_part or path.name}")
     return out
+
+
+def test_what_git_ignores_is_not_followed() -> None:
+    """A package's README in ``.venv-demo`` (``make demo``) links to files it does not ship."""
+    with ignored_file(".venv-demo/lib/tm-stray/README.md", "[gone](missing.md)\n") as path:
+        assert path not in markdown_files()
 
 
 def test_the_markdown_files_are_found() -> None:

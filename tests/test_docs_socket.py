@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
+from tests.helpers.checkout import tracked
 
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "secrets" / "README.md"]
+DOCS = [ROOT / "README.md", *tracked("docs/*.md"), ROOT / "secrets" / "README.md"]
 FENCE = re.compile(r"^[ \t]*```[^\n]*\n(.*?)^[ \t]*```", re.S | re.M)
 INLINE = re.compile(r"`([^`\n]+)`")
 # TRAINMON_SOCKET=VALUE as an assignment (a variable named TRAINMON_SOCKET_* is another setting)

@@ -9,12 +9,12 @@ comments, configuration, scripts, the changelog) to those that cannot be product
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import ROOT
+from tests.helpers.checkout import ignored_file, tracked
 
 FORBIDDEN = {
     "an internal issue number": re.compile(r"\bissues?[ -]?#?\d+", re.I),
@@ -27,29 +27,24 @@ FORBIDDEN = {
 }
 # What no file of the repository says, whatever its kind.
 EVERYWHERE = {k: v for k, v in FORBIDDEN.items() if k != "a work session"}
-SKIP_DIRS = {".git", ".venv", "node_modules", "tests", ".pytest_cache", ".ruff_cache"}
 
 
 def user_docs() -> list[Path]:
-    """Every Markdown file a user reads: README.md, docs/, and the READMEs beside the code."""
-    return sorted(
-        p for p in ROOT.rglob("*.md") if not SKIP_DIRS.intersection(p.relative_to(ROOT).parts[:-1])
-    )
+    """Every Markdown file a user reads: README.md, docs/, and the READMEs beside the code
+    (git tracks them; the tests' own files are not the user's)."""
+    return [p for p in tracked("**/*.md") if p.relative_to(ROOT).parts[0] != "tests"]
 
 
 def text_files() -> list[Path]:
     """Every text file git tracks, except this test's own examples and the goldens."""
-    listed = subprocess.run(
-        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
-    ).stdout.decode()
     out = []
-    for name in filter(None, listed.split("\0")):
-        path = ROOT / name
+    for path in tracked():
+        name = path.relative_to(ROOT).as_posix()
         if name == "tests/test_docs_words.py" or name.startswith("tests/golden/"):
             continue
         try:
             path.read_text()
-        except (UnicodeDecodeError, OSError):  # binary, or deleted and not yet committed
+        except UnicodeDecodeError:  # binary
             continue
         out.append(path)
     return out
@@ -58,6 +53,17 @@ def text_files() -> list[Path]:
 def test_user_docs_are_found() -> None:
     names = {p.relative_to(ROOT).as_posix() for p in user_docs()}
     assert {"README.md", "docs/metrics.md", "docs/performance.md"} <= names
+
+
+def test_what_git_ignores_is_not_judged() -> None:
+    """``make demo`` leaves ``.venv-demo`` in the checkout, with the Markdown files of every
+    package in it (one of FastAPI's says "session"); a build leaves ``__pycache__``. Neither is
+    the repository's: only the files git tracks are judged."""
+    text = "An HTTP session, see issue 12 and /work/notes.\n"
+    for stray in (".venv-demo/lib/tm-stray/README.md", "docs/__pycache__/tm-stray.md"):
+        with ignored_file(stray, text) as path:
+            assert path not in user_docs() and path not in text_files()
+        assert not path.exists()
 
 
 @pytest.mark.parametrize("doc", user_docs(), ids=lambda p: p.relative_to(ROOT).as_posix())

@@ -19,6 +19,7 @@ import yaml
 from trainmon_exporter.settings import SEVERITIES, AnalyticsSettings
 
 from .conftest import ROOT
+from .helpers.checkout import tracked
 
 DEFAULTS = AnalyticsSettings()
 ALERTS = ROOT / "deploy" / "prometheus" / "trainmon.alerts.yml"
@@ -121,7 +122,7 @@ def test_alerts_read_the_exporters_verdicts_not_copies_of_its_thresholds() -> No
 
 
 def dashboard_text() -> str:
-    return "\n".join(p.read_text() for p in sorted(DASHBOARDS.glob("*.json")))
+    return "\n".join(p.read_text() for p in tracked("*.json", under=DASHBOARDS))
 
 
 def test_dashboard_text_quotes_the_defaults() -> None:
@@ -130,7 +131,7 @@ def test_dashboard_text_quotes_the_defaults() -> None:
     assert z == [DEFAULTS.spike_z[s] for s in SEVERITIES]
     budget = numbers(rf"Budget: {NUMBER} % \(monitoring_budget_ratio\)", text, "dashboards")
     assert budget == pytest.approx([100 * DEFAULTS.monitoring_budget_ratio])
-    for p in DASHBOARDS.glob("*.json"):
+    for p in tracked("*.json", under=DASHBOARDS):
         json.loads(p.read_text())  # what was searched is the committed JSON
 
 

@@ -10,6 +10,7 @@ import ast
 from pathlib import Path
 
 from tests.conftest import ROOT
+from tests.helpers.checkout import tracked
 
 
 def _skips_as_root(decorator: ast.expr) -> bool:
@@ -48,7 +49,7 @@ def root_skipping_tests_without_the_marker(path: Path, base: Path = ROOT) -> lis
 
 
 def test_tests_that_skip_as_root_are_marked_uid() -> None:
-    files = sorted((ROOT / "tests").rglob("test_*.py"))
+    files = tracked("**/test_*.py", under=ROOT / "tests")
     assert ROOT / "tests" / "exporter" / "test_cli.py" in files
     found = [t for f in files for t in root_skipping_tests_without_the_marker(f)]
     assert found == [], "tests CI would never run (add @pytest.mark.uid): " + ", ".join(found)

@@ -17,17 +17,18 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, child_env
+from tests.helpers.checkout import tracked
 
 BENCH = ROOT / "benchmarks"
 
 
 def scripts() -> list[Path]:
     """Every benchmark script: ``benchmarks/**/*.py`` except private modules (``_harness``)."""
-    return sorted(
+    return [
         p
-        for p in BENCH.rglob("*.py")
+        for p in tracked("**/*.py", under=BENCH)
         if not any(part.startswith("_") for part in p.relative_to(BENCH).parts)
-    )
+    ]
 
 
 def children() -> set[Path]:

@@ -144,3 +144,15 @@ def test_the_exporters_variables_close_to_the_clients_are_known_to_it() -> None:
     }
     assert near == _env.EXPORTER_NEAR_CLIENT
     assert _env.misspelt_variables({k: "1" for k in environment_names()}) == []
+
+
+def test_torchruns_made_up_rendezvous_id_becomes_the_script_and_its_digits() -> None:
+    """``torchrun --standalone`` sets a new UUID as ``TORCHELASTIC_RUN_ID`` for every launch:
+    the run id names the script instead, with the UUID's first 8 hex digits (the same on
+    every rank); a rendezvous id a user chose stays as it is."""
+    made_up = {"TORCHELASTIC_RUN_ID": "8B2C1F3E-5d6a-4c1b-9e2f-0123456789ab"}
+    run_id = _env.detect_run_id(2, made_up)
+    assert run_id == f"{_env.detect_run_id(1, {}).split('-')[0]}-8b2c1f3e"
+    assert P.valid_run_id(run_id)
+    assert _env.detect_run_id(2, {"TORCHELASTIC_RUN_ID": "pretrain-7b"}) == "pretrain-7b"
+    assert _env.detect_run_id(2, made_up | {"TRAINMON_RUN": "mine"}) == "mine"

@@ -15,6 +15,7 @@ import subprocess
 import pytest
 
 from ..conftest import ROOT, short_tmpdir
+from ..helpers.checkout import tracked
 
 OLDEST = "3.9"
 
@@ -76,7 +77,7 @@ def python39() -> str:
 
 
 def test_every_client_module_parses_on_the_oldest_python(python39: str) -> None:
-    files = sorted(str(p) for p in (ROOT / "client" / "src" / "trainmon_client").glob("*.py"))
+    files = [str(p) for p in tracked("*.py", under=ROOT / "client" / "src" / "trainmon_client")]
     parse = "import ast, sys\nfor f in sys.argv[1:]: ast.parse(open(f).read(), f)"
     out = subprocess.run(
         [python39, "-c", parse, *files],

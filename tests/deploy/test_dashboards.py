@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from ..conftest import ROOT, require_tool
+from ..helpers.checkout import tracked
 from ..helpers.promql import METRIC_NAME, fleet_key_problems, known_names, used_names
 
 GRAFANA = ROOT / "deploy" / "grafana"
@@ -30,7 +31,7 @@ def generator() -> Any:
 
 def dashboards() -> dict[str, dict[str, Any]]:
     return {
-        p.name: json.loads(p.read_text()) for p in sorted((GRAFANA / "dashboards").glob("*.json"))
+        p.name: json.loads(p.read_text()) for p in tracked("*.json", under=GRAFANA / "dashboards")
     }
 
 
@@ -42,7 +43,7 @@ def queries(dash: dict[str, Any]) -> list[str]:
 
 def test_committed_json_is_what_the_generator_builds() -> None:
     rendered = generator().render()
-    assert set(rendered) == {p.name for p in (GRAFANA / "dashboards").glob("*.json")}
+    assert set(rendered) == {p.name for p in tracked("*.json", under=GRAFANA / "dashboards")}
     for name, text in rendered.items():
         assert (GRAFANA / "dashboards" / name).read_text() == text, (
             f"{name} is stale: run python deploy/grafana/build_dashboards.py"

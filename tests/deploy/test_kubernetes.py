@@ -41,11 +41,16 @@ from trainmon_exporter.settings import Settings, environment_names
 from ..conftest import ROOT, child_env, free_port, require_tool, wait_for
 from ..helpers import pod_security
 from ..helpers.cardinality import BUDGET
+from ..helpers.checkout import tracked
 from ..helpers.kustomize import K8S, container, kubectl, rendered, the
 
 SCHEMAS = Path(__file__).with_name("schemas") / "prometheus-operator-v0.93.0"
-OVERLAYS = sorted(p.parent.relative_to(K8S) for p in K8S.glob("overlays/*/kustomization.yaml"))
-EXAMPLES = sorted(p.parent.relative_to(K8S) for p in K8S.glob("examples/*/kustomization.yaml"))
+OVERLAYS = sorted(
+    p.parent.relative_to(K8S) for p in tracked("overlays/*/kustomization.yaml", under=K8S)
+)
+EXAMPLES = sorted(
+    p.parent.relative_to(K8S) for p in tracked("examples/*/kustomization.yaml", under=K8S)
+)
 WATCHDOG = Path("base/watchdog")
 """The Watchdog's PrometheusRule, which no overlay includes (its stacks ship their own)."""
 KUSTOMIZATIONS = [*OVERLAYS, *EXAMPLES, WATCHDOG]
@@ -133,7 +138,9 @@ def test_no_overlay_ships_a_second_watchdog() -> None:
 
 
 def test_dashboards_are_configmaps_the_grafana_sidecar_loads() -> None:
-    files = {p.name: p.read_text() for p in (ROOT / "deploy/grafana/dashboards").glob("*.json")}
+    files = {
+        p.name: p.read_text() for p in tracked("*.json", under=ROOT / "deploy/grafana/dashboards")
+    }
     for path in OVERLAYS:
         maps = [o for o in rendered(path) if o["kind"] == "ConfigMap"]
         got = {k: v for m in maps for k, v in m["data"].items()}
@@ -466,7 +473,7 @@ def test_prometheusrule_groups_pass_promtool(overlay: Path, tmp_path: Path) -> N
     assert out.returncode == 0, out.stdout + out.stderr
 
 
-UNIT_TESTS = sorted(p.name for p in (ROOT / "tests" / "rules").glob("*_test.yml"))
+UNIT_TESTS = [p.name for p in tracked("*_test.yml", under=ROOT / "tests" / "rules")]
 
 
 @pytest.mark.parametrize("name", UNIT_TESTS)
@@ -990,7 +997,7 @@ def test_the_exporter_image_is_registry_qualified_and_named_in_the_kustomization
     registry = name.split("/")[0]
     assert "/" in name and ("." in registry or ":" in registry), f"{image}: no registry"
     assert tag == __version__, image
-    for path in K8S.rglob("*.yaml"):
+    for path in tracked("**/*.yaml", under=K8S):
         for found in re.findall(r"^\s*(?:- )?image:\s*(\S+)", path.read_text(), re.M):
             if is_exporter_image(found):
                 assert found == "trainmon-exporter", f"{path}: {found} (set it in images:)"

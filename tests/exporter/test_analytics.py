@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from trainmon_client import _protocol as P
 from trainmon_exporter import derive
 from trainmon_exporter.analytics import AnalyticsSettings, RankAnalytics, RollingStats, RunAnalytics
+from trainmon_exporter.analytics.goodput import Goodput
 from trainmon_exporter.collectors import CollectorContext
 from trainmon_exporter.collectors.health import HealthCollector
 from trainmon_exporter.settings import Settings
@@ -303,6 +304,7 @@ class Rank:
     run_key: str
     connected: bool = True
     last_step_mono: float | None = 100.0
+    goodput: Goodput = field(default_factory=lambda: Goodput(0.0, phase="running"))
     analytics: RankAnalytics = field(default_factory=lambda: RankAnalytics(AnalyticsSettings()))
     running_operation: bool = False
 
@@ -386,7 +388,7 @@ def test_the_verdicts_follow_the_settings_and_are_exported_from_zero() -> None:
     for rank, seconds in enumerate((0.1, 0.1, 0.2)):
         s = store.attach(HELLO | {"rank": rank, "local_rank": rank, "world_size": 3}, uid=1)
         assert not isinstance(s, str)
-        s.last_step_mono = 100.0
+        s.last_step_mono, s.goodput.phase = 100.0, "running"  # its process has stepped
         s.analytics.step_times.extend([seconds] * 30)
         ranks.append(s)
     registry = CollectorRegistry()
@@ -450,3 +452,54 @@ def test_a_wall_clock_stepped_forward_is_no_hang(monkeypatch: pytest.MonkeyPatch
         clock.advance(0.1)
         episodes += store.check_conditions()
     assert episodes == [(s, "hang")] and s.analytics.hangs == 1
+
+
+def test_a_crash_and_restart_is_no_hang(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank steps every 0.1 s, its process dies, and a new one connects and spends far
+    longer than the hang limit loading its checkpoint before its first step: no hang is
+    counted, logged or marked, and no step is overdue; goodput calls that time recovery and
+    start-up. Once the new process steps and then stops, the same check finds the hang (the
+    test can fail)."""
+    clock = SteppingClock()
+    monkeypatch.setattr(time, "time", lambda: clock.wall)
+    monkeypatch.setattr(time, "monotonic", lambda: clock.mono)
+    store = store_of()
+    s = store.attach(HELLO | {"started_at": clock.wall}, uid=1)
+    assert not isinstance(s, str)
+    limit = 2.0 * 0.1 + 30.0  # hang_factor x median + hang_grace_seconds
+    episodes: list[tuple[Any, str]] = []
+
+    def steps(first: int, n: int) -> None:  # by one process, from its first step
+        for k, i in enumerate(range(first, first + n)):
+            head = P.StepHeader(i, k + 1, clock.wall, 0.1, 10.0 * k, 1.0 * k, 0.0, 0, 0, 0)
+            s.observe_step(P.Step(head, (), ()), {}, 30.0)
+            clock.advance(0.1)
+            episodes.extend(store.check_conditions())
+
+    def wait(seconds: float) -> None:
+        for _ in range(int(seconds / 0.1)):
+            clock.advance(0.1)
+            episodes.extend(store.check_conditions())
+
+    steps(0, 100)
+    s.disconnect(finished=False)  # killed: a crash
+    wait(5.0)  # down
+    again = store.attach(HELLO | {"pid": 2, "started_at": clock.wall}, uid=1)
+    assert again is s and s.connected
+    wait(3 * limit)  # the new process loads its checkpoint
+    assert derive.overdue_ratio(s, time.monotonic()) is None
+    assert episodes == [] and not s.analytics.hung and s.analytics.hangs == 0
+    assert [e.kind for e in s.analytics.events] == ["crash"]
+    assert s.goodput.badput["hang"] == 0.0
+    steps(50, 30)  # resumed from a checkpoint of step 50
+    assert s.goodput.badput["recovery"] == pytest.approx(5.0, abs=0.2)
+    assert s.goodput.badput["startup"] >= 3 * limit - 0.2
+    assert episodes == [] and "hang" not in sparkline_marks(s)
+    wait(limit + 0.5)  # the new process stops stepping: a real hang
+    assert episodes == [(s, "hang")] and s.analytics.hangs == 1
+    assert "hang" in sparkline_marks(s)
+
+
+def sparkline_marks(s: Any) -> set[str]:
+    """The kinds of mark the views draw over the rank's recent steps (``hang``: the H)."""
+    return {kind for _, kind, _ in derive.trend(s).marks}

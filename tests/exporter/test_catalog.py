@@ -17,6 +17,7 @@ from trainmon_exporter.catalog import ALL, BY_NAME, NAMESPACE, Family
 
 from ..conftest import ROOT, promtool_check_metrics
 from ..fakes.nvml_backend import FakeGpu, FakeNvmlBackend
+from ..helpers.checkout import tracked
 
 GOLDEN = ROOT / "tests" / "golden" / "session.exposition.txt"
 SRC = ROOT / "exporter" / "src" / "trainmon_exporter"
@@ -61,7 +62,7 @@ def test_no_metric_name_is_spelled_outside_the_catalog() -> None:
     prose (a setting's description, a docstring) are documentation and stay allowed."""
     found = [
         f"{path.relative_to(ROOT)}:{n}: {literal}"
-        for path in sorted(SRC.rglob("*.py"))
+        for path in tracked("**/*.py", under=SRC)
         if path.name != "catalog.py"
         for n, line in enumerate(path.read_text().splitlines(), 1)
         for literal in name_literals(line)

@@ -110,6 +110,9 @@ def test_overdue_ratio_while_connected() -> None:
     s.last_step_mono = 50.0
     assert derive.overdue_ratio(s, 50.0 + 3.0) == pytest.approx(1.5)
     assert derive.overdue_ratio(s, 40.0) == 0.0  # a clock behind the step's: not negative
+    s.goodput.phase = "startup"  # a new process after a crash, not stepped yet: starting
+    assert derive.overdue_ratio(s, 200.0) is None
+    s.goodput.phase = "running"
     s.connected = False
     assert derive.overdue_ratio(s, 200.0) is None
 

@@ -364,3 +364,25 @@ def test_running_totals_make_up_for_the_records_an_exporter_never_got() -> None:
     led.check(t + 2.0)
     assert g.badput["checkpoint_save"] == pytest.approx(1.1)
     assert g.badput["data_loading"] == pytest.approx(2.1)
+
+
+def test_data_waits_are_kept_for_the_window_read_not_for_4096_steps() -> None:
+    """A rank at 10 steps/s for 10 minutes, its data share read every 15 s over 30 s (as
+    scrapes read it): the points kept cover the window, where 4,096 of them were (37 MiB for
+    the soak's 64 ranks, reached after 7 minutes: the RSS growth it measured), and every share
+    read is the one the whole history gives."""
+    g = Goodput.start(INIT, INIT, 0.0)
+    kept_all: list[tuple[float, float, float]] = []
+    t = INIT
+    for n in range(1, 6001):
+        t += 0.1
+        g.step(n, t, t, 0.02 * (1 + n % 3))
+        if g.data_window and (not kept_all or g.data_window[-1] is not kept_all[-1]):
+            kept_all.append(g.data_window[-1])  # the whole history, as it was made
+        if n % 150 == 0:
+            share = g.data_share(t, 30.0)
+            inside = [p for p in kept_all if p[0] >= t - 30.0]
+            want = (inside[-1][1] - inside[0][1]) / (inside[-1][2] - inside[0][2])
+            assert share == pytest.approx(want, rel=1e-12)
+    assert len(g.data_window) <= 30.0 / 0.1 + 2
+    assert g.data_share(t, 60.0) is not None  # a longer window asked later: from now on

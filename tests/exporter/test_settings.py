@@ -21,6 +21,7 @@ from trainmon_exporter.cli import describe_error, describe_settings_error, load_
 from trainmon_exporter.settings import Settings, environment_names, unknown_environment
 
 from ..conftest import ROOT, ExporterProcess
+from ..helpers.checkout import tracked
 
 
 @pytest.mark.uid
@@ -149,7 +150,7 @@ def test_misspelt_environment_variables_name_the_closest_setting() -> None:
 
 def test_every_variable_the_client_reads_is_known() -> None:
     """A variable the client reads must never be reported as a misspelt setting."""
-    src = "\n".join(p.read_text() for p in (ROOT / "client" / "src").rglob("*.py"))
+    src = "\n".join(p.read_text() for p in tracked("**/*.py", under=ROOT / "client" / "src"))
     used = set(re.findall(r"\bTRAINMON_[A-Z_]*[A-Z]\b", src))
     assert used and used <= environment_names()
 

@@ -15,8 +15,10 @@ import yaml
 
 from trainmon_exporter.catalog import ALL
 
+from .checkout import tracked
+
 ROOT = Path(__file__).resolve().parents[2]
-PROMETHEUS_FILES = sorted((ROOT / "deploy" / "prometheus").glob("*.yml"))
+PROMETHEUS_FILES = tracked("*.yml", under=ROOT / "deploy" / "prometheus")
 """Every Prometheus file of the deployment: configs, recording rules and alerts."""
 
 DCGM_EXPORTER_NAMES = frozenset(

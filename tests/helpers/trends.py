@@ -13,7 +13,8 @@ from trainmon_client import _protocol as P
 from trainmon_exporter import derive
 from trainmon_exporter.state import rank
 from trainmon_exporter.state.rank import RankState
-from trainmon_exporter.views.api import RankView, RunsResponse, trend_view
+from trainmon_exporter.views import api
+from trainmon_exporter.views.api import GoodputView, RankView, RunsResponse, trend_view
 
 from . import views as v
 from .exporter import make_state
@@ -49,6 +50,10 @@ def _clock() -> Iterator[_Clock]:
         rank._offset[:] = saved
 
 
+CHECKPOINT_EVERY = 100
+"""Steps between two checkpoint saves in :func:`feed`."""
+
+
 def healthy_loss(step: int) -> float:
     """A loss that falls from about 6 towards 2, with a little deterministic noise."""
     return 2.0 + 4.0 * math.exp(-step / 60) + 0.04 * math.sin(step * 1.7)
@@ -64,19 +69,33 @@ def feed(
     clock: _Clock | None = None,
 ) -> None:
     """``count`` logged steps, 0.25 s apart from :data:`T0` (plus ``gap_after[i]`` seconds
-    after the ``i``-th), ``tokens_of(i)`` tokens each."""
+    after the ``i``-th), ``tokens_of(i)`` tokens each, 0.02 s of each waiting for data, and a
+    checkpoint of 1 s saved after every :data:`CHECKPOINT_EVERY` steps. A gap judged a hang
+    is accounted as the exporter's detector clock does (``Goodput.hung``)."""
     when, tokens = T0, 0.0
     for i in range(count):
         tokens += tokens_of(i)
         loss = loss_of(i)
         head = P.StepHeader(step_of(i), i + 1, when, 0.25, tokens, 32.0 * (i + 1), 0.0, 0, 0, 0)
-        ids, values = ((P.FIELD_LOSS,), (loss,)) if loss is not None else ((), ())
+        ids: tuple[int, ...] = (P.FIELD_DATA_TIME,)
+        values: tuple[float, ...] = (0.02,)
+        if loss is not None:
+            ids, values = (P.FIELD_LOSS, *ids), (loss, *values)
         if clock is not None:
             clock.now = when + 0.001
         s.observe_step(P.Step(head, ids, values), {}, 30.0)
-        when += 0.25 + (gap_after or {}).get(i, 0.0)
+        gap = (gap_after or {}).get(i, 0.0)
         if gap_after and i in gap_after:
-            s.analytics.check_hang(gap_after[i], busy=False)
+            s.analytics.check_hang(gap, busy=False)
+            if clock is not None:
+                clock.now = when + gap
+            s.goodput.hung(when + gap, s.analytics.median_interval())
+        if (i + 1) % CHECKPOINT_EVERY == 0:
+            gap += 1.0
+            if clock is not None:
+                clock.now = when + gap
+            s.observe_checkpoint(P.Checkpoint(step_of(i), when + gap, 1.0))
+        when += 0.25 + gap
 
 
 def states() -> list[RankState]:
@@ -102,6 +121,13 @@ def states() -> list[RankState]:
     return ranks
 
 
+def goodput_view(s: RankState) -> GoodputView:
+    """Where the rank's time went, as the API shows it; its data share and input-bound
+    verdict, which read the machine's clock, left out."""
+    view = api._goodput_view(s, 30.0, s.analytics.cfg)
+    return view.model_copy(update={"data_loading_share": None, "input_bound": None})
+
+
 def rank_views() -> list[RankView]:
     """The four :func:`states` as the API shows them (other fields from ``views.rank``)."""
     out = []
@@ -121,6 +147,7 @@ def rank_views() -> list[RankView]:
                 events=events,
                 tokens_per_second=[65536.0, 32768.0, 65536.0, 65536.0][r],
                 trend=trend_view(derive.trend(s)),
+                goodput=goodput_view(s),
             )
         )
     return out

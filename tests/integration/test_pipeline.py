@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -40,11 +41,13 @@ def test_torchrun_two_ranks_are_separate_series(
     exporter_process: Callable[..., ExporterProcess],
 ) -> None:
     ex = exporter_process().start()
-    p = torchrun(ex.socket, ["--nproc-per-node=2"], "--steps", "30")
+    # As the README launches it: --standalone makes up a UUID for the rendezvous id.
+    p = torchrun(ex.socket, ["--standalone", "--nproc-per-node=2"], "--steps", "30")
     out, _ = p.communicate(timeout=240)
     assert p.returncode == 0, out
     runs = ex.runs()["runs"]
     assert len(runs) == 1, runs  # both ranks agreed on the run id
+    assert re.fullmatch(r"train_char_transformer-[0-9a-f]{8}", runs[0]["run"]), runs[0]["run"]
     ranks = runs[0]["ranks"]
     assert [(r["rank"], r["world_size"], r["status"]) for r in ranks] == [
         (0, 2, "finished"),
@@ -158,3 +161,26 @@ def test_eight_ranks_at_once(
         }
     m = ex.metrics()
     assert sample(m, "trainmon_ingest_messages_total", type="step") == 16000
+
+
+def test_a_refused_trainer_says_so_in_its_closing_line(
+    exporter_process: Callable[..., ExporterProcess],
+) -> None:
+    """A second trainer of a rank already connected is refused (``duplicate_rank``): its
+    closing line says the exporter refused the run and why. It used to say how many records
+    it "sent" and dropped, the drops counted as ``disconnected``, and pointed at the status
+    page, where the run it reported to was someone else's."""
+    ex = exporter_process().start()
+    first = trainer(ex.socket, "--steps", "0", "--run", "twice")
+    try:
+        wait_for(lambda: ranks_of(ex, "twice"), timeout=120)
+        second = trainer(ex.socket, "--steps", "5", "--run", "twice")
+        out = finished_output(second, 180)
+        assert second.returncode == 0, out
+        closing = [line for line in out.splitlines() if line.startswith("trainmon: run ")]
+        assert closing and closing[-1].endswith(
+            "(the exporter refused this run: duplicate_rank; see the warning above)"
+        ), out
+    finally:
+        first.send_signal(signal.SIGINT)
+        finished_output(first, 60)

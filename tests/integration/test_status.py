@@ -155,7 +155,7 @@ def test_a_crashed_rank_shows_no_throughput_anywhere(
     assert "<td class='crashed'>crashed</td>" in page
     row = re.findall(r"<td[^>]*>(.*?)</td>", re.findall(r"<tr>(.*?)</tr>", page)[0])
     assert row[:4] == ["crash-demo", "0/1", row[2], "crashed"] and row[5] == "39"
-    assert row[10] == "–" and row[12] == "–"  # tokens/s and MFU
+    assert row[9] == "–" and row[11] == "–"  # tokens/s and MFU
 
 
 def test_sparklines_from_a_real_exporter(
@@ -195,8 +195,10 @@ def test_sparklines_from_a_real_exporter(
     console = Console(record=True, width=100, color_system=None)
     console.print(terminal.rich_view(runs_body, gpus_body, ex.url))
     screen = console.export_text()
-    spark = next(line for line in screen.splitlines() if "▁" in line or "█" in line)
-    marks_line = screen.splitlines()[screen.splitlines().index(spark) + 1]
+    lines = screen.splitlines()
+    trends_at = next(i for i, line in enumerate(lines) if "recent steps, oldest left" in line)
+    spark = next(line for line in lines[trends_at:] if "▁" in line or "█" in line)
+    marks_line = lines[lines.index(spark) + 1]
     assert "N" in marks_line and "R" in marks_line
     assert any(b in spark for b in sparkline.BLOCKS)
     run.finish()

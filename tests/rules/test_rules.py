@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from ..conftest import ROOT, require_tool
+from ..helpers.checkout import tracked
 from ..helpers.promql import PROMETHEUS_FILES, fleet_key_problems, known_names, used_names
 
 PROM = ROOT / "deploy" / "prometheus"
@@ -41,7 +42,7 @@ def test_promtool_checks_config_and_rules() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", sorted(p.name for p in (ROOT / "tests" / "rules").glob("*_test.yml"))
+    "name", [p.name for p in tracked("*_test.yml", under=ROOT / "tests" / "rules")]
 )
 def test_promtool_unit_tests(name: str) -> None:
     out = run(promtool(), "test", "rules", name, cwd=ROOT / "tests" / "rules")
@@ -83,7 +84,7 @@ def test_rule_metric_names_exist_in_the_catalog() -> None:
     """Every series a Prometheus file or a rule unit test names is one the exporter can expose
     (trainmon_exporter.catalog), a recording rule, or a dcgm-exporter series."""
     known = known_names()
-    files = [*PROMETHEUS_FILES, *sorted((ROOT / "tests" / "rules").glob("*_test.yml"))]
+    files = [*PROMETHEUS_FILES, *tracked("*_test.yml", under=ROOT / "tests" / "rules")]
     missing = {
         str(path.relative_to(ROOT)): sorted(unknown)
         for path in files

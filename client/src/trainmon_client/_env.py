@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 from trainmon_client import _protocol as P
 
@@ -101,12 +102,92 @@ DEFAULT_SOCKET = "/run/trainmon/trainmon.sock"
 """The node-wide socket path: a root exporter's, or a service's whose directory an admin made."""
 
 
-def runtime_socket(env: Mapping[str, str]) -> str | None:
-    """``$XDG_RUNTIME_DIR/trainmon/trainmon.sock``, or None without an absolute runtime dir."""
-    runtime = env.get("XDG_RUNTIME_DIR", "").strip()
-    if runtime and os.path.isabs(runtime):
-        return os.path.join(runtime, "trainmon", "trainmon.sock")
+def _writable_by_others(st: os.stat_result) -> bool:
+    """Whether users other than the owner may add, rename or remove the directory's entries.
+
+    Group or other write permission, unless the directory is sticky (``/tmp``): there only the
+    owner of an entry may rename or remove it, so this user's own entries stay its own.
+    """
+    return bool(st.st_mode & 0o022) and not st.st_mode & stat.S_ISVTX
+
+
+def runtime_dir_problem(path: str, euid: int | None = None) -> str | None:
+    """Why the runtime directory ``path`` cannot hold this user's socket, or None when it can.
+
+    ``$XDG_RUNTIME_DIR`` is inherited, and can name a directory another user made (a shell
+    after ``su``, a shared job script, a container's environment): a trainer there would send
+    its metrics to whoever listens, and an exporter would listen where that user can swap
+    the socket. So, as the XDG Base Directory specification has it, the directory must be
+    this user's: ``path`` (an absolute path, symbolic links resolved) is a directory owned by
+    ``euid`` that no one else may write; every directory above it is owned by root or
+    ``euid`` and writable by no one else unless sticky; and its ``trainmon`` directory, where
+    it exists, is a directory (not a link) owned by ``euid`` or root that no one else may
+    write.
+
+    Args:
+        path: the resolved ``$XDG_RUNTIME_DIR``.
+        euid: whose it must be (default ``os.geteuid()``).
+    """
+    euid = os.geteuid() if euid is None else euid
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        return f"it cannot be read ({exc.strerror})"
+    if not stat.S_ISDIR(st.st_mode):
+        return "it is not a directory"
+    if st.st_uid != euid:
+        return f"it belongs to uid {st.st_uid}, not to this user (uid {euid})"
+    if st.st_mode & 0o022:
+        return f"other users may write it (mode {stat.S_IMODE(st.st_mode):04o}; it must be 0700)"
+    parent = os.path.dirname(path)
+    while True:
+        try:
+            up = os.stat(parent)
+        except OSError as exc:
+            return f"{parent} cannot be read ({exc.strerror})"
+        if up.st_uid not in (euid, 0) or _writable_by_others(up):
+            return (
+                f"{parent} above it may be changed by another user (uid {up.st_uid}, mode "
+                f"{stat.S_IMODE(up.st_mode):04o})"
+            )
+        if parent == os.path.dirname(parent):
+            break
+        parent = os.path.dirname(parent)
+    sub = os.path.join(path, "trainmon")
+    try:
+        st = os.lstat(sub)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"{sub} cannot be read ({exc.strerror})"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{sub} is not a directory"
+    if st.st_uid not in (euid, 0) or st.st_mode & 0o022:
+        return (
+            f"{sub} may be changed by another user (uid {st.st_uid}, mode "
+            f"{stat.S_IMODE(st.st_mode):04o})"
+        )
     return None
+
+
+def runtime_socket(
+    env: Mapping[str, str], euid: int | None = None
+) -> tuple[str | None, str | None]:
+    """``($XDG_RUNTIME_DIR/trainmon/trainmon.sock, None)`` where that directory is this user's.
+
+    The path has symbolic links resolved, so a link someone else can change never stands
+    between the check and the connection. Else ``(None, why)``: ``why`` is None when no
+    absolute ``$XDG_RUNTIME_DIR`` is set, else why it is not trusted
+    (:func:`runtime_dir_problem`).
+    """
+    runtime = env.get("XDG_RUNTIME_DIR", "").strip()
+    if not runtime or not os.path.isabs(runtime):
+        return None, None
+    real = os.path.realpath(runtime)
+    problem = runtime_dir_problem(real, euid)
+    if problem is not None:
+        return None, f"XDG_RUNTIME_DIR={runtime} is not used for the socket: {problem}"
+    return os.path.join(real, "trainmon", "trainmon.sock"), None
 
 
 def _access(path: str, mode: int) -> bool:
@@ -127,32 +208,69 @@ def can_connect_to(path: str) -> bool:
         return False
 
 
-def fallback_notice(side: str, runtime: str) -> str:
-    """The one line either side prints when it leaves an unusable ``/run/trainmon``."""
-    directory = os.path.dirname(DEFAULT_SOCKET)
-    why = (
-        "it may not create a socket there"
-        if side == "exporter"
-        else "it holds no socket it may connect to"
-    )
-    return (
-        f"{directory} exists but {why} (uid {os.geteuid()}); using {runtime} instead "
-        "(TRAINMON_SOCKET sets another path)"
-    )
+class SocketChoice(NamedTuple):
+    """The socket a side picks by default, and what a user may need to know about the pick."""
+
+    path: str
+    fallback: str | None = None
+    """Why not ``/run/trainmon``, where it exists but is of no use to this user (``this user
+    may not create a socket there (uid 1000)``); None where the node-wide path was taken or no
+    such directory exists. Worth saying only where it matters: in the exporter's start-up
+    line, and in the client's warning when nothing listens at the path it took."""
+    distrust: str | None = None
+    """Why ``$XDG_RUNTIME_DIR`` was not used (:func:`runtime_dir_problem`), or None. Worth a
+    warning whenever it happens: the user's own runtime directory is not what it should be."""
+
+
+def choose_socket(
+    side: str, env: Mapping[str, str] | None = None, euid: int | None = None
+) -> SocketChoice:
+    """The default socket of ``side`` (``"client"`` or ``"exporter"``), by the one rule.
+
+    1. :data:`DEFAULT_SOCKET` (``/run/trainmon/trainmon.sock``) for root; where this user may
+       create a socket in ``/run/trainmon`` (its own exporter goes there); and, for a client,
+       where a socket there accepts this user (the shared set-up, a root or service exporter);
+    2. else ``$XDG_RUNTIME_DIR/trainmon/trainmon.sock`` where that directory is this user's
+       own (:func:`runtime_socket`): an exporter and a trainer of the same login meet there
+       with no setting;
+    3. else :data:`DEFAULT_SOCKET` (a client sends nothing and its drop counts say so; an
+       exporter's socket check says which path to pass).
+
+    Both sides meet wherever a trainer may connect. No side prints anything here: the caller
+    says what matters when it matters (:class:`SocketChoice`).
+
+    Args:
+        side: ``"client"`` or ``"exporter"``.
+        env: the environment to read (default ``os.environ``).
+        euid: the effective uid (default ``os.geteuid()``); permissions are the process's own.
+    """
+    env = os.environ if env is None else env
+    euid = os.geteuid() if euid is None else euid
+    system = DEFAULT_SOCKET
+    directory = os.path.dirname(system)
+    if euid == 0 or can_create_in(directory) or (side == "client" and can_connect_to(system)):
+        return SocketChoice(system)
+    runtime, distrust = runtime_socket(env, euid)
+    if runtime is None:
+        return SocketChoice(system, None, distrust)
+    fallback = None
+    if os.path.isdir(directory):
+        fallback = (
+            "this user may not create a socket there"
+            if side == "exporter"
+            else "it holds no socket this user may connect to"
+        ) + f" (uid {euid})"
+    return SocketChoice(runtime, fallback)
 
 
 def default_socket(env: Mapping[str, str] | None = None, euid: int | None = None) -> str:
     """The client's socket path when none is given (``socket_path``, ``TRAINMON_SOCKET``).
 
-    1. :data:`DEFAULT_SOCKET` (``/run/trainmon/trainmon.sock``) for root; for anyone where a
-       socket there accepts this user (write permission: the shared set-up, a root or service
-       exporter); and where this user may create a socket in ``/run/trainmon`` (its own
-       exporter would be there, by the exporter's rule);
-    2. else ``$XDG_RUNTIME_DIR/trainmon/trainmon.sock`` (a login session), where an exporter of
-       the same user meets it with no set-up. Leaving an ``/run/trainmon`` that exists but is
-       of no use to this user (an admin's set-up for other users, a container recipe run once)
-       warns once;
-    3. else :data:`DEFAULT_SOCKET` (nothing is sent; the drop counts say so).
+    :func:`choose_socket` for the client: ``/run/trainmon/trainmon.sock`` where this user may
+    use it, else its own ``$XDG_RUNTIME_DIR/trainmon/trainmon.sock``. A runtime directory that
+    is not this user's own is not used, with a warning (once per process); the fallback from
+    an ``/run/trainmon`` of no use to this user is said only if nothing listens where the
+    client went (:mod:`trainmon_client._transport`).
 
     The exporter's rule (``trainmon_exporter._defaults.default_socket``) differs only in that
     it needs to create the socket: both meet wherever a trainer may connect.
@@ -161,18 +279,10 @@ def default_socket(env: Mapping[str, str] | None = None, euid: int | None = None
         env: the environment to read (default ``os.environ``).
         euid: the effective uid (default ``os.geteuid()``); permissions are the process's own.
     """
-    env = os.environ if env is None else env
-    euid = os.geteuid() if euid is None else euid
-    system = DEFAULT_SOCKET
-    directory = os.path.dirname(system)
-    if euid == 0 or can_connect_to(system) or can_create_in(directory):
-        return system
-    runtime = runtime_socket(env)
-    if runtime is None:
-        return system
-    if os.path.isdir(directory):
-        note(None, "socket", fallback_notice("client", runtime))
-    return runtime
+    choice = choose_socket("client", env, euid)
+    if choice.distrust is not None:
+        note(None, "socket", choice.distrust)
+    return choice.path
 
 
 # (rank, local rank, world size) variables, first match wins: torchrun / torch.distributed,
@@ -295,6 +405,10 @@ def detect_flush_interval(env: Mapping[str, str], issues: list[str]) -> float:
     return 0.5
 
 
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.I)
+"""A UUID as ``str(uuid.uuid4())`` writes it: ``torchrun --standalone``'s rendezvous id."""
+
+
 def _process_start(pid: int) -> float | None:
     """Start time of ``pid`` in Unix seconds, from ``/proc`` (Linux); None elsewhere."""
     try:
@@ -313,7 +427,9 @@ def detect_run_id(
     """A run id shared by every rank of one launch.
 
     Order: ``TRAINMON_RUN``; ``SLURM_JOB_ID`` (as ``slurm-<id>``); torchrun's
-    ``TORCHELASTIC_RUN_ID`` (unless it is the static rendezvous's ``"none"``); otherwise
+    ``TORCHELASTIC_RUN_ID`` (unless it is the static rendezvous's ``"none"``; a UUID, which
+    ``torchrun --standalone`` makes up for every launch, becomes ``<script>-<its first 8 hex
+    digits>``: as unique on one node, the same on every rank, and it says what ran); otherwise
     generated as ``<script>-<YYYYmmdd-HHMMSS>-<4 hex>`` from the start of the launching
     process: the process itself when alone, the parent (torchrun's agent) when
     ``world_size > 1`` so that all local ranks agree. Ranks on other nodes cannot agree on a
@@ -330,7 +446,12 @@ def detect_run_id(
     nothing valid left is skipped. The result is always a valid run id.
     """
     env = os.environ if env is None else env
+    prog = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] else "python"
+    prog = "".join(c if c.isalnum() or c in "_-." else "_" for c in prog)[:48].lstrip("-.")
+    prog = prog or "python"
     elastic = env.get("TORCHELASTIC_RUN_ID", "").strip()
+    if _UUID.fullmatch(elastic):
+        elastic = f"{prog}-{elastic[:8].lower()}"
     slurm = env.get("SLURM_JOB_ID", "").strip()
     candidates = (
         ("TRAINMON_RUN", env.get("TRAINMON_RUN", "").strip()),
@@ -348,9 +469,6 @@ def detect_run_id(
             note(issues, key, f"{key}={shown!r} is not a valid run id; using {fixed!r}")
             return fixed
         note(issues, key, f"{key}={shown!r} is not a valid run id; ignored")
-    prog = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] else "python"
-    prog = "".join(c if c.isalnum() or c in "_-." else "_" for c in prog)[:48].lstrip("-.")
-    prog = prog or "python"
     pid = os.getppid() if world_size > 1 else os.getpid()
     started = _process_start(pid) or time.time()
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(started))

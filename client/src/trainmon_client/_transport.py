@@ -1,5 +1,9 @@
 """The connection to the exporter: connect, send without blocking, say what became of a packet.
 
+Why this module is one module of about 510 lines: it is the one owner of the socket, and every
+part (the backoff, the send outcomes, the read confirmation, the refusal, the words for a
+connection that failed) reads or changes the same connection state.
+
 A :class:`Transport` owns the ``SOCK_SEQPACKET`` socket and what only the connection knows: the
 backoff schedule, the records sent on this connection and how many of them the exporter was
 seen to read, and ``finish()``'s deadline. It keeps no count of the run's: every call says
@@ -42,11 +46,13 @@ from __future__ import annotations
 import enum
 import errno
 import fcntl
+import grp
 import logging
 import math
 import os
 import select
 import socket
+import stat
 import sys
 import termios
 import time
@@ -54,6 +60,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
+from trainmon_client import _env
 from trainmon_client import _protocol as P
 from trainmon_client._env import note
 
@@ -224,6 +231,50 @@ def _check_listener(sock: socket.socket, expected: int) -> None:
         raise OSError(errno.EPERM, f"it runs as uid {uid}, not TRAINMON_EXPORTER_UID={expected}")
 
 
+def _who(st: os.stat_result) -> str:
+    """A file's owner, group and mode in words: ``uid 0, group trainmon (998), mode 0660``."""
+    try:
+        group = f"group {grp.getgrgid(st.st_gid).gr_name} ({st.st_gid})"
+    except KeyError:  # a gid without a name here
+        group = f"group {st.st_gid}"
+    return f"uid {st.st_uid}, {group}, mode {stat.S_IMODE(st.st_mode):04o}"
+
+
+def unreachable(path: str, exc: OSError, env: Mapping[str, str] | None = None) -> str:
+    """Why a connection to ``path`` failed, in one line for the user, with what to do.
+
+    Permission denied is never "no exporter": an exporter may well listen there, and the
+    user needs the socket's (or its directory's) group, not to start one. Where nothing
+    listens at the client's default path and that default left an ``/run/trainmon`` of no use
+    to this user (:func:`trainmon_client._env.choose_socket`), the line says so.
+    """
+    tail = "metrics are dropped and counted until it connects"
+    if exc.errno == errno.EACCES:
+        where = path
+        try:
+            st = os.stat(path)
+        except PermissionError:  # the directory does not let this user in
+            where = os.path.dirname(path)
+            try:
+                st = os.stat(where)
+            except OSError:
+                st = None
+        except OSError:
+            st = None
+        owner = f" ({_who(st)})" if st is not None else ""
+        return (
+            f"permission denied connecting to {path}: this user (uid {os.geteuid()}) may not "
+            f"use {where}{owner}; an exporter may be listening there for other users. Ask its "
+            "admin to add this user to the socket's group, or start your own exporter and set "
+            f"TRAINMON_SOCKET to its socket; {tail}"
+        )
+    line = f"no exporter at {path} ({exc.strerror or exc})"
+    choice = _env.choose_socket("client", env)
+    if choice.path == path and choice.fallback:
+        line += f": not {os.path.dirname(_env.DEFAULT_SOCKET)}, which {choice.fallback}"
+    return f"{line}; {tail}"
+
+
 def _grow_send_buffer(sock: socket.socket) -> None:
     """Ask for :data:`SEND_BUFFER_BYTES` of send buffer; keep the default if it is refused."""
     try:
@@ -294,12 +345,7 @@ class Transport:
             self._backoff = min(self._backoff * 2, BACKOFF_MAX_S)
             if not self._warned:
                 self._warned = True
-                log.warning(
-                    "trainmon: no exporter at %s (%s); metrics are dropped and counted until "
-                    "one listens",
-                    self.path,
-                    exc.strerror or exc,
-                )
+                log.warning("trainmon: %s", unreachable(self.path, exc))
             return False
         self._backoff = BACKOFF_MIN_S
         self._sock = sock

@@ -6,14 +6,10 @@
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Mapping
 
 from trainmon_client import _env
-
-log = logging.getLogger("trainmon_exporter")
-_noticed: set[str] = set()
 
 DEFAULT_PORT = 9478
 """The exporter's HTTP port (``--listen`` default ``127.0.0.1:9478``)."""
@@ -25,10 +21,13 @@ def default_socket(env: Mapping[str, str] | None = None, euid: int | None = None
     1. ``/run/trainmon/trainmon.sock`` for root, and for a user who may create a socket in
        ``/run/trainmon`` (it exists, writable and searchable: a service's
        ``RuntimeDirectory``, a directory an admin made for a group);
-    2. else ``$XDG_RUNTIME_DIR/trainmon/trainmon.sock`` (a login session's runtime directory);
-       when ``/run/trainmon`` exists but is not this user's to use (an admin's set-up, a
-       container recipe run once), one notice on the log says so and where it listens instead;
+    2. else ``$XDG_RUNTIME_DIR/trainmon/trainmon.sock`` where that directory is this user's
+       own (:func:`trainmon_client._env.runtime_dir_problem`);
     3. else ``/run/trainmon/trainmon.sock`` (the socket check then says what to pass).
+
+    Nothing is printed here: settings are built before anything else is checked, and a
+    notice printed then would come before every error. :func:`socket_notes` says what a user
+    needs to know about the pick, once the exporter starts or its socket fails.
 
     A trainer's default (:func:`trainmon_client._env.default_socket`) finds it: a socket in
     ``/run/trainmon`` it may connect to, else the same runtime directory.
@@ -37,18 +36,24 @@ def default_socket(env: Mapping[str, str] | None = None, euid: int | None = None
         env: the environment to read (default ``os.environ``).
         euid: the effective uid (default ``os.geteuid()``); permissions are the process's own.
     """
-    env = os.environ if env is None else env
-    euid = os.geteuid() if euid is None else euid
-    system = _env.DEFAULT_SOCKET
-    directory = os.path.dirname(system)
-    if euid == 0 or _env.can_create_in(directory):
-        return system
-    runtime = _env.runtime_socket(env)
-    if runtime is None:
-        return system
-    if os.path.isdir(directory):
-        notice = _env.fallback_notice("exporter", runtime)
-        if notice not in _noticed:
-            _noticed.add(notice)
-            log.warning("%s", notice)
-    return runtime
+    return _env.choose_socket("exporter", env, euid).path
+
+
+def socket_notes(path: os.PathLike[str] | str, env: Mapping[str, str] | None = None) -> list[str]:
+    """What a user should know about ``path`` as the exporter's default socket, or nothing.
+
+    Empty unless ``path`` is the default the rule picks now (a path given with ``--socket``
+    or ``TRAINMON_SOCKET`` needs no word). Else: why ``$XDG_RUNTIME_DIR`` was not trusted,
+    and why not ``/run/trainmon`` where it exists, with what trainers that do not share
+    this login's runtime directory (a batch job, another user) must set.
+    """
+    choice = _env.choose_socket("exporter", env)
+    if os.fspath(path) != choice.path:
+        return []
+    notes = [choice.distrust] if choice.distrust else []
+    if choice.fallback:
+        notes.append(
+            f"not {os.path.dirname(_env.DEFAULT_SOCKET)}: {choice.fallback}; trainers "
+            f"without this $XDG_RUNTIME_DIR set TRAINMON_SOCKET={choice.path}"
+        )
+    return notes

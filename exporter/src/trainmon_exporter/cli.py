@@ -29,6 +29,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import CliSettingsSource, SettingsError
 
 from trainmon_exporter import __version__, logsetup
+from trainmon_exporter._defaults import socket_notes
 from trainmon_exporter.settings import Settings, unknown_environment
 from trainmon_exporter.sockfile import IngestSocket, SocketSetupError
 
@@ -421,7 +422,7 @@ def _main(argv: Sequence[str]) -> int:
     try:
         listener = create_ingest_socket(settings)
     except SocketSetupError as exc:
-        return _fail(str(exc))
+        return _fail("; ".join([str(exc), *socket_notes(settings.socket)]))
     try:
         return _serve(settings, listener)
     finally:
@@ -506,9 +507,11 @@ def _serve(settings: Settings, listener: IngestSocket) -> int:
     server = uvicorn.Server(config)
     host, port = http_sock.getsockname()[:2]
     scheme = "http" if tls is None else "https"
+    notes = socket_notes(settings.socket)  # the default went elsewhere than /run/trainmon
     _say(
         f"{PROG} {__version__}: metrics on {scheme}://{host}:{port}/metrics, status page "
         f"{scheme}://{host}:{port}/, trainers connect to {settings.socket}"
+        + (f" ({'; '.join(notes)})" if notes else "")
     )
     try:
         server.run(sockets=[http_sock])

@@ -19,7 +19,7 @@ from bisect import bisect_right
 from collections.abc import Mapping
 from typing import NamedTuple, Protocol, TypeVar
 
-from trainmon_exporter.analytics import RankAnalytics
+from trainmon_exporter.analytics import RankAnalytics, stepping
 from trainmon_exporter.peaks import Mfu, rank_mfu
 from trainmon_exporter.settings import AnalyticsSettings
 from trainmon_exporter.state.rank import HistoryPoint, RankState
@@ -145,12 +145,15 @@ def overdue_ratio(state: RankState, now_mono: float) -> float | None:
 
     Both on the exporter's monotonic clock (``now_mono``, ``last_step_mono``), as hangs are.
 
-    1: a step is about due. None while disconnected, before a step, or before the median.
+    1: a step is about due. None while disconnected, before its process logged a step
+    (:func:`~trainmon_exporter.analytics.stepping`: a new process after a crash is starting,
+    not late), or before the median.
     """
     median = state.analytics.median_interval()
-    if not state.connected or state.last_step_mono is None or not median:
+    last = state.last_step_mono
+    if last is None or not median or not stepping(state):
         return None
-    return max(0.0, now_mono - state.last_step_mono) / median
+    return max(0.0, now_mono - last) / median
 
 
 def slow_improvement(a: RankAnalytics) -> bool | None:
@@ -272,6 +275,17 @@ def trend_input(state: RankState) -> TrendInput:
     )
 
 
+def _finite_mean(values: list[float]) -> float:
+    """The mean of finite ``values``, finite where their sum overflows (1e308 twice).
+
+    It is kept within their range, which rounding can step past.
+    """
+    m = sum(values) / len(values)
+    if not math.isfinite(m):
+        m = sum(v / len(values) for v in values)
+    return min(max(m, min(values)), max(values))
+
+
 def trend(state: RankState | TrendInput, points: int = TREND_POINTS) -> Trend:
     """The rank's last logged steps (``state.history``) as at most ``points`` points.
 
@@ -295,12 +309,11 @@ def trend(state: RankState | TrendInput, points: int = TREND_POINTS) -> Trend:
     marks: dict[tuple[int, str], int] = {}
     for c in range(m):
         lo, hi = bounds[c], bounds[c + 1]
-        total = count = 0.0
+        finite: list[float] = []
         for p in h[lo:hi]:
             if p.loss is not None:
                 if math.isfinite(p.loss):
-                    total += p.loss
-                    count += 1
+                    finite.append(p.loss)
                 else:
                     marks.setdefault((c, "nonfinite"), p.step)
             if p.restarted:
@@ -312,7 +325,7 @@ def trend(state: RankState | TrendInput, points: int = TREND_POINTS) -> Trend:
                 dt += b.time - a.time
                 dtok += b.tokens - a.tokens
         steps.append(h[hi - 1].step)
-        loss.append(total / count if count else None)
+        loss.append(_finite_mean(finite) if finite else None)
         tps.append(dtok / dt if dt > 0 and has_tokens else None)
         last = h[hi - 1]
         good.append(last.good / last.accounted if last.accounted > 0 else None)

@@ -34,6 +34,8 @@ import struct
 from collections.abc import Callable
 from pathlib import Path
 
+from trainmon_client import _env
+
 MAX_PATH_BYTES = 107
 """Longest Unix socket path Linux accepts (``sun_path`` is 108 bytes with the NUL)."""
 BACKLOG = 128
@@ -54,13 +56,17 @@ class UnsafeSocketDirError(SocketSetupError):
 
 
 def suggested_path() -> str:
-    """A socket path this user could use: ``/run/trainmon`` as root, else the runtime dir."""
+    """A socket path this user could use: ``/run/trainmon`` as root, else the runtime dir.
+
+    The runtime directory only where it is this user's own
+    (:func:`trainmon_client._env.runtime_dir_problem`): never one another user could change.
+    """
     if os.geteuid() == 0:
-        return "/run/trainmon/trainmon.sock"
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
+        return _env.DEFAULT_SOCKET
+    runtime, _ = _env.runtime_socket(os.environ)
     if runtime:
-        return f"{runtime}/trainmon/trainmon.sock"
-    return "a directory this user owns and no one else can write, e.g. ~/.trainmon/trainmon.sock"
+        return runtime
+    return "~/.trainmon/trainmon.sock (a directory this user owns and no one else can write)"
 
 
 def _hint(parent: Path | None = None) -> str:

@@ -10,6 +10,7 @@ it. Look at the files after a change to a view.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -58,7 +59,8 @@ def test_the_terminal_at_80_and_120_columns(width: int) -> None:
     lines = text.splitlines()
     assert max(len(line) for line in lines) <= width
     # Every rank has its three sparklines, and each mark letter sits under its sparkline.
-    spark_rows = [line for line in lines if any(b in line for b in sparkline.BLOCKS)]
+    trends_at = next(i for i, line in enumerate(lines) if "recent steps, oldest left" in line)
+    spark_rows = [line for line in lines[trends_at:] if any(b in line for b in sparkline.BLOCKS)]
     assert len(spark_rows) == 4 and all(line.count("│") == 5 for line in spark_rows)  # one run
     marks_line = "\n".join(lines[lines.index(spark_rows[0]) :])
     for letter in "SNRH":
@@ -66,6 +68,15 @@ def test_the_terminal_at_80_and_120_columns(width: int) -> None:
     assert "marks: N NaN/Inf · S loss spike · H hang · R restart or rollback" in " ".join(
         text.split()
     )
+    # Where each rank's time went, above the sparklines: its goodput, its bar, in words.
+    times = " ".join(re.sub("[│┃]", " ", "\n".join(lines[:trends_at])).split())
+    for goodput, bar, words in [
+        ("86.2%", "█+▓+d+c+s+", "data loading 7.5% · checkpoint save 3.1% · start-up 3.1%"),
+        ("71.8%", "█+▓+w+d+c+s+", "wasted progress 14.4%"),
+        ("35.9%", "█+▓+h+d", "hang 58.4%"),
+    ]:
+        assert re.search(rf"{re.escape(goodput)} {bar} productive", times), (goodput, times)
+        assert words in times
     # The generated run id is shortened in the middle, and health is never hidden.
     assert all(f" {n} " in text for n in ("loss", "tokens/s", "goodput"))
     assert "pretrain_g…1523-ab12" in text and "anomalies" in text
@@ -157,4 +168,4 @@ def test_a_node_without_gpus_says_so_on_the_page() -> None:
     )
     assert "no NVIDIA driver on this node" in html and html.count("<svg class='spark'") == 12
     # Each rank's goodput sparkline, labelled, over the same steps as its loss.
-    assert html.count("aria-label='goodput, steps 3 to 239, from 0.273 to 0.968'") == 2
+    assert html.count("aria-label='goodput, steps 3 to 239, from 0.251 to 0.868'") == 2

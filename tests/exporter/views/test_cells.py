@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
+from trainmon_exporter.views.api import RunsResponse
 from trainmon_exporter.views.cells import (
     GIB,
     MFU_WORDS,
@@ -16,6 +19,7 @@ from trainmon_exporter.views.cells import (
     stopped,
 )
 
+from ...conftest import InProcessExporter, connect, wait_for
 from ...helpers import views as v
 
 
@@ -88,3 +92,22 @@ def test_printable_escapes_every_control_character() -> None:
         "\\x0ag\\u202eh"
     )
     assert printable("gpt2-124m node7 · 41.7 % é 日本") == "gpt2-124m node7 · 41.7 % é 日本"
+
+
+def test_a_rank_that_never_logged_tokens_has_no_throughput_to_show(
+    exporter: InProcessExporter,
+) -> None:
+    """A real exporter's answer for a trainer that logs no tokens says 0 tokens/s; both views
+    show the missing mark, not a speed of 0 (it used to read as a stalled run)."""
+    run = connect(exporter, "no-tokens")
+    for step in range(30):  # over 0.5 s: a rate the exporter reports
+        run.log(step, loss=2.0)
+        time.sleep(0.03)
+    wait_for(lambda: (k := exporter.rank("no-tokens", 0)) and k["step"] == 29)
+    runs = RunsResponse.model_validate(exporter.runs())
+    (rank,) = runs.runs[0].ranks
+    assert rank.tokens_total == 0 and rank.tokens_per_second == 0.0
+    assert TERMINAL.throughput(rank, ".0f") == "-" and PAGE.throughput(rank, ",.0f") == "–"
+    assert TERMINAL.throughput(v.rank(tokens_total=0.0), ".0f") == "-"
+    assert TERMINAL.throughput(v.rank(), ".0f") == "123456"  # one that logged tokens
+    run.finish()

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from trainmon_exporter.sampler import FAILED, NO_DRIVER, SAMPLING
+from trainmon_exporter.views.cells import TIME_PARTS
 from trainmon_exporter.views.html import StatusPage, render_status
 
 from ...helpers import views as v
@@ -25,9 +26,19 @@ def page(**kw: Any) -> StatusPage:
     return StatusPage(**(fields | kw))
 
 
+GOODPUT = "91.2 % data loading 4.6 % · start-up 2.5 %"
+"""The goodput cell of the rank ``tests/helpers/views.py`` builds, as its text reads: the
+figure, then (under its bar) the two largest badput kinds."""
+
+
 def cells(html: str) -> list[list[str]]:
-    """The body rows of every table, as lists of cell texts."""
-    return [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", html)]
+    """The body rows of every table, as lists of cell texts (tooltips and tags left out)."""
+
+    def text(cell: str) -> str:
+        return " ".join(re.sub(r"<[^>]+>", " ", re.sub(r"<title>.*?</title>", "", cell)).split())
+
+    rows = re.findall(r"<tr>(.*?)</tr>", html)
+    return [[text(c) for c in re.findall(r"<td[^>]*>(.*?)</td>", row)] for row in rows]
 
 
 def test_a_rank_row_shows_every_cell() -> None:
@@ -41,8 +52,8 @@ def test_a_rank_row_shows_every_cell() -> None:
     assert rows[0] == [
         *["gpt2-medium-finetune", "3/8", "gpu-node-10.cluster.example.org", "running"],
         "loss spike · last event: loss_spike at step 100 x3 to step 120",  # health, never cut off
-        *["1499", "NaN/Inf", "", "0.0003", "1.25", "123,456", "", "41.7 %"],
-        *["91.2 % (data_loading)", "3", "812.5", "0.123", "0.5"],
+        *["1499", "NaN/Inf", "", GOODPUT, "123,456", "", "41.7 %", "0.0003", "1.25"],
+        *["3", "812.5", "0.123", "0.5"],
     ]
 
 
@@ -61,9 +72,36 @@ def test_missing_values_are_dashes_and_mfu_says_why() -> None:
     )
     row = cells(render_status(page(runs=v.runs(rank))))[0]
     assert row[4:] == [
-        *["ok", "", "–", "", "–", "–", "–", "", "– (GPU peak unknown)"],
-        *["91.2 % (data_loading)", "–", "–", "–", "–"],
+        *["ok", "", "–", "", GOODPUT, "–", "", "– (GPU peak unknown)", "–", "–"],
+        *["–", "–", "–", "–"],
     ]
+
+
+def test_goodput_shows_where_the_time_went_right_after_the_loss() -> None:
+    """The figure, a bar of every part (a tooltip each, and all in words as the bar's own)
+    and the largest badput kinds, before throughput, MFU, lr and grad norm: a window too
+    narrow for the whole table cuts those off first, never the goodput (docs/status.md). It
+    used to come after them all, cut off below about 1,700 pixels, as one figure and the
+    largest badput."""
+    html = render_status(page())
+    heads = re.findall(r"<th[^>]*>(.*?)</th>", html.split("<tbody>")[0])
+    assert heads.index("goodput: where the time went, recent steps") == 8
+    assert heads[9:12] == ["tokens/s", "tokens/s, recent steps", "MFU"]
+    bar = re.search(r"<svg class='time'.*?</svg>", html, re.S)
+    assert bar is not None
+    every = (
+        "productive 83.3 % · uncheckpointed 7.9 % · data loading 4.6 % · start-up 2.5 % · "
+        "checkpoint save 1.7 %"
+    )
+    tips = re.findall(r"<title>(.*?)</title>", bar[0])
+    assert tips == [
+        *[every, "productive: 83.3 %", "uncheckpointed: 7.9 %", "data loading: 4.6 %"],
+        *["start-up: 2.5 %", "checkpoint save: 1.7 %"],
+    ]
+    assert f"aria-label='{every}'" in bar[0]
+    widths = [float(w) for w in re.findall(r"width='([\d.]+)' height='10' fill", bar[0])]
+    assert sum(widths) == pytest.approx(90, abs=0.5)  # the parts fill the bar
+    assert all(f"■</span> {words}" in html for _, words, _ in TIME_PARTS.values())  # the key
 
 
 def test_client_text_is_escaped() -> None:
@@ -135,7 +173,7 @@ def test_a_rank_that_no_longer_runs_shows_no_throughput_and_says_why(
 ) -> None:
     rank = v.rank(0, status=status, up=up)  # the API's last figure, as an older exporter sent
     row = cells(render_status(page(runs=v.runs(rank))))[0]
-    assert row[3] == shown and row[10] == "–" and row[12] == "–"  # tokens/s and MFU
+    assert row[3] == shown and row[9] == "–" and row[11] == "–"  # tokens/s and MFU
 
 
 def test_no_control_character_from_the_api_reaches_the_page() -> None:

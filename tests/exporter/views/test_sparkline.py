@@ -7,7 +7,7 @@ import re
 import pytest
 
 from trainmon_exporter.views import sparkline
-from trainmon_exporter.views.api import TrendMark
+from trainmon_exporter.views.api import TrendMark, TrendView
 
 
 def test_blocks_span_the_range_from_the_lowest_to_the_highest() -> None:
@@ -84,3 +84,39 @@ def test_values_that_are_not_finite_are_gaps_not_errors() -> None:
     assert sparkline.range_text([inf, 1.0]) == "1"
     svg = sparkline.svg([1.0, inf, 2.0, nan], [], [1, 2, 3, 4], "loss")
     assert "inf" not in svg and "nan" not in svg.lower().replace("nan/inf", "")
+
+
+@pytest.mark.parametrize("width", [56, 60, 80])
+def test_a_long_range_goes_under_its_sparkline_never_cut(width: int) -> None:
+    """At 80 columns a range such as ``1.2e-05–0.00035`` left the sparkline 3 columns, and a
+    longer one was cut with an ellipsis: it now goes on a line of its own, whole (folded
+    after its dash where even that line is too narrow)."""
+    from rich.console import Console
+
+    from ...helpers import views as v
+
+    series: list[list[float | None]] = [
+        [1.23e-05 * (1 + i) for i in range(30)],
+        [-1.7e308, *[1.7e308] * 29],
+        [0.5] * 30,
+    ]
+    trend = TrendView(
+        steps=list(range(30)), loss=series[0], tokens_per_second=series[1], goodput=series[2]
+    )
+    console = Console(record=True, width=width, color_system=None)
+    console.print(sparkline.TerminalTrends(v.runs(v.rank(trend=trend))))
+    screen = console.export_text()
+    assert "…" not in screen, screen
+    # Every number on screen is a whole bound of a range some drawn width gives.
+    whole = {
+        sparkline.compact(bound)
+        for values in series
+        for w in range(1, 31)
+        for bound in (sparkline.span(sparkline.resample(values, w)) or ())
+    }
+    shown = re.findall(r"-?\d[\d.]*(?:e[-+]\d+)?[kMGT]?", re.sub(r"\d+/\d+", "", screen))
+    assert shown and set(shown) <= whole, (sorted(set(shown) - whole), screen)
+    for line in screen.splitlines():  # each sparkline keeps some columns
+        cells = line.split("│")[2:5]
+        blocks = [c.strip() for c in cells if c.strip() and c.strip()[0] in sparkline.BLOCKS]
+        assert all(len(b.split(" ")[0]) >= sparkline.MIN_SPARK for b in blocks), line

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from trainmon_exporter.views import terminal
 from trainmon_exporter.views.api import GpusResponse, RunsResponse
-from trainmon_exporter.views.cells import shorten_middle
+from trainmon_exporter.views.cells import shorten_middle, time_shares, time_words
 
 from ...helpers import views as v
 
@@ -55,6 +55,8 @@ def source_numbers() -> set[str]:
     runs, gpus = api_bodies()
     texts = [*terminal.rank_rows(runs, gpus), *terminal.gpu_rows(gpus)]
     found = {n for row in texts for v in row.values() for n in NUMBER.findall(v)}
+    shares = [time_words(time_shares(r.goodput), "") for run in runs.runs for r in run.ranks]
+    found |= {n for text in shares for n in NUMBER.findall(text)}  # where the time went
     headers = [c.header for c in (*terminal.LIVE_RANK_COLUMNS, *terminal.LIVE_GPU_COLUMNS)]
     found |= {n for h in [*headers, "http://127.0.0.1:9478"] for n in NUMBER.findall(h)}
     return found
@@ -98,6 +100,39 @@ def test_every_width_from_40_to_200_keeps_numbers_whole() -> None:
         screen = render(width)
         cut = [n for n in NUMBER.findall(screen) if n not in known]
         assert not cut, (width, cut)
+
+
+def test_a_column_is_never_hidden_while_a_less_urgent_one_shows() -> None:
+    """docs/status.md's order at every width: goodput used to be hidden from 100 to 110
+    columns while gpu and gpu mem, less urgent, were shown (a narrow column taken after a
+    wide one was skipped)."""
+    rows = terminal.rank_rows(*api_bodies())
+    priority = {c.key: c.priority for c in terminal.LIVE_RANK_COLUMNS}
+    for width in range(40, 201):
+        shown, _ = terminal.fit_columns(terminal.LIVE_RANK_COLUMNS, rows, width)
+        keys = {k for k, _, _, _ in shown}
+        optional = [c for c in terminal.LIVE_RANK_COLUMNS if not c.kept]
+        least_urgent_shown = max((c.priority for c in optional if c.key in keys), default=0)
+        hidden = [c.key for c in optional if c.key not in keys]
+        assert all(priority[k] > least_urgent_shown for k in hidden), (width, hidden, keys)
+    order = sorted(optional, key=lambda c: -c.priority)
+    assert [c.header for c in order] == [
+        *["gpu mem", "loss ema", "gpu util", "gpu", "host", "mfu", "tokens/s", "loss", "step"],
+    ]  # the order docs/status.md gives; goodput has its own table, never hidden
+
+
+def test_where_the_time_went_is_shown_at_every_width() -> None:
+    """Every rank's goodput, its time as a bar and in words, at every width: the ranks table
+    used to hide goodput below 120 columns, and showed only its largest badput."""
+    for width in range(40, 201, 7):
+        screen = render(width)
+        flat = " ".join(re.sub("[│┃]", " ", screen).split())  # a wrapped cell read on
+        assert "where the time went, since each rank's init()" in flat, (width, screen)
+        for words in ("productive 83.3%", "uncheckpointed 7.9%", "data loading 4.6%"):
+            assert flat.count(words) == 3, (width, words, screen)
+        assert "█ productive · ▓ uncheckpointed · s start-up · d data loading" in flat, width
+        bars = re.findall(r"│ \d/8 +│ 91\.2% +│ (█+▓+[dsc]*) +│", screen)
+        assert len(bars) == 3, (width, screen)  # each rank's goodput, then its bar
 
 
 def test_once_writes_every_cell_of_the_view_model() -> None:
@@ -244,3 +279,27 @@ def test_a_run_id_keeps_both_ends_when_shortened() -> None:
     assert shorten_middle("日本語のランID-0001", 10) == "日本語…001"  # 10 cells: CJK are two wide
     for width in range(1, 44):
         assert len(shorten_middle(GENERATED_RUN, width)) <= width
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["stauts"], "trainmon: error: no command 'stauts' (did you mean status?)"),
+        (
+            ["status", "--onec"],
+            "trainmon status: error: unrecognized arguments: --onec (did you mean --once?)",
+        ),
+        (
+            ["status", "--url=x", "--intervall", "2"],
+            "trainmon status: error: unrecognized arguments: --intervall 2 (did you mean "
+            "--interval?)",
+        ),
+        (["status", "--nothing-alike"], "unrecognized arguments: --nothing-alike\n"),
+    ],
+)
+def test_a_typo_gets_the_closest_command_or_flag(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert terminal.cli(argv) == 2
+    err = capsys.readouterr().err
+    assert said in err, err

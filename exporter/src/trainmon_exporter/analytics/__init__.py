@@ -26,7 +26,9 @@ step the exporter receives, and exported as a counter. The detectors and their f
   **Vanishing**: ``grad_norm < grad_vanishing_norm``.
 - **Hang**: connected, no operation under ``Run.track`` running, and no step for longer than
   ``hang_factor * median step time + hang_grace_seconds``. It is judged only after
-  ``min_history_steps`` step times, and counted once per episode.
+  ``min_history_steps`` step times and once the rank's process has logged a step (a new
+  process after a crash, loading its checkpoint, is starting, not hung), and counted once
+  per episode.
 - **Throughput**: the median per-step rate (tokens/s, or steps/s without tokens) of the last
   ``throughput_recent_steps``, over the median of the last ``throughput_baseline_steps``.
 - **Straggler** (across the ranks of a run): the rank's recent median step time over the median
@@ -66,7 +68,7 @@ from __future__ import annotations
 
 from trainmon_exporter.analytics.detectors import RankAnalytics
 from trainmon_exporter.analytics.events import MAX_EVENTS, Event, EventLog
-from trainmon_exporter.analytics.run import RankClock, RunAnalytics
+from trainmon_exporter.analytics.run import RankClock, RunAnalytics, stepping
 from trainmon_exporter.analytics.stats import (
     OUTLIER_FACTOR,
     RollingStats,
@@ -90,4 +92,5 @@ __all__ = [
     "SpikeResult",
     "judge_spike",
     "least_squares",
+    "stepping",
 ]

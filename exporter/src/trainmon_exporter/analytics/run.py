@@ -11,8 +11,9 @@ from collections.abc import Iterable, Sequence
 from typing import Protocol, TypeVar
 
 from trainmon_exporter.analytics.detectors import RankAnalytics
+from trainmon_exporter.analytics.goodput import Goodput
 
-__all__ = ["RankClock", "RunAnalytics"]
+__all__ = ["RankClock", "RunAnalytics", "stepping"]
 
 
 class RankClock(Protocol):
@@ -37,6 +38,15 @@ class RankClock(Protocol):
         """
 
     @property
+    def goodput(self) -> Goodput:
+        """Its time accounting, whose ``phase`` says whether its process has stepped yet.
+
+        A new process after a crash connects again before its first step: until that step
+        (phase ``startup``), ``last_step_mono`` is the dead process's, and the time since is
+        the crash and the new process's start-up (loading its checkpoint), not a hang.
+        """
+
+    @property
     def analytics(self) -> RankAnalytics:
         """Its detectors."""
 
@@ -47,13 +57,23 @@ class RankClock(Protocol):
 R = TypeVar("R", bound=RankClock)
 
 
+def stepping(rank: RankClock) -> bool:
+    """Whether ``rank`` runs now: connected, and its process has logged a step.
+
+    Before that (no step yet, or a new process after a crash, loading its checkpoint), its
+    time without a step is start-up, which goodput accounts as ``recovery`` and ``startup``:
+    neither a hang nor overdue.
+    """
+    return rank.connected and rank.last_step_mono is not None and rank.goodput.phase != "startup"
+
+
 class RunAnalytics:
     """Judges every rank on the detector clock (the exporter ticks every 0.1 s).
 
     Hangs on every tick; throughput drops, memory leaks and stragglers on ``rates`` ticks
     (medians over hundreds of steps, so judged less often: every 1 s). A rank that is not
-    running (disconnected, or no step yet) is neither hung nor compared
-    (:meth:`RankAnalytics.stopped`).
+    running (disconnected, or its process has not stepped yet: :func:`stepping`) is neither hung
+    nor compared (:meth:`RankAnalytics.stopped`).
     """
 
     @staticmethod
@@ -87,10 +107,11 @@ class RunAnalytics:
         runs: dict[str, list[tuple[R, float]]] = {}
         for s in ranks:
             a = s.analytics
-            if not s.connected or s.last_step_mono is None:
+            last = s.last_step_mono
+            if last is None or not stepping(s):
                 a.stopped()
                 continue
-            if a.check_hang(now_mono - s.last_step_mono, s.busy()):
+            if a.check_hang(now_mono - last, s.busy()):
                 started.append((s, "hang"))
             if not rates:
                 continue

@@ -10,12 +10,14 @@ shown in GiB. Every string that came from the API goes through
 
 from __future__ import annotations
 
+import math
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from unicodedata import east_asian_width
 
-from trainmon_exporter.views.api import RankView, RunView
+from trainmon_exporter.views.api import GoodputView, RankView, RunView
 
 NONFINITE = "NaN/Inf"
 """A logged value that was reported but is NaN or infinite."""
@@ -114,6 +116,81 @@ def shorten_middle(text: str, width: int) -> str:
     return f"{head}…{tail}"
 
 
+TIME_PARTS: Mapping[str, tuple[str, str, str]] = {
+    "productive": ("█", "productive", "#2e7d32"),
+    "uncheckpointed": ("▓", "uncheckpointed", "#8bc34a"),
+    "startup": ("s", "start-up", "#78909c"),
+    "data_loading": ("d", "data loading", "#f9a825"),
+    "checkpoint_save": ("c", "checkpoint save", "#1565c0"),
+    "checkpoint_restore": ("r", "checkpoint restore", "#42a5f5"),
+    "evaluation": ("e", "evaluation", "#00897b"),
+    "hang": ("h", "hang", "#7a3fbf"),
+    "wasted_progress": ("w", "wasted progress", "#c62828"),
+    "recovery": ("v", "recovery", "#ef6c00"),
+    "other": ("o", "other", "#bdbdbd"),
+}
+"""The parts a rank's wall-clock splits into (docs/goodput.md): productive and uncheckpointed
+step time, then the badput kinds. Each with its character in the terminal's bar (a block for
+the time that trained, a letter for each kind of badput, so the bar reads without colour), its
+words, and its colour on the page."""
+
+
+def time_part(part: str) -> tuple[str, str, str]:
+    """``(character, words, colour)`` of ``part``; a kind from a newer exporter gets ``?``."""
+    return TIME_PARTS.get(part) or ("?", part.replace("_", " "), "#000000")
+
+
+def time_shares(g: GoodputView | None) -> list[tuple[str, float]]:
+    """Where a rank's time went: ``(part, share of its accounted seconds)`` above 0.
+
+    Productive first, then uncheckpointed, then the badput kinds from the largest. Empty when
+    nothing is accounted yet (or an older exporter sends no goodput). The shares sum to 1;
+    each figure is scaled by the largest before summing, so none overflows.
+    """
+    if g is None:
+        return []
+    seconds = {"productive": g.productive_seconds, "uncheckpointed": g.uncheckpointed_seconds}
+    badput = sorted(g.badput_seconds.items(), key=lambda kv: -kv[1])
+    seconds.update(badput)
+    present = {k: v for k, v in seconds.items() if math.isfinite(v) and v > 0}
+    if not present:
+        return []
+    top = max(present.values())
+    total = sum(v / top for v in present.values())
+    return [(k, v / top / total) for k, v in present.items()]
+
+
+def time_words(shares: list[tuple[str, float]], gap: str) -> str:
+    """``productive 91.2% · data loading 4.1% · …``: each part and its share, in order.
+
+    A part under 0.05 % is ``<0.1%``: there, not nothing.
+    """
+    return " · ".join(
+        f"{time_part(k)[1]} {'<0.1' if v < 0.0005 else f'{v * 100:.1f}'}{gap}%" for k, v in shares
+    )
+
+
+def time_bar(shares: list[tuple[str, float]], width: int) -> list[str]:
+    """The parts of a ``width``-cell bar, one part name per cell, in the order of ``shares``.
+
+    Cells are shared out by the largest remainder, so the bar always fills ``width`` and a
+    part's cells differ from its exact share by less than one.
+    """
+    if not shares or width <= 0:
+        return []
+    exact = [v * width for _, v in shares]
+    cells = [math.floor(x) for x in exact]
+    by_remainder = sorted(range(len(shares)), key=lambda i: cells[i] - exact[i])
+    for i in by_remainder[: width - sum(cells)]:
+        cells[i] += 1
+    return [k for (k, _), n in zip(shares, cells, strict=True) for _ in range(n)]
+
+
+def overflow(v: float) -> str:
+    """An infinite product of finite values, as the bound it passed: ``>1.798e+308``."""
+    return f"{'<-' if v < 0 else '>'}{sys.float_info.max:.4g}"
+
+
 def scale(v: float | None, k: float) -> float | None:
     """``v * k``, or ``None`` for a missing value."""
     return None if v is None else v * k
@@ -129,8 +206,16 @@ class Cells:
     """Goes before ``%`` and before the reason in parentheses after a missing MFU."""
 
     def number(self, v: float | None, fmt: str) -> str:
-        """``v`` formatted with ``fmt``, or the missing mark."""
-        return self.missing if v is None else format(v, fmt)
+        """``v`` formatted with ``fmt``, or the missing mark.
+
+        A value a view scaled past the float range (``1e308`` seconds in milliseconds) is
+        written as the bound it passed, ``>1.798e+308``: never ``inf``, never 309 digits.
+        """
+        if v is None:
+            return self.missing
+        if not math.isfinite(v):
+            return overflow(v)
+        return format(v, fmt)
 
     def logged(self, values: Mapping[str, float | None], key: str, fmt: str) -> str:
         """A logged value (``RankView.values``): null when reported means NaN or infinite."""
@@ -140,7 +225,10 @@ class Cells:
 
     def percent(self, ratio: float | None) -> str:
         """A ratio as a percentage with one decimal (``41.7%``)."""
-        return self.missing if ratio is None else f"{ratio * 100:.1f}{self.gap}%"
+        if ratio is None:
+            return self.missing
+        p = ratio * 100
+        return f"{p:.1f}{self.gap}%" if math.isfinite(p) else f"{overflow(p)}{self.gap}%"
 
     def mfu(self, rank: RankView) -> str:
         """The rank's MFU as a percentage, else the missing mark and why (``- (no GPU)``).
@@ -202,8 +290,14 @@ class Cells:
         return " · ".join(parts)
 
     def throughput(self, rank: RankView, fmt: str) -> str:
-        """The rank's tokens/s; the missing mark once it no longer runs."""
-        return self.missing if stopped(rank) else self.number(rank.tokens_per_second, fmt)
+        """The rank's tokens/s, or the missing mark.
+
+        Missing once the rank no longer runs, and for a rank that never logged tokens: its
+        rate of 0 says nothing about its speed.
+        """
+        if stopped(rank) or rank.tokens_total == 0:
+            return self.missing
+        return self.number(rank.tokens_per_second, fmt)
 
     def gib(self, nbytes: float | None) -> str:
         """Bytes as GiB with one decimal."""

@@ -17,7 +17,18 @@ from trainmon_exporter.sampler import NO_DRIVER
 from trainmon_exporter.state.rank import HISTORY_STEPS
 from trainmon_exporter.views import sparkline
 from trainmon_exporter.views.api import GpusResponse, RankView, RunsResponse
-from trainmon_exporter.views.cells import PAGE, mfu_reason, printable, rank_status, scale, stopped
+from trainmon_exporter.views.cells import (
+    PAGE,
+    TIME_PARTS,
+    mfu_reason,
+    printable,
+    rank_status,
+    scale,
+    stopped,
+    time_part,
+    time_shares,
+    time_words,
+)
 
 
 @dataclass(frozen=True)
@@ -53,6 +64,38 @@ def _spark(rank: RankView, series: str) -> str:
     return f"{drawn}<div class='range'>{sparkline.range_text(values)}</div>"
 
 
+def _goodput(rank: RankView, width: int = 90, height: int = 10) -> str:
+    """The goodput cell: its figure, a bar of where the time went, then its sparkline.
+
+    The bar is inline SVG, one part per colour (the key names them), each with its share as
+    a tooltip, and every part in words as the bar's own tooltip and label; under them, one
+    short line: the two largest badput kinds.
+    """
+    g = rank.goodput
+    figure = _text(PAGE.percent(None if g is None else g.ratio))
+    shares = time_shares(g)
+    if not shares:
+        return figure + _spark(rank, "goodput")
+    parts, x = [], 0.0
+    for part, share in shares:
+        _, words, colour = time_part(part)
+        w = share * width
+        parts.append(
+            f"<rect x='{x:.1f}' y='0' width='{w:.1f}' height='{height}' fill='{colour}'>"
+            f"<title>{_text(words)}: {share * 100:.1f} %</title></rect>"
+        )
+        x += w
+    every = _text(time_words(shares, PAGE.gap))
+    badput = [(k, v) for k, v in shares if k not in ("productive", "uncheckpointed")]
+    top = _text(time_words(badput[:2], PAGE.gap)) if badput else "no badput"
+    return (
+        f"{figure} <svg class='time' width='{width}' height='{height}' "
+        f"viewBox='0 0 {width} {height}' role='img' aria-label='{every}' "
+        f"xmlns='http://www.w3.org/2000/svg'><title>{every}</title>{''.join(parts)}</svg>"
+        f"<div class='range'>{top}</div>{_spark(rank, 'goodput')}"
+    )
+
+
 def _rank_rows(page: StatusPage) -> str:
     e, c = _text, PAGE
     rows = []
@@ -75,12 +118,12 @@ def _rank_rows(page: StatusPage) -> str:
                 f"<td>{'' if r.step is None else r.step}</td>"
                 f"<td>{c.logged(r.values, 'loss', '.4g')}</td>"
                 f"<td class='spark'>{_spark(r, 'loss')}</td>"
-                f"<td>{c.logged(r.values, 'lr', '.3g')}</td>"
-                f"<td>{c.logged(r.values, 'grad_norm', '.3g')}</td>"
+                f"<td class='spark'>{_goodput(r)}</td>"
                 f"<td>{c.throughput(r, ',.0f')}</td>"
                 f"<td class='spark'>{_spark(r, 'tokens_per_second')}</td>"
                 f"<td{mfu_title}>{e(c.mfu(r))}</td>"
-                f"<td class='spark'>{e(c.goodput(r))}{_spark(r, 'goodput')}</td>"
+                f"<td>{c.logged(r.values, 'lr', '.3g')}</td>"
+                f"<td>{c.logged(r.values, 'grad_norm', '.3g')}</td>"
                 f"<td>{c.missing if r.gpu is None else r.gpu}</td>"
                 f"<td>{c.number(scale(r.step_time_mean_seconds, 1e3), '.1f')}</td>"
                 f"<td>{c.number(scale(r.client_overhead_ratio, 100), '.3f')}</td>"
@@ -153,10 +196,15 @@ def _legend() -> str:
         f"<span style='color:{colour}'>{'N ' if kind == 'nonfinite' else ''}|</span> {words}"
         for kind, (_, words, colour) in sparkline.MARKS.items()
     )
+    parts = ", ".join(
+        f"<span style='color:{colour}'>■</span> {words}" for _, words, colour in TIME_PARTS.values()
+    )
     return (
         f"<p class='key'>Sparklines: each rank's last {HISTORY_STEPS} logged steps, oldest on "
         f"the left, scaled to the range printed under them; the green dot is the latest. "
         f"Marks: {marks}. Hover a mark for its step.</p>"
+        f"<p class='key'>Where the time went, since each rank's <code>init()</code> "
+        f"(<a href='/api/v1/runs'>goodput</a> in the API): {parts}.</p>"
     )
 
 
@@ -178,7 +226,8 @@ table.ranks td:last-child,table.ranks th:last-child{{white-space:nowrap;text-ali
 td:first-child,th:first-child,td:nth-child(3),td:nth-child(4),td:last-child,th:last-child{{text-align:left}}
 .crashed,.failed{{color:#b00;font-weight:bold}} .running{{color:#070}} .finished{{color:#555}}
 .disconnected{{color:#555}} td.spark{{padding:.2em .4em;text-align:left}}
-svg.spark{{display:block}} .range{{font-size:75%;color:#555}}
+svg.spark{{display:block}} svg.time{{display:inline-block;vertical-align:middle}}
+.range{{font-size:75%;color:#555}}
 .key span{{font-weight:bold;padding:0 .2em}}
 </style></head><body>
 <h1>trainmon exporter {e(__version__)}</h1>
@@ -191,8 +240,9 @@ svg.spark{{display:block}} .range{{font-size:75%;color:#555}}
 {_job_lines(page)}
 <table class='ranks'><thead><tr><th>run</th><th>rank</th><th>host</th><th>status</th>
 <th class='health'>health</th><th>step</th>
-<th>loss</th><th>loss, recent steps</th><th>lr</th><th>grad norm</th><th>tokens/s</th>
-<th>tokens/s, recent steps</th><th>MFU</th><th>goodput (largest badput), recent steps</th>
+<th>loss</th><th>loss, recent steps</th>
+<th>goodput: where the time went, recent steps</th><th>tokens/s</th>
+<th>tokens/s, recent steps</th><th>MFU</th><th>lr</th><th>grad norm</th>
 <th>GPU</th>
 <th>step ms</th>
 <th>client overhead %</th><th>s since step</th></tr></thead>

@@ -31,6 +31,31 @@ FLOW = ("hang", "restart")
 """The marks the throughput sparkline shows too (the loss sparkline shows all)."""
 
 
+def mean(values: Sequence[float]) -> float:
+    """The mean of finite ``values`` (at least one), finite however large they are.
+
+    ``sum(values) / n`` overflows to infinity for two values of 1e308: then each value is
+    divided first. The result is kept within the values' range, which rounding can step past.
+    """
+    n = len(values)
+    m = sum(values) / n
+    if not math.isfinite(m):
+        m = sum(v / n for v in values)
+    lo, hi = min(values), max(values)
+    return lo if m < lo else hi if m > hi else m
+
+
+def fraction(v: float, lo: float, hi: float) -> float:
+    """Where ``v`` lies between ``lo`` and ``hi`` (``lo < hi``, all finite), from 0 to 1.
+
+    ``hi - lo`` overflows to infinity across the whole float range (-1e308 to 1e308), and
+    ``(v - lo) / inf`` is 0 or NaN: the halves are subtracted instead, which never overflows.
+    """
+    d = hi - lo
+    f = (v - lo) / d if math.isfinite(d) else (v / 2 - lo / 2) / (hi / 2 - lo / 2)
+    return 0.0 if not f > 0.0 else 1.0 if f > 1.0 else f
+
+
 def resample(values: Sequence[float | None], width: int) -> list[float | None]:
     """``values`` in at most ``width`` columns, each the mean of its values (None: none).
 
@@ -43,7 +68,7 @@ def resample(values: Sequence[float | None], width: int) -> list[float | None]:
     out: list[float | None] = []
     for c in range(width):
         chunk = [v for v in finite[c * n // width : (c + 1) * n // width] if v is not None]
-        out.append(sum(chunk) / len(chunk) if chunk else None)
+        out.append(mean(chunk) if chunk else None)
     return out
 
 
@@ -82,8 +107,13 @@ def span(values: Sequence[float | None]) -> tuple[float, float] | None:
 
 
 def compact(v: float) -> str:
-    """A number in at most about 5 characters: ``2.35``, ``0.0031``, ``123k``, ``1.2M``."""
+    """A number in at most about 5 characters: ``2.35``, ``0.0031``, ``123k``, ``1.2M``.
+
+    Beyond a thousand T, and below 1e-4, in exponent form: ``1e+308``, ``-2.5e-07``.
+    """
     a = abs(v)
+    if a >= 1e15 or 0 < a < 1e-4:
+        return f"{v:.2g}"
     for limit, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
         if a >= limit:
             return f"{v / limit:.3g}{suffix}"
@@ -108,7 +138,7 @@ def blocks(values: Sequence[float | None], width: int) -> str:
         elif hi == lo:
             out.append(BLOCKS[top // 2])
         else:
-            out.append(BLOCKS[round((v - lo) / (hi - lo) * top)])
+            out.append(BLOCKS[round(fraction(v, lo, hi) * top)])
     return "".join(out)
 
 
@@ -146,7 +176,7 @@ def svg(
     def y(v: float) -> float:
         if hi == lo:
             return height / 2
-        return pad + (height - 2 * pad) * (1 - (v - lo) / (hi - lo))
+        return pad + (height - 2 * pad) * (1 - fraction(v, lo, hi))
 
     parts = []
     for m in marks:
@@ -203,6 +233,8 @@ def svg(
     )
 
 
+MIN_SPARK = 6
+"""Fewest columns a sparkline keeps beside its range; narrower, the range goes under it."""
 _MARK_LEGEND = {"N": "NaN/Inf", "S": "loss spike", "H": "hang", "R": "restart or rollback"}
 _MARK_STYLES = {
     "nonfinite": "bold red",
@@ -231,19 +263,36 @@ class TerminalTrends:
 
     @staticmethod
     def _cell(
-        values: list[float | None], marks: list[Any], points: int, spark_w: int, room: int
+        values: list[float | None], marks: list[Any], points: int, width: int, room: int
     ) -> Any:
-        """Block characters in ``spark_w`` columns, then the range they draw in ``room``."""
+        """Block characters, then the range they draw, in a cell ``width`` wide.
+
+        The range takes ``room`` columns beside the sparkline where that leaves the sparkline
+        :data:`MIN_SPARK` columns or more and the range fits; else the sparkline takes the
+        whole width and the range goes on a line of its own under it (two, folded after its dash,
+        where one is too narrow). A number is never cut.
+        """
         from rich.text import Text
 
+        beside = width - room >= MIN_SPARK
+        spark_w = width - room if beside else width
+        rng = range_text(resample(values, spark_w))
+        if beside and len(rng) >= room:
+            beside, spark_w = False, width
+            rng = range_text(resample(values, spark_w))
         text = Text(blocks(values, spark_w).ljust(spark_w), style="green")
-        text.append(" " + range_text(resample(values, spark_w)).ljust(room - 1), style="dim")
+        if beside:
+            text.append(" " + rng.ljust(room - 1), style="dim")
         kinds = resample_marks(marks, points, spark_w)
         if any(kinds):
             text.append("\n")
             for k in kinds:
                 text.append(" " if k is None else MARKS[k][0], _MARK_STYLES.get(k or "", ""))
             text.rstrip()
+        if not beside:  # on a line of its own, or two where even that is too narrow
+            lo, dash, hi = rng.partition("–")
+            shown = f"{lo}{dash}\n{hi}" if len(rng) > width and dash else rng
+            text.append("\n" + shown, style="dim")
         return text
 
     def __rich_console__(self, console: Any, options: Any) -> Any:
@@ -281,9 +330,9 @@ class TerminalTrends:
             flow = [m for m in t.marks if m.kind in FLOW]
             cells = [
                 label,
-                self._cell(t.loss, t.marks, n, max(1, per_series - rooms[0]), rooms[0]),
-                self._cell(t.tokens_per_second, flow, n, max(1, per_series - rooms[1]), rooms[1]),
-                self._cell(t.goodput, flow, n, max(1, per_series - rooms[2]), rooms[2]),
+                self._cell(t.loss, t.marks, n, per_series, rooms[0]),
+                self._cell(t.tokens_per_second, flow, n, per_series, rooms[1]),
+                self._cell(t.goodput, flow, n, per_series, rooms[2]),
             ]
             if run_w:
                 cells.insert(0, "" if run == prev else shorten_middle(run, run_w))

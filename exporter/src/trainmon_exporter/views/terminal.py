@@ -1,5 +1,11 @@
 """``trainmon status``: runs, ranks and GPUs in a terminal, for a node with no Grafana.
 
+Why this module is one module of about 570 lines: it is everything the command prints and
+parses (the ``--once`` table, the live view's fitted tables of ranks, of where their time
+went and of GPUs, the commands and flags with their suggestions), and the tables share one
+fitting rule and one set of cells; what the page shares with it is in
+:mod:`~trainmon_exporter.views.cells`, the sparklines in :mod:`~trainmon_exporter.views.sparkline`.
+
     trainmon status [--url http://127.0.0.1:9478] [--interval 2]   # live view (rich), Ctrl-C
     trainmon status --once                                         # one plain snapshot
     trainmon status --url https://node1:9478 --ca-file ca.crt --user prometheus  # TLS, auth
@@ -20,6 +26,7 @@ settings model, so the command starts fast; rich is imported when the live view 
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 import time
 from collections.abc import Sequence
@@ -27,7 +34,18 @@ from typing import Any, NamedTuple
 
 from trainmon_exporter.views import sparkline
 from trainmon_exporter.views.api import GpusResponse, GpuView, RunsResponse
-from trainmon_exporter.views.cells import NONFINITE, TERMINAL, printable, rank_status
+from trainmon_exporter.views.cells import (
+    NONFINITE,
+    TERMINAL,
+    TIME_PARTS,
+    printable,
+    rank_status,
+    shorten_middle,
+    time_bar,
+    time_part,
+    time_shares,
+    time_words,
+)
 from trainmon_exporter.views.remote import (
     DEFAULT_URL,
     PASSWORD_VARIABLE,
@@ -183,7 +201,6 @@ LIVE_RANK_COLUMNS = (
     Column("loss_ema", "loss ema", 12, False),
     Column("tokens_per_s", "tokens/s", 6, False),
     Column("mfu", "mfu", 7, False),
-    Column("goodput", "goodput", 8, False),
     Column("gpu", "gpu", 10, False),
     Column("gpu_util", "gpu util", 11, False),
     Column("gpu_mem", "gpu mem", 13, False),
@@ -226,10 +243,11 @@ def fit_columns(
 
     Kept columns are always shown, a shortening one at no more than :data:`SHORT_RUN`; the
     others are taken by priority while the table's minimum width (every cell whole, text
-    wrapped between words) stays within ``width``. Space left over widens the text columns
-    up to their longest value, then the shortened ones back to theirs. When even the kept columns
-    do not fit, the shortening ones give way down to their header and the wrapping ones are
-    folded down to :data:`FOLD_MIN`. Returns ``(shown, dropped_headers)``, ``shown`` as
+    wrapped between words) stays within ``width``, and not past the first that does not fit:
+    a column is never hidden while a less urgent one is shown. Space left over widens the text
+    columns up to their longest value, then the shortened ones back to theirs. When even the
+    kept columns do not fit, the shortening ones give way down to their header and the wrapping
+    ones are folded down to :data:`FOLD_MIN`. Returns ``(shown, dropped_headers)``, ``shown`` as
     ``(key, header, width, wraps)`` in display order.
     """
     from rich.cells import cell_len
@@ -254,10 +272,13 @@ def fit_columns(
             minimum[c.key] -= give
             budget += give
     for c in by_priority:
+        if c.key in keep:
+            continue
         cost = minimum[c.key] + _CELL_OVERHEAD
-        if c.key not in keep and cost <= budget:
-            keep.add(c.key)
-            budget -= cost
+        if cost > budget:
+            break  # the rest are less urgent: hidden too, so the order holds at any width
+        keep.add(c.key)
+        budget -= cost
     widths = dict(minimum)
     growing = [c for c in by_priority if c.wraps] + [c for c in by_priority if c.shortens]
     for c in growing:
@@ -288,8 +309,6 @@ class _FittedTable:
         from rich.table import Table
         from rich.text import Text
 
-        from trainmon_exporter.views.cells import shorten_middle
-
         shown, dropped = fit_columns(self.spec, self.rows, options.max_width)
         notes = [self.caption] if self.caption else []
         if dropped:
@@ -309,6 +328,79 @@ class _FittedTable:
                     cell.stylize(cell_styles[key])
                 cells.append(cell)
             table.add_row(*cells, style=style)
+        yield table
+
+
+MIN_WORDS = 24
+"""Narrowest the parts' words get a column of their own beside the bar; narrower, they go
+under it."""
+
+
+class TimeTable:
+    """Where each rank's time went since its ``init()``: its goodput, a bar, every part.
+
+    Always shown, whatever the width (the ranks table above has no goodput column to hide):
+    the goodput figure (``--once``'s ``goodput`` without the largest badput, which leads the
+    parts), then a bar a quarter of the terminal wide (10 to 40 cells), a block for productive
+    time (``█``, ``▓`` uncheckpointed) and a letter for each kind of badput
+    (:data:`~trainmon_exporter.views.cells.TIME_PARTS`, named in the caption), each in its
+    colour, then every part with its share: productive, uncheckpointed, then the badput kinds
+    from the largest. The run column is shown only when more than one run has ranks.
+    """
+
+    def __init__(self, runs: RunsResponse, run_width: int = 20) -> None:
+        self.run_width = run_width
+        self.ranks = [
+            (printable(run.label), f"{r.rank}/{r.world_size}", r.goodput, shares)
+            for run in runs.runs
+            for r in run.ranks
+            if r.goodput is not None and (shares := time_shares(r.goodput))
+        ]
+
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        from rich.table import Table
+        from rich.text import Text
+
+        if not self.ranks:
+            return
+        runs = len({run for run, _, _, _ in self.ranks})
+        run_w = min(max(len(r[0]) for r in self.ranks), self.run_width) if runs > 1 else 0
+        rank_w = max(4, *(len(label) for _, label, _, _ in self.ranks))
+        bar_w = max(10, min(40, options.max_width // 4))
+        fixed = 1 + (run_w + 3 if run_w else 0) + rank_w + 3 + len("goodput") + 3
+        narrow = options.max_width - fixed - (bar_w + 3) - 3 < MIN_WORDS
+        if narrow:  # the parts in words go under the bar, in one column as wide as it can be
+            bar_w = max(1, min(40, options.max_width - fixed - 3))
+        used = {k for *_, shares in self.ranks for k, _ in shares}
+        legend = " · ".join(
+            f"{time_part(k)[0]} {time_part(k)[1]}"
+            for k in [*TIME_PARTS, *sorted(used - set(TIME_PARTS))]
+            if k in used
+        )
+        table = Table(title="where the time went, since each rank's init()", caption=legend)
+        if run_w:
+            table.add_column("run", width=run_w, no_wrap=True, overflow="ignore")
+        table.add_column("rank", width=rank_w, no_wrap=True)
+        table.add_column("goodput", width=len("goodput"), no_wrap=True)  # ≤ "100.0%"
+        if narrow:
+            table.add_column("time, share of the wall-clock", width=bar_w, overflow="fold")
+        else:
+            table.add_column("time", width=bar_w, no_wrap=True, overflow="ignore")
+            table.add_column("share of the wall-clock", overflow="fold")
+        prev = None
+        for run, label, goodput, shares in self.ranks:
+            bar = Text()
+            for part in time_bar(shares, bar_w):
+                char, _, colour = time_part(part)
+                bar.append(char, style=colour)
+            words = time_words(shares, TERMINAL.gap)
+            if narrow:
+                bar.append("\n" + words)
+            cells = [label, TERMINAL.percent(goodput.ratio), *([bar] if narrow else [bar, words])]
+            if run_w:
+                cells.insert(0, "" if run == prev else shorten_middle(run, run_w))
+            table.add_row(*cells)
+            prev = run
         yield table
 
 
@@ -365,19 +457,20 @@ def rich_view(runs: RunsResponse, gpus: GpusResponse, url: str) -> Any:
         styles,
         None if rows else "No trainer has connected yet.",
     )
+    times = TimeTable(runs, SHORT_RUN)
     trends = sparkline.TerminalTrends(runs, SHORT_RUN)
     jobs = [_line(printable(line)) for run in runs.runs if (line := TERMINAL.job(run))]
     line = gpu_line(gpus)
     if line is not None:
         gpu = _line(line, "" if gpus.ok or not gpus.hint else "yellow")
-        return Group(ranks, *jobs, trends, gpu)
+        return Group(ranks, *jobs, times, trends, gpu)
     grows = gpu_rows(gpus)
     gstyles: list[tuple[str, dict[str, str]]] = [
         ("bold red" if r["xids"] != "0" else ("yellow" if r["slowdown"] != "none" else ""), {})
         for r in grows
     ]
     gpu_table = _FittedTable("GPUs", LIVE_GPU_COLUMNS, grows, gstyles, None)
-    return Group(ranks, *jobs, trends, gpu_table)
+    return Group(ranks, *jobs, times, trends, gpu_table)
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
@@ -397,9 +490,29 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     return ap
 
 
+def _close(word: str, choices: Sequence[str]) -> str:
+    """`` (did you mean --once?)`` for a mistyped ``word`` close to one of ``choices``, or ``""``.
+
+    :func:`difflib.get_close_matches` at ratio 0.6, as the exporter's own flags are checked.
+    """
+    close = difflib.get_close_matches(word.split("=", 1)[0], choices, 1, 0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 def main(argv: Sequence[str] | None = None, prog: str = "trainmon status") -> int:
-    """``trainmon status``; returns the exit code (2 when the exporter cannot be read)."""
-    args = _parser(prog).parse_args(argv)
+    """``trainmon status``; returns the exit code.
+
+    2 when the exporter cannot be read, and for a flag it does not know (with the closest one
+    it does, ``--onec``: ``did you mean --once?``).
+    """
+    parser = _parser(prog)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        flags = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+        hints = "".join(_close(u, flags) for u in unknown if u.startswith("-"))
+        parser.print_usage(sys.stderr)
+        print(f"{prog}: error: unrecognized arguments: {' '.join(unknown)}{hints}", file=sys.stderr)
+        return 2
     try:
         url = normalise_url(args.url)
         how = access_from(args)
@@ -445,6 +558,14 @@ def cli(argv: Sequence[str] | None = None) -> int:
         add_help=False,  # ``trainmon status --help`` is answered by the status parser
     )
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and not argv[0].startswith("-") and argv[0] != "status":
+        ap.print_usage(sys.stderr)
+        print(
+            f"trainmon: error: no command {argv[0]!r}{_close(argv[0], ['status'])}; the one "
+            "command is trainmon status",
+            file=sys.stderr,
+        )
+        return 2
     try:
         args, _ = ap.parse_known_args(argv[:1])
     except SystemExit as exc:  # --help / --version (0) or an unknown command (2)
