@@ -109,10 +109,19 @@ class Engine:
         self._lock = (self.cache / "lock").open("w")
 
     def start(self, timeout: float = 60) -> None:
+        """Start dockerd on the shared cache; on any failure nothing is left held or open."""
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as e:
+            self._lock.close()
             raise EngineUnavailable(f"another test run holds {self.cache}") from e
+        try:
+            self._start(timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, timeout: float) -> None:
         self.proc = subprocess.Popen(
             [
                 "dockerd",
@@ -145,8 +154,9 @@ class Engine:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        fcntl.flock(self._lock, fcntl.LOCK_UN)
-        self._lock.close()
+        if not self._lock.closed:
+            fcntl.flock(self._lock, fcntl.LOCK_UN)
+            self._lock.close()
 
     def docker(
         self, *args: str, check: bool = True, capture: bool = False, **kw: Any

@@ -115,7 +115,7 @@ def test_prometheus_scrapes_the_kubernetes_tls_overlay_as_its_podmonitor_says(
     (ds,) = [o for o in objs if o["kind"] == "DaemonSet"]
     (pm,) = [o for o in objs if o["kind"] == "PodMonitor"]
     spec = ds["spec"]["template"]["spec"]
-    (c,) = spec["containers"]
+    (c,) = [c for c in spec["containers"] if c["name"] == "exporter"]
     # The downward API's fields as the kubelet would fill them in for this pod.
     fields = {"metadata.namespace": ds["metadata"]["namespace"]}
     env = {
