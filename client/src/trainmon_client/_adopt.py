@@ -1,0 +1,91 @@
+"""Frameworks ``trainmon-run`` finds in a process: their adapter reports instead of the hooks.
+
+:mod:`trainmon_client._autorun` hooks PyTorch itself; a framework that runs the training loop
+knows more (its step, its own loss, evaluation, its checkpoints), so where one is used its
+adapter is added the way the framework documents, and the PyTorch hooks stop in that process
+(:meth:`~trainmon_client._autorun.Instrumenter.take_over`): never both, so no step is counted
+twice. Each function here runs when its framework is first imported, or when the framework
+calls it; none imports a framework the program did not.
+
+- Hugging Face ``transformers.Trainer``: its ``__init__`` is wrapped to ``add_callback`` the
+  :mod:`trainmon_client.hf` callback (the Trainer has no plug-in registry);
+- Lightning: the ``lightning.pytorch.callbacks_factory`` entry point (Lightning's documented
+  way to add callbacks from a package) returns the :mod:`trainmon_client.lightning` callback.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainmon_client._autorun import Instrumenter
+
+log = logging.getLogger("trainmon_client")
+
+
+def watched(ins: Instrumenter) -> dict[str, Callable[[ModuleType], None]]:
+    """The modules whose import adds an adapter, and what to do then."""
+    return {"transformers.trainer": functools.partial(hook_transformers, ins)}
+
+
+def _wrap_init(cls: type, after: Callable[[Any], None]) -> None:
+    init = cls.__init__  # type: ignore[misc]
+    if getattr(init, "__trainmon__", False):
+        return
+
+    @functools.wraps(init)
+    def __init__(obj: Any, *args: Any, **kwargs: Any) -> None:
+        init(obj, *args, **kwargs)
+        after(obj)
+
+    __init__.__trainmon__ = True  # type: ignore[attr-defined]
+    cls.__init__ = __init__  # type: ignore[misc]
+
+
+def hook_transformers(ins: Instrumenter, module: ModuleType) -> None:
+    """Every ``transformers.Trainer`` built from now on gets the trainmon callback."""
+    cls = getattr(module, "Trainer", None)
+    if cls is not None:
+        _wrap_init(cls, functools.partial(adopt_hf_trainer, ins))
+
+
+def adopt_hf_trainer(ins: Instrumenter, trainer: Any) -> None:
+    """Add the HF callback to ``trainer`` unless it has one; the hooks stop."""
+    try:
+        from trainmon_client.hf import TrainmonCallback
+
+        if any(isinstance(c, TrainmonCallback) for c in trainer.callback_handler.callbacks):
+            ins.take_over("transformers", keep_run=False)
+            return
+        callback = TrainmonCallback()
+        callback.run = ins.take_over("transformers")
+        trainer.add_callback(callback)
+    except Exception:
+        log.warning("trainmon-run: could not add the callback to a Trainer", exc_info=True)
+
+
+def lightning_callbacks(ins: Instrumenter) -> list[Any]:
+    """The callback Lightning's entry point adds to a ``Trainer`` under ``trainmon-run``.
+
+    It takes the run the hooks started, if any. It steps aside (no run, no gradient norm) when
+    the program also gave the Trainer a ``TrainmonCallback`` of its own.
+    """
+    from trainmon_client.lightning import TrainmonCallback
+
+    class AddedByTrainmonRun(TrainmonCallback):  # type: ignore[misc]
+        def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+            if any(isinstance(c, TrainmonCallback) and c is not self for c in trainer.callbacks):
+                if self.run is not None:
+                    self.run.finish()
+                self.run = None
+                self._grad_norm = False
+                return
+            super().setup(trainer, pl_module, stage)
+
+    callback = AddedByTrainmonRun()
+    callback.run = ins.take_over("lightning")
+    return [callback]
