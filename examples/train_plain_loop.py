@@ -118,9 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             out.flush()
         if args.eval_every and step % args.eval_every == 0:
             with torch.no_grad():
-                total = sum(
-                    torch.nn.functional.mse_loss(trained(x), y).item() for x, y in held_out
-                )
+                total = sum(torch.nn.functional.mse_loss(trained(x), y).item() for x, y in held_out)
             if rank == 0:
                 print(f"step {step}: validation loss {total / len(held_out):.4f}", flush=True)
         if ckpt is not None and args.checkpoint_every and step % args.checkpoint_every == 0:

@@ -417,6 +417,7 @@ class Instrumenter:
         self._undo.clear()
         if self._finder in sys.meta_path:
             sys.meta_path.remove(self._finder)
+        atexit.unregister(self._at_exit)
         if _instance is self:
             _instance = None
 
