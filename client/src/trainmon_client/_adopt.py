@@ -10,7 +10,10 @@ calls it; none imports a framework the program did not.
 - Hugging Face ``transformers.Trainer``: its ``__init__`` is wrapped to ``add_callback`` the
   :mod:`trainmon_client.hf` callback (the Trainer has no plug-in registry);
 - Lightning: the ``lightning.pytorch.callbacks_factory`` entry point (Lightning's documented
-  way to add callbacks from a package) returns the :mod:`trainmon_client.lightning` callback.
+  way to add callbacks from a package) returns the :mod:`trainmon_client.lightning` callback;
+- Keras 3: ``keras.Model.fit`` is wrapped to pass the :mod:`trainmon_client.keras` callback in
+  ``callbacks=`` (Keras has no plug-in registry; its optimizers are not ``torch.optim``, so the
+  hooks alone would count no step).
 """
 
 from __future__ import annotations
@@ -29,7 +32,10 @@ log = logging.getLogger("trainmon_client")
 
 def watched(ins: Instrumenter) -> dict[str, Callable[[ModuleType], None]]:
     """The modules whose import adds an adapter, and what to do then."""
-    return {"transformers.trainer": functools.partial(hook_transformers, ins)}
+    return {
+        "transformers.trainer": functools.partial(hook_transformers, ins),
+        "keras": functools.partial(hook_keras, ins),
+    }
 
 
 def _wrap_init(cls: type, after: Callable[[Any], None]) -> None:
@@ -66,6 +72,39 @@ def adopt_hf_trainer(ins: Instrumenter, trainer: Any) -> None:
         trainer.add_callback(callback)
     except Exception:
         log.warning("trainmon-run: could not add the callback to a Trainer", exc_info=True)
+
+
+def hook_keras(ins: Instrumenter, module: ModuleType) -> None:
+    """Every ``keras.Model.fit`` from now on gets the trainmon callback."""
+    cls = getattr(module, "Model", None)
+    fit = getattr(cls, "fit", None)
+    if cls is None or fit is None or getattr(fit, "__trainmon__", False):
+        return
+
+    @functools.wraps(fit)
+    def wrapper(model: Any, *args: Any, **kwargs: Any) -> Any:
+        if len(args) <= 5:  # callbacks= is fit's 6th parameter
+            try:
+                kwargs["callbacks"] = adopt_keras(ins, kwargs.get("callbacks"))
+            except Exception:
+                log.warning("trainmon-run: could not add the Keras callback", exc_info=True)
+        return fit(model, *args, **kwargs)
+
+    wrapper.__trainmon__ = True  # type: ignore[attr-defined]
+    cls.fit = wrapper
+
+
+def adopt_keras(ins: Instrumenter, callbacks: Any) -> Any:
+    """``callbacks`` with the Keras callback added, unless it holds one; the hooks stop."""
+    from trainmon_client.keras import TrainmonCallback
+
+    given = list(callbacks or [])
+    if any(isinstance(c, TrainmonCallback) for c in given):
+        ins.take_over("keras", keep_run=False)
+        return callbacks
+    callback = TrainmonCallback()
+    callback.run = ins.take_over("keras")
+    return [*given, callback]
 
 
 def lightning_callbacks(ins: Instrumenter) -> list[Any]:
