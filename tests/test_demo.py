@@ -54,6 +54,25 @@ def test_the_demo_shows_live_values_and_ends_by_itself_outside_a_terminal() -> N
     assert "Traceback" not in out.stderr, out.stderr
 
 
+def test_the_demo_trains_under_trainmon_run_with_no_call_of_its_own() -> None:
+    port = free_port()
+    out = subprocess.run(
+        [*DEMO, "--port", str(port), "--trainmon-run"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=child_env(),
+        check=False,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "training: trainmon-run -- python " in out.stdout and "--no-trainmon" in out.stdout
+    assert LIVE.search(out.stdout.split("after training:")[0]), out.stdout
+    assert re.search(r"^  trainmon_train_steps_total\{.*\} 30\.0$", out.stdout, re.M), out.stdout
+    assert "Traceback" not in out.stderr, out.stderr
+
+
 def test_with_keep_the_status_page_answers_after_training_until_ctrl_c() -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
