@@ -7,7 +7,7 @@ PyTorch APIs, with no change to the program's code.
 It imports nothing but the standard library: it adds an import hook that waits for ``torch``
 (and a few frameworks) and patches them when, and only if, the program imports them. The run
 itself (:func:`trainmon_client.init`) starts at the process's first optimizer step or
-evaluation pass, with the process's start time, so that helper processes (the ``torchrun``
+evaluation pass, with the process's start time, so that auxiliary processes (the ``torchrun``
 agent, DataLoader workers, compile workers) never open one, and start-up still counts from the
 process's start. What is hooked, and what each hook reports (:class:`Instrumenter`):
 

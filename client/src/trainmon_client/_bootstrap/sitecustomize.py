@@ -30,7 +30,7 @@ def _boot() -> None:
                 from trainmon_client import _autorun
             except ImportError:
                 # Another environment's Python (no trainmon-client there): only the process
-                # trainmon-run started itself says so, not every helper process it runs.
+                # trainmon-run started itself says so, not every other process it starts.
                 if os.environ.get("TRAINMON_AUTORUN_PID") == str(os.getpid()):
                     print(
                         "trainmon-run: trainmon-client is not installed for "
