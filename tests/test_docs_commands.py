@@ -30,6 +30,9 @@ SKIP: dict[str, str] = {
     "make demo": "builds .venv-demo from the package index (network), then trains for minutes; "
     "tests/test_demo.py runs scripts/demo.py with a step limit",
     "make test": "the test suite itself",
+    "DS_ACCELERATOR=cpu trainmon-run": "needs DeepSpeed, from the optional "
+    "requirements-frameworks.txt; tests/frameworks/test_deepspeed.py runs the example under "
+    "trainmon-run where it is installed",
     "make bench": "every benchmark, minutes even with --smoke; tests/benchmarks runs each one "
     "in its --smoke mode",
     "make venv": "creates a virtual environment from the package index (network)",

@@ -11,6 +11,10 @@ calls it; none imports a framework the program did not.
   :mod:`trainmon_client.hf` callback (the Trainer has no plug-in registry);
 - Lightning: the ``lightning.pytorch.callbacks_factory`` entry point (Lightning's documented
   way to add callbacks from a package) returns the :mod:`trainmon_client.lightning` callback;
+- DeepSpeed (no plug-in API): the hooks see its engine's inner ``torch.optim`` step and its
+  ``torch.save`` calls; :func:`hook_deepspeed` adds what only the engine knows (the loss
+  before its scaling, its gradient norm, ``save_checkpoint``/``load_checkpoint`` as one
+  checkpoint each);
 - Keras 3: ``keras.Model.fit`` is wrapped to pass the :mod:`trainmon_client.keras` callback in
   ``callbacks=`` (Keras has no plug-in registry; its optimizers are not ``torch.optim``, so the
   hooks alone would count no step).
@@ -35,6 +39,7 @@ def watched(ins: Instrumenter) -> dict[str, Callable[[ModuleType], None]]:
     return {
         "transformers.trainer": functools.partial(hook_transformers, ins),
         "keras": functools.partial(hook_keras, ins),
+        "deepspeed.runtime.engine": functools.partial(hook_deepspeed, ins),
     }
 
 
@@ -72,6 +77,70 @@ def adopt_hf_trainer(ins: Instrumenter, trainer: Any) -> None:
         trainer.add_callback(callback)
     except Exception:
         log.warning("trainmon-run: could not add the callback to a Trainer", exc_info=True)
+
+
+def hook_deepspeed(ins: Instrumenter, module: ModuleType) -> None:
+    """The DeepSpeed engine's loss, gradient norm and checkpoints, added to the hooks' steps.
+
+    - ``DeepSpeedEngine.backward(loss)``: the loss as the program passed it, divided by the
+      gradient accumulation steps (as the engine divides it), summed over the micro-batches:
+      the step's mean loss, before any fp16 loss scale; the ``backward()`` inside is not
+      read again;
+    - ``DeepSpeedEngine.step()``: the step the inner optimizer took inside it is sent when it
+      returns, with ``get_global_grad_norm()`` (ZeRO and mixed precision), or the norm the
+      engine's own ``clip_grad_norm_`` returned (``gradient_clipping`` in fp32), and the
+      engine's ``get_lr()``; a step skipped for an fp16 overflow is no step;
+    - ``save_checkpoint`` and ``load_checkpoint``: one checkpoint each, all their files.
+    """
+    engine = getattr(module, "DeepSpeedEngine", None)
+    if engine is None:
+        return
+    if hasattr(module, "clip_grad_norm_"):
+        ins.wrap(module, "clip_grad_norm_", ins._clip_wrapper)
+    ins.wrap(engine, "save_checkpoint", functools.partial(ins._io_wrapper, kind="save", dcp=True))
+    ins.wrap(engine, "load_checkpoint", functools.partial(ins._io_wrapper, kind="load", dcp=True))
+
+    def backward(original: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(eng: Any, loss: Any, *args: Any, **kwargs: Any) -> Any:
+            ins.inside_engine += 1
+            try:
+                out = original(eng, loss, *args, **kwargs)
+            finally:
+                ins.inside_engine -= 1
+            try:
+                if ins.active and hasattr(loss, "detach") and kwargs.get("scale_wrt_gas", True):
+                    ins.add_loss(loss / eng.gradient_accumulation_steps())
+            except Exception:
+                ins.count_error()
+            return out
+
+        return wrapper
+
+    def step(original: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(eng: Any, *args: Any, **kwargs: Any) -> Any:
+            ins.holding += 1
+            try:
+                return original(eng, *args, **kwargs)
+            finally:
+                ins.holding -= 1
+                held, ins.held = ins.held, None
+                if held is not None and ins.run is not None:
+                    try:
+                        number, metrics = held
+                        norm = eng.get_global_grad_norm()
+                        if norm is not None and "grad_norm" in ins.metrics:
+                            metrics["grad_norm"] = norm
+                        lrs = eng.get_lr()
+                        if lrs and "lr" in ins.metrics:
+                            metrics["lr"] = lrs[0]
+                        ins.run.log(number, **metrics)
+                    except Exception:
+                        ins.count_error()
+
+        return wrapper
+
+    ins.wrap(engine, "backward", backward)
+    ins.wrap(engine, "step", step)
 
 
 def hook_keras(ins: Instrumenter, module: ModuleType) -> None:

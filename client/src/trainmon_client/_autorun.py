@@ -379,6 +379,9 @@ class Instrumenter:
         self._eval_iters: weakref.WeakSet[_Timed] = weakref.WeakSet()
         self._io = threading.local()  # depth of checkpoint calls in this thread
         self._failed_start = False
+        self.holding = 0  # inside a framework's step: post_step holds its log (held)
+        self.held: tuple[int, dict[str, Any]] | None = None
+        self.inside_engine = 0  # inside a framework's backward: the loss comes from it
         self._undo: list[tuple[Any, str, Any]] = []  # what uninstall() puts back
         self._handles: list[Any] = []  # the optimizer hooks' handles
         self._finder: _AfterImport | None = None
@@ -560,6 +563,14 @@ class Instrumenter:
         except Exception:
             log.debug("trainmon-run: exit hook failed", exc_info=True)
 
+    def wrap(self, owner: Any, name: str, make: Callable[[Any], Callable[..., Any]]) -> None:
+        """Patch ``owner.name`` with ``make(original)``; :meth:`uninstall` puts it back."""
+        _wrap(owner, name, make, self._undo)
+
+    def count_error(self) -> None:
+        """Count a failure of a hook (an adapter's too) and go on."""
+        self._error()
+
     def _error(self) -> None:
         if self.run is not None:
             self.run.count_internal_error()
@@ -623,11 +634,21 @@ class Instrumenter:
             if self._samples and "samples" in self.metrics:
                 metrics["samples"] = self._samples
             self._samples = 0
-            run.log(self._step, **metrics)
+            if self.holding:
+                self.held = (self._step, metrics)
+            else:
+                run.log(self._step, **metrics)
         except Exception:
             self._error()
         finally:
             self.seconds += _perf() - t0
+
+    def add_loss(self, value: Any) -> None:
+        """Add a micro-batch's loss (a tensor, kept on the device) to the step's (adapters)."""
+        if self.active and "loss" in self.metrics:
+            loss = self._loss
+            value = value.detach().float()
+            self._loss = value if loss is None else loss + value
 
     # ------------------------------------------------------------------------- backward, clipping
 
@@ -649,7 +670,7 @@ class Instrumenter:
                 self._close_span()
             if self._evaluation is not None:
                 self._end_evaluation()
-            if "loss" not in self.metrics:
+            if "loss" not in self.metrics or self.inside_engine:
                 return
             tensors = args[0] if args else kwargs.get("tensors")
             gradient = args[1] if len(args) > 1 else kwargs.get("grad_tensors")
