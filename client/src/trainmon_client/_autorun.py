@@ -634,6 +634,9 @@ class Instrumenter:
             if self._samples and "samples" in self.metrics:
                 metrics["samples"] = self._samples
             self._samples = 0
+            for key, value in metrics.items():  # a host tensor: read it now, it never waits
+                if value.__class__ is not float and getattr(value, "is_cpu", False):
+                    metrics[key] = value.item()
             if self.holding:
                 self.held = (self._step, metrics)
             else:
