@@ -11,20 +11,19 @@ tracker too, once.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from ..conftest import ROOT, ExporterProcess, child_env, sample, wait_for
+from ..conftest import ROOT, ExporterProcess, sample
+from ..helpers.trainmon_run import finished_rank, run_script
 
 pytest.importorskip("accelerate")
 pytestmark = pytest.mark.slow
 
 SCRIPT = ROOT / "examples" / "train_accelerate.py"
-TRAINMON_RUN = str(Path(sys.executable).parent / "trainmon-run")
 
 
 @pytest.mark.parametrize(
@@ -42,19 +41,8 @@ def test_every_step_is_reported_once_with_the_scripts_loss(
                "--output-dir", str(tmp_path / "out")]  # fmt: skip
     if tracker:
         command.append("--trainmon-tracker")
-    if launcher:
-        command = [TRAINMON_RUN, "--", *command]
-    env = child_env(TRAINMON_SOCKET=ex.socket, TRAINMON_RUN="acc")
-    out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, check=False)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-
-    def view() -> dict | None:  # type: ignore[type-arg]
-        for r in ex.runs()["runs"]:
-            if r["run"] == "acc" and r["ranks"][0]["status"] == "finished":
-                return r["ranks"][0]  # type: ignore[no-any-return]
-        return None
-
-    rank = wait_for(view, timeout=20)
+    run_script(command, launcher=launcher, TRAINMON_SOCKET=ex.socket, TRAINMON_RUN="acc")
+    rank = finished_rank(ex, "acc")
     computed = [json.loads(line) for line in losses.read_text().splitlines()]
     assert rank["trend"]["steps"] == [c["step"] for c in computed] == list(range(1, 13))
     assert rank["trend"]["loss"] == pytest.approx([c["loss"] for c in computed], rel=1e-5)

@@ -10,20 +10,19 @@ builds its CPU communication op on first use, about a minute); skips without it.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from ..conftest import ROOT, ExporterProcess, child_env, free_port, sample, wait_for
+from ..conftest import ROOT, ExporterProcess, free_port, sample
+from ..helpers.trainmon_run import finished_rank, run_script
 
 pytest.importorskip("deepspeed")
 pytestmark = pytest.mark.slow
 
 SCRIPT = ROOT / "examples" / "train_deepspeed.py"
-TRAINMON_RUN = str(Path(sys.executable).parent / "trainmon-run")
 
 
 def test_deepspeed_steps_loss_grad_norm_and_checkpoint(
@@ -31,20 +30,11 @@ def test_deepspeed_steps_loss_grad_norm_and_checkpoint(
 ) -> None:
     ex = exporter_process().start()
     losses = tmp_path / "losses.jsonl"
-    command = [TRAINMON_RUN, "--", sys.executable, str(SCRIPT), "--steps", "8", "--accum", "2",
+    command = [sys.executable, str(SCRIPT), "--steps", "8", "--accum", "2",
                "--losses", str(losses), "--save-dir", str(tmp_path / "ckpt")]  # fmt: skip
-    env = child_env(TRAINMON_SOCKET=ex.socket, TRAINMON_RUN="ds", DS_ACCELERATOR="cpu",
-                    MASTER_PORT=str(free_port()))  # fmt: skip
-    out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-
-    def finished() -> dict | None:  # type: ignore[type-arg]
-        for r in ex.runs()["runs"]:
-            if r["run"] == "ds" and r["ranks"][0]["status"] == "finished":
-                return r["ranks"][0]  # type: ignore[no-any-return]
-        return None
-
-    rank = wait_for(finished, timeout=20)
+    env = {"TRAINMON_SOCKET": ex.socket, "TRAINMON_RUN": "ds", "DS_ACCELERATOR": "cpu"}
+    run_script(command, launcher=True, timeout=300, MASTER_PORT=str(free_port()), **env)
+    rank = finished_rank(ex, "ds")
     computed = [json.loads(line) for line in losses.read_text().splitlines()]
     assert rank["trend"]["steps"] == [c["step"] for c in computed] == list(range(1, 9))
     assert rank["trend"]["loss"] == pytest.approx([c["loss"] for c in computed], rel=1e-5)

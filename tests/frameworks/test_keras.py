@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from ..conftest import ROOT, ExporterProcess, child_env, sample, wait_for
+from ..conftest import ROOT, ExporterProcess, sample
+from ..helpers.trainmon_run import finished_rank, run_script
 
 pytestmark = [
     pytest.mark.slow,
@@ -25,7 +25,6 @@ pytestmark = [
 ]
 
 SCRIPT = ROOT / "examples" / "train_keras.py"
-TRAINMON_RUN = str(Path(sys.executable).parent / "trainmon-run")
 
 
 @pytest.mark.parametrize(
@@ -42,19 +41,9 @@ def test_every_batch_is_a_step_with_its_own_loss(
     command = [sys.executable, str(SCRIPT), "--epochs", "2", "--history", str(history)]
     if callback:
         command.append("--trainmon-callback")
-    if launcher:
-        command = [TRAINMON_RUN, "--", *command]
-    env = child_env(TRAINMON_SOCKET=ex.socket, TRAINMON_RUN="keras", KERAS_BACKEND="torch")
-    out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180, check=False)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-
-    def view() -> dict | None:  # type: ignore[type-arg]
-        for r in ex.runs()["runs"]:
-            if r["run"] == "keras" and r["ranks"][0]["status"] == "finished":
-                return r["ranks"][0]  # type: ignore[no-any-return]
-        return None
-
-    rank = wait_for(view, timeout=20)
+    env = {"TRAINMON_SOCKET": ex.socket, "TRAINMON_RUN": "keras", "KERAS_BACKEND": "torch"}
+    run_script(command, launcher=launcher, **env)
+    rank = finished_rank(ex, "keras")
     m = ex.metrics()
     lbl = {"run": "keras", "rank": "0"}
     assert sample(m, "trainmon_train_steps_total", **lbl) == 12

@@ -11,20 +11,19 @@ installed, and skip elsewhere.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from ..conftest import ROOT, ExporterProcess, child_env, sample, wait_for
+from ..conftest import ROOT, ExporterProcess, sample, wait_for
+from ..helpers.trainmon_run import run_script
 
 pytest.importorskip("ray.train")
 pytestmark = pytest.mark.slow
 
 SCRIPT = ROOT / "examples" / "train_ray.py"
-TRAINMON_RUN = str(Path(sys.executable).parent / "trainmon-run")
 
 
 @pytest.mark.parametrize(
@@ -43,11 +42,8 @@ def test_every_workers_steps_are_reported_under_its_rank(
                "--storage", str(tmp_path / "storage")]  # fmt: skip
     if callback:
         command.append("--trainmon-callback")
-    if launcher:
-        command = [TRAINMON_RUN, "--", *command]
-    env = child_env(TRAINMON_SOCKET=ex.socket, TRAINMON_RUN="ray", RAY_USAGE_STATS_ENABLED="0")
-    out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    env = {"TRAINMON_SOCKET": ex.socket, "TRAINMON_RUN": "ray", "RAY_USAGE_STATS_ENABLED": "0"}
+    run_script(command, launcher=launcher, timeout=300, **env)
 
     def both_ranks() -> list[dict] | None:  # type: ignore[type-arg]
         for r in ex.runs()["runs"]:

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from ..conftest import ROOT, ExporterProcess, child_env, sample, wait_for
+from ..helpers.trainmon_run import TRAINMON_RUN
 
 pytestmark = pytest.mark.slow
 
-TRAINMON_RUN = str(Path(sys.executable).parent / "trainmon-run")
 SMALL = ["--dim", "32", "--layers", "1", "--heads", "2", "--seq-len", "32"]
 SMALL += ["--corpus-bytes", "60000", "--steps", "8"]
 EXAMPLES = {

@@ -22,11 +22,11 @@ from typing import Any
 import pytest
 
 from ..conftest import ROOT, ExporterProcess, child_env, sample, wait_for
+from ..helpers.trainmon_run import TRAINMON_RUN, finished_rank
 
 pytestmark = pytest.mark.slow
 
 SCRIPT = ROOT / "examples" / "train_plain_loop.py"
-TRAINMON_RUN = str(Path(sys.executable).parent / "trainmon-run")
 
 
 def trainer(
@@ -59,13 +59,6 @@ def rank_view(ex: ExporterProcess, run: str, rank: int = 0) -> dict[str, Any] | 
     return None
 
 
-def finished(ex: ExporterProcess, run: str, rank: int = 0) -> dict[str, Any]:
-    return wait_for(  # type: ignore[no-any-return]
-        lambda: (v := rank_view(ex, run, rank)) is not None and v["status"] == "finished" and v,
-        timeout=20,
-    )
-
-
 def test_a_plain_loop_is_reported_step_by_step_with_its_own_loss(
     exporter_process: Callable[..., ExporterProcess], tmp_path: Path
 ) -> None:
@@ -83,7 +76,7 @@ def test_a_plain_loop_is_reported_step_by_step_with_its_own_loss(
     assert out.returncode == 0, out.stdout + out.stderr
     computed = lines(losses)
     assert [c["step"] for c in computed] == list(range(1, steps + 1))
-    view = finished(ex, "plain")
+    view = finished_rank(ex, "plain")
     m = ex.metrics()
     lbl = {"run": "plain", "rank": "0"}
     assert sample(m, "trainmon_train_steps_total", **lbl) == steps
@@ -132,7 +125,7 @@ def test_a_resumed_run_reports_the_restore_and_continues_the_steps(
     first = trainer("--steps", "20", *ckpt, losses=tmp_path / "a", socket=ex.socket,
                     TRAINMON_RUN="resumed")  # fmt: skip
     assert first.returncode == 0, first.stderr
-    finished(ex, "resumed")
+    finished_rank(ex, "resumed")
     second = trainer("--steps", "26", "--resume", *ckpt, losses=tmp_path / "b",
                      socket=ex.socket, TRAINMON_RUN="resumed")  # fmt: skip
     assert second.returncode == 0, second.stderr
@@ -192,7 +185,7 @@ def test_every_torchrun_rank_is_covered_and_the_agent_is_not_a_rank(
     out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
     for rank in (0, 1):
-        finished(ex, "ddp", rank)
+        finished_rank(ex, "ddp", rank)
     m = ex.metrics()
     for rank in ("0", "1"):
         assert sample(m, "trainmon_train_steps_total", run="ddp", rank=rank) == 12

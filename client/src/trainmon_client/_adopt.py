@@ -23,15 +23,16 @@ calls it; none imports a framework the program did not.
 from __future__ import annotations
 
 import functools
-import logging
-from collections.abc import Callable
-from types import ModuleType
-from typing import TYPE_CHECKING, Any
+TYPE_CHECKING = False  # typing is not imported at run time (see _Log)
+
+from trainmon_client._autorun import log
 
 if TYPE_CHECKING:
-    from trainmon_client._autorun import Instrumenter
+    from collections.abc import Callable
+    from types import ModuleType
+    from typing import Any
 
-log = logging.getLogger("trainmon_client")
+    from trainmon_client._autorun import Instrumenter
 
 
 def watched(ins: Instrumenter) -> dict[str, Callable[[ModuleType], None]]:

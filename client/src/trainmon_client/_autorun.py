@@ -46,20 +46,38 @@ from __future__ import annotations
 
 import atexit
 import functools
-import logging
 import os
 import sys
-import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
-from importlib.abc import Loader, MetaPathFinder
-from importlib.machinery import ModuleSpec
+from collections.abc import Mapping
 from itertools import islice
-from types import ModuleType
-from typing import Any
+TYPE_CHECKING = False  # typing is not imported at run time (see _Log)
 
-log = logging.getLogger("trainmon_client")
+if TYPE_CHECKING:  # not imported at run time: this module loads in every process (below)
+    import logging
+    from collections.abc import Callable, Sequence
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
+    from typing import Any
+
+
+class _Log:
+    """The ``trainmon_client`` logger, imported on first use.
+
+    ``sitecustomize`` imports this module in every Python process ``trainmon-run`` starts, and
+    most never train (DataLoader workers, compile workers, the tools a script runs): their
+    start-up must not pay for :mod:`logging`, :mod:`typing` or :mod:`importlib.abc`.
+    """
+
+    def __getattr__(self, name: str) -> Any:
+        import logging
+
+        logger: logging.Logger = logging.getLogger("trainmon_client")
+        return getattr(logger, name)
+
+
+log = _Log()
 
 ENV_HOOKS = "TRAINMON_HOOKS"
 """Hooks to install, comma-separated, ``all`` (the default) or names; ``-name`` removes one."""
@@ -138,15 +156,16 @@ def current() -> Instrumenter | None:
 # ----------------------------------------------------------------------------- import hook
 
 
-class _ThenCall(Loader):
+class _ThenCall:
     """A module's own loader, and a call once its module has executed."""
 
-    def __init__(self, loader: Loader, then: Callable[[ModuleType], None]) -> None:
+    def __init__(self, loader: Any, then: Callable[[ModuleType], None]) -> None:
         self._loader = loader
         self._then = then
 
     def create_module(self, spec: ModuleSpec) -> ModuleType | None:
-        return self._loader.create_module(spec)
+        module: ModuleType | None = self._loader.create_module(spec)
+        return module
 
     def exec_module(self, module: ModuleType) -> None:
         # The module keeps its own loader (inspect, linecache and importlib.resources read it).
@@ -163,7 +182,7 @@ class _ThenCall(Loader):
         return getattr(self._loader, name)
 
 
-class _AfterImport(MetaPathFinder):
+class _AfterImport:
     """Calls ``then(module)`` right after one of the watched modules is first imported."""
 
     def __init__(self, watched: dict[str, Callable[[ModuleType], None]]) -> None:
@@ -190,7 +209,7 @@ class _AfterImport(MetaPathFinder):
             self._busy.discard(fullname)
         if spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        spec.loader = _ThenCall(spec.loader, then)
+        spec.loader = _ThenCall(spec.loader, then)  # type: ignore[assignment]
         return spec
 
 
@@ -377,7 +396,7 @@ class Instrumenter:
         self._restore: tuple[float, int | None] | None = None  # a load, resolved at a step
         self._evaluation: Any = None  # the Operation of an evaluation pass
         self._eval_iters: weakref.WeakSet[_Timed] = weakref.WeakSet()
-        self._io = threading.local()  # depth of checkpoint calls in this thread
+        self._io: Any = None  # threading.local(): depth of checkpoint calls, from hook_torch
         self._failed_start = False
         self.holding = 0  # inside a framework's step: post_step holds its log (held)
         self.held: tuple[int, dict[str, Any]] | None = None
@@ -426,7 +445,10 @@ class Instrumenter:
 
     def hook_torch(self, torch: ModuleType) -> None:
         """Install the PyTorch hooks (right after ``import torch``)."""
+        import threading
+
         self._torch = torch
+        self._io = threading.local()
         compiler = getattr(torch, "compiler", None)
         self._compiling = getattr(compiler, "is_compiling", None) or (lambda: False)
         hooks = self.hooks
@@ -779,9 +801,8 @@ class Instrumenter:
     def _io_wrapper(
         self, function: Callable[..., Any], kind: str, dcp: bool = False
     ) -> Callable[..., Any]:
-        io = self._io
-
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            io = self._io
             depth = getattr(io, "depth", 0)
             if depth or not self.active or self._compiling():
                 return function(*args, **kwargs)
