@@ -23,7 +23,7 @@ calls it; none imports a framework the program did not.
 from __future__ import annotations
 
 import functools
-TYPE_CHECKING = False  # typing is not imported at run time (see _Log)
+from typing import TYPE_CHECKING
 
 from trainmon_client._autorun import log
 

@@ -46,38 +46,21 @@ from __future__ import annotations
 
 import atexit
 import functools
+import logging
 import os
 import sys
 import time
 import weakref
 from collections.abc import Mapping
 from itertools import islice
-TYPE_CHECKING = False  # typing is not imported at run time (see _Log)
+from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # not imported at run time: this module loads in every process (below)
-    import logging
+if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from importlib.machinery import ModuleSpec
     from types import ModuleType
-    from typing import Any
 
-
-class _Log:
-    """The ``trainmon_client`` logger, imported on first use.
-
-    ``sitecustomize`` imports this module in every Python process ``trainmon-run`` starts, and
-    most never train (DataLoader workers, compile workers, the tools a script runs): their
-    start-up must not pay for :mod:`logging`, :mod:`typing` or :mod:`importlib.abc`.
-    """
-
-    def __getattr__(self, name: str) -> Any:
-        import logging
-
-        logger: logging.Logger = logging.getLogger("trainmon_client")
-        return getattr(logger, name)
-
-
-log = _Log()
+log = logging.getLogger("trainmon_client")
 
 ENV_HOOKS = "TRAINMON_HOOKS"
 """Hooks to install, comma-separated, ``all`` (the default) or names; ``-name`` removes one."""
