@@ -291,3 +291,27 @@ def test_metric_and_hook_lists(raw: str | None, expected: set[str]) -> None:
 def test_nothing_is_installed_outside_trainmon_run() -> None:
     assert _autorun.install({}) is None
     assert _autorun.install({"TRAINMON_AUTORUN": "0"}) is None
+
+
+def test_trainmon_runs_variables_are_not_taken_for_misspellings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before: ``TRAINMON_AUTORUN`` drew "did you mean TRAINMON_RUN?" in every process."""
+    from trainmon_client._env import misspelt_variables
+
+    env = {"TRAINMON_AUTORUN": "1", "TRAINMON_AUTORUN_PID": "7", "TRAINMON_HOOKS": "all"}
+    assert misspelt_variables({**env, "TRAINMON_METRICS": "loss"}) == []
+    assert misspelt_variables({"TRAINMON_AUTORUNN": "1"}) == [
+        ("TRAINMON_AUTORUNN", "TRAINMON_AUTORUN")
+    ]
+
+
+def test_started_at_is_checked() -> None:
+    import trainmon_client
+
+    with pytest.raises(ValueError, match="started_at"):
+        trainmon_client.init(
+            run="x", socket_path="/nonexistent/t.sock", started_at=time.time() + 60
+        )
+    run = trainmon_client.init(run="x", socket_path="/nonexistent/t.sock", started_at=1.0e9)
+    run.finish()
