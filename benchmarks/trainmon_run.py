@@ -67,8 +67,9 @@ def main() -> int:
         "--smoke", action="store_true", help="seconds: 45 steps (figures not meaningful)"
     )
     args = ap.parse_args()
+    dim, corpus = 128, 1_000_000
     if args.smoke:
-        args.steps = 45
+        args.steps, dim, corpus = 12, 32, 100_000
     torch.manual_seed(0)
     exporter = LocalExporter().start()
     os.environ["TRAINMON_SOCKET"] = exporter.socket
@@ -76,9 +77,9 @@ def main() -> int:
     ins = _autorun.install({"TRAINMON_AUTORUN": "1"})
     assert ins is not None
     try:
-        model = ByteTransformer(128, 2, 4, T)
+        model = ByteTransformer(dim, 2, 4, T)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        loader = torch.utils.data.DataLoader(Windows(load_corpus(1_000_000)), batch_size=B)
+        loader = torch.utils.data.DataLoader(Windows(load_corpus(corpus)), batch_size=B)
         run = trainmon_client.init(run="bench-log", socket_path=exporter.socket)
         reg = CollectorRegistry()
         gauges = [Gauge(f"bench_{i}", "x", registry=reg) for i in range(10)]
@@ -113,7 +114,7 @@ def main() -> int:
         run.finish()
         if hooks_run is not None:
             hooks_run.finish()
-        skip = min(20, len(t_log) // 4)
+        skip = min(20, len(t_log) // 4)  # warm-up
         t_hooks, t_log, t_gauge = t_hooks[skip:], t_log[skip:], t_gauge[skip:]
         print(
             f"in-situ, {args.steps} real training steps, {len(t_hooks)} per arm; torch threads "
