@@ -202,8 +202,13 @@ TRAINMON = "import sys; from trainmon_exporter.views.terminal import cli; sys.ex
 
 @pytest.mark.parametrize(
     "argv",
-    [("-m", "trainmon_exporter"), ("-c", TRAINMON), ("-c", TRAINMON, "status")],
-    ids=["trainmon-exporter", "trainmon", "trainmon status"],
+    [
+        ("-m", "trainmon_exporter"),
+        ("-c", TRAINMON),
+        ("-c", TRAINMON, "status"),
+        ("-m", "trainmon_client._launch"),
+    ],
+    ids=["trainmon-exporter", "trainmon", "trainmon status", "trainmon-run"],
 )
 def test_every_cli_flag_is_documented(argv: tuple[str, ...]) -> None:
     flags = help_flags(*argv)
