@@ -139,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         print(f"pid {os.getpid()}: done at step {step}", flush=True)
     if world > 1:
+        dist.barrier()  # every rank done before the group goes (gloo tears down cleanly)
         dist.destroy_process_group()
     return args.exit_code
 

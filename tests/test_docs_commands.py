@@ -30,7 +30,7 @@ SKIP: dict[str, str] = {
     "make demo": "builds .venv-demo from the package index (network), then trains for minutes; "
     "tests/test_demo.py runs scripts/demo.py with a step limit",
     "make test": "the test suite itself",
-    "DS_ACCELERATOR=cpu trainmon-run": "needs DeepSpeed, from the optional "
+    "trainmon-run -- python examples/train_deepspeed.py": "needs DeepSpeed, from the optional "
     "requirements-frameworks.txt; tests/frameworks/test_deepspeed.py runs the example under "
     "trainmon-run where it is installed",
     "make bench": "every benchmark, minutes even with --smoke; tests/benchmarks runs each one "
