@@ -1,12 +1,15 @@
 """``make demo``: start the exporter, train the example model, show what the exporter sees.
 
-Usage: python scripts/demo.py [--steps N] [--ranks 2] [--keep | --no-keep] [--port P]
+Usage: python scripts/demo.py [--steps N] [--ranks 2] [--trainmon-run] [--keep | --no-keep]
+                              [--port P]
 
 Prints where /metrics and the status page are, then live values read back from the
 exporter's JSON API while the real training run goes on, then a few /metrics lines. In a
 terminal the exporter then keeps serving those addresses until Ctrl-C; elsewhere (output to a
 pipe or a file, or CI set in the environment) the demo stops it and ends, and says so.
 Ctrl-C during training stops the training cleanly (the run is reported as finished).
+With ``--trainmon-run`` the trainer makes no trainmon call of its own (``--no-trainmon``) and
+runs under ``trainmon-run``, whose hooks report it (``make demo DEMO_ARGS=--trainmon-run``).
 """
 
 from __future__ import annotations
@@ -62,6 +65,11 @@ def main() -> int:
     ap.add_argument("--ranks", type=int, default=1, help="processes (torchrun, gloo) if > 1")
     ap.add_argument("--port", type=int, default=9478)
     ap.add_argument(
+        "--trainmon-run",
+        action="store_true",
+        help="train without the two lines, under trainmon-run (no code change)",
+    )
+    ap.add_argument(
         "--keep",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -93,7 +101,11 @@ def main() -> int:
                 f"--nproc_per_node={args.ranks}",
                 *cmd[1:],
             ]
-        print(f"training: {' '.join(cmd[1:])}\n", flush=True)
+        shown = " ".join(cmd[1:])
+        if args.trainmon_run:  # the script's own trainmon calls off; the hooks report
+            shown = f"trainmon-run -- python {shown} --no-trainmon"
+            cmd = [sys.executable, "-m", "trainmon_client._launch", "--", *cmd, "--no-trainmon"]
+        print(f"training: {shown}\n", flush=True)
         trainer = subprocess.Popen(cmd, env=env)
         first = True
         while trainer.poll() is None:

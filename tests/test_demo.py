@@ -30,11 +30,10 @@ def answers(url: str) -> bool:
         return False
 
 
-@pytest.mark.uid  # the first thing a new user runs: CI runs it as one too
-def test_the_demo_shows_live_values_and_ends_by_itself_outside_a_terminal() -> None:
-    port = free_port()
-    out = subprocess.run(
-        [*DEMO, "--port", str(port)],
+def demo(*args: str) -> subprocess.CompletedProcess[str]:
+    """The demo to its end (its output to a pipe), not checked."""
+    return subprocess.run(
+        [*DEMO, *args],
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
@@ -43,6 +42,12 @@ def test_the_demo_shows_live_values_and_ends_by_itself_outside_a_terminal() -> N
         check=False,
         cwd=ROOT,
     )
+
+
+@pytest.mark.uid  # the first thing a new user runs: CI runs it as one too
+def test_the_demo_shows_live_values_and_ends_by_itself_outside_a_terminal() -> None:
+    port = free_port()
+    out = demo("--port", str(port))
     assert out.returncode == 0, out.stdout + out.stderr
     url = f"http://127.0.0.1:{port}"
     assert f"status page: {url}/" in out.stdout and f"metrics:     {url}/metrics" in out.stdout
@@ -51,6 +56,15 @@ def test_the_demo_shows_live_values_and_ends_by_itself_outside_a_terminal() -> N
     assert re.search(r"^  trainmon_train_steps_total\{.*\} 30\.0$", out.stdout, re.M), out.stdout
     assert f"the exporter stops now, so {url}/ no longer answers" in out.stdout
     assert not answers(url)
+    assert "Traceback" not in out.stderr, out.stderr
+
+
+def test_the_demo_trains_under_trainmon_run_with_no_call_of_its_own() -> None:
+    out = demo("--port", str(free_port()), "--trainmon-run")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "training: trainmon-run -- python " in out.stdout and "--no-trainmon" in out.stdout
+    assert LIVE.search(out.stdout.split("after training:")[0]), out.stdout
+    assert re.search(r"^  trainmon_train_steps_total\{.*\} 30\.0$", out.stdout, re.M), out.stdout
     assert "Traceback" not in out.stderr, out.stderr
 
 

@@ -32,6 +32,9 @@ SKIP: dict[str, str] = {
     "make demo": "builds .venv-demo from the package index (network), then trains for minutes; "
     "tests/test_demo.py runs scripts/demo.py with a step limit",
     "make test": "the test suite itself",
+    "trainmon-run -- python examples/train_deepspeed.py": "needs DeepSpeed, from the optional "
+    "requirements-frameworks.txt; tests/frameworks/test_deepspeed.py runs the example under "
+    "trainmon-run where it is installed",
     "make bench": "every benchmark, minutes even with --smoke; tests/benchmarks runs each one "
     "in its --smoke mode",
     "make venv": "creates a virtual environment from the package index (network)",
@@ -231,8 +234,13 @@ TRAINMON = "import sys; from trainmon_exporter.views.terminal import cli; sys.ex
 
 @pytest.mark.parametrize(
     "argv",
-    [("-m", "trainmon_exporter"), ("-c", TRAINMON), ("-c", TRAINMON, "status")],
-    ids=["trainmon-exporter", "trainmon", "trainmon status"],
+    [
+        ("-m", "trainmon_exporter"),
+        ("-c", TRAINMON),
+        ("-c", TRAINMON, "status"),
+        ("-m", "trainmon_client._launch"),
+    ],
+    ids=["trainmon-exporter", "trainmon", "trainmon status", "trainmon-run"],
 )
 def test_every_cli_flag_is_documented(argv: tuple[str, ...]) -> None:
     flags = help_flags(*argv)

@@ -58,6 +58,17 @@ def test_client_installs_alone_in_a_bare_venv(tmp_path: Path) -> None:
     bare = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     out = subprocess.run([py, "-c", code], capture_output=True, text=True, check=False, env=bare)
     assert out.returncode == 0, out.stdout + out.stderr
+    # trainmon-run too: a program without torch runs under it untouched, and imports nothing
+    # heavy (the hooks wait for `import torch`).
+    probe = "import sys; print(sorted({'torch', 'numpy', 'logging.handlers'} & set(sys.modules)))"
+    launched = subprocess.run(
+        [env_dir / "bin" / "trainmon-run", "--", py, "-c", probe],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=bare,
+    )
+    assert launched.returncode == 0 and launched.stdout.strip() == "[]", launched.stderr
 
 
 def _setuptools_path() -> str:

@@ -44,6 +44,11 @@ CLIENT_VARIABLES = (
     "TRAINMON_SOCKET",
     "TRAINMON_FLUSH_INTERVAL",
     "TRAINMON_EXPORTER_UID",
+    # trainmon-run's, in the processes it starts (trainmon_client._autorun, _launch)
+    "TRAINMON_AUTORUN",
+    "TRAINMON_AUTORUN_PID",
+    "TRAINMON_HOOKS",
+    "TRAINMON_METRICS",
 )
 """The ``TRAINMON_*`` variables the client reads."""
 EXPORTER_NEAR_CLIENT = frozenset({"TRAINMON_SOCKET_GROUP", "TRAINMON_SOCKET_MODE"})

@@ -168,6 +168,7 @@ class Run:
         sanitised_env: tuple[str, ...] = (),
         namespace: str = "",
         pod: str = "",
+        started_at: float | None = None,
     ) -> None:
         self.run_id = run_id
         self.namespace = namespace
@@ -186,7 +187,7 @@ class Run:
         self.cuda_memory = cuda_memory
         self._detect_uuid = gpu_uuid is None
         self._closed = not enabled
-        self._started_at = _wall()
+        self._started_at = _wall() if started_at is None else started_at
         # Steps queued by log(), encoded by the flusher: append (log) and popleft (flusher) are
         # each atomic, so the hot path takes no lock.
         # Entries are (step, perf_counter at the call, metrics); the wall time is derived from
@@ -793,6 +794,7 @@ def init(
     cuda_memory: bool = False,
     flush_interval: float | None = None,
     enabled: bool = True,
+    started_at: float | None = None,
 ) -> Run:
     """Start reporting a training process to the node's trainmon exporter.
 
@@ -830,6 +832,7 @@ def init(
             thread sends it (0: each step as it comes).
             Default: ``TRAINMON_FLUSH_INTERVAL`` or 0.5. Non-finite values are sent at once.
         enabled: ``False`` returns a handle whose methods do nothing (e.g. on ranks you skip).
+        started_at: the process's start (Unix s; default now), where its start-up counts from.
 
     Returns:
         The :class:`Run` handle.
@@ -877,6 +880,8 @@ def init(
         raise ValueError(f"flops_per_token must be a positive number, got {flops_per_token!r}")
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if started_at is not None and not 0 < started_at <= _wall():
+        raise ValueError(f"started_at must be a Unix time no later than now, got {started_at!r}")
     if gpu_uuid is None:
         gpu_uuid = torch_gpu_uuid(local_rank)
     path = os.fspath(socket_path) if socket_path is not None else None
@@ -896,4 +901,5 @@ def init(
         sanitised_env=tuple(issues),
         namespace=namespace,
         pod=pod,
+        started_at=None if started_at is None else float(started_at),
     )

@@ -880,6 +880,10 @@ CLIENT_VARIABLES = frozenset(
         "TRAINMON_SOCKET",
         "TRAINMON_FLUSH_INTERVAL",
         "TRAINMON_EXPORTER_UID",
+        "TRAINMON_AUTORUN",
+        "TRAINMON_AUTORUN_PID",
+        "TRAINMON_HOOKS",
+        "TRAINMON_METRICS",
     }
 )
 """``TRAINMON_*`` variables the training client reads (often set in the exporter's
