@@ -10,18 +10,9 @@ drops the packet and counts it. ``finish()`` flushes in the caller's thread. Not
 ``log()`` raises.
 
 This module is the public surface: :func:`init`, :class:`Run` and :class:`Operation`. The
-run's parts each have a module:
-
-- :mod:`~trainmon_client._sender`: the flusher thread, the flush (encoder in, transport out),
-  HELLO, ``finish()``'s last flush, the fork guard;
-- :mod:`~trainmon_client._encoder`: names, plans, cumulative totals, packets (bytes out);
-- :mod:`~trainmon_client._transport`: the socket, what became of each packet, and
-  ``finish()``'s deadline;
-- :mod:`~trainmon_client._device`: values that are not plain numbers, device copies in flight,
-  torch probes;
-- :mod:`~trainmon_client._lifecycle`: ``atexit``, ``fork()`` and ``sys.excepthook``;
-- :mod:`~trainmon_client._watch`: per-layer statistics, sent through the run's ``LayerSink``
-  methods.
+run's parts each have a module (docs/architecture.md lists them): ``_sender`` (the flusher
+thread, the flush, HELLO, ``finish()``'s last flush, the fork guard), ``_encoder``,
+``_transport``, ``_device``, ``_lifecycle`` and ``_watch``.
 
 The run keeps its lock (with the guard against a signal handler re-entering it), the queue
 ``log()`` fills, and every cumulative count (refused, dropped by reason, sent, overhead,
