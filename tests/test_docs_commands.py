@@ -18,6 +18,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -155,8 +156,33 @@ TRAINS = re.compile(r"\b(?:torchrun|python)\b.*\bexamples/")
 """A command that runs an example trainer: it reports to the exporter the docs started."""
 
 
+def docs_exporter(request: pytest.FixtureRequest) -> ExporterProcess:
+    return request.getfixturevalue("docs_exporter_module")  # type: ignore[no-any-return]
+
+
+def assert_every_step_arrived(command: str, metrics: dict[Any, float]) -> None:
+    """Each of the command's ranks (``--nproc-per-node``, else 1) logged its ``--steps`` steps
+    through ``trainmon-run``'s hooks, all sent and none dropped, by the exporter's counters."""
+    nproc = re.search(r"--nproc[-_]per[-_]node[ =](\d+)", command)
+    steps = int(re.search(r"--steps (\d+)", command)[1])  # type: ignore[index]
+    ranks = {
+        dict(labels)["rank"]: value
+        for (name, labels), value in metrics.items()
+        if name == "trainmon_train_steps_total"
+    }
+    assert ranks == {str(r): steps for r in range(int(nproc[1]) if nproc else 1)}, ranks
+    sent = [v for (name, _), v in metrics.items() if name == "trainmon_client_sent_messages_total"]
+    assert sent and min(sent) >= steps, sent
+    dropped = {
+        k: v
+        for k, v in metrics.items()
+        if k[0] == "trainmon_client_dropped_messages_total" and v
+    }
+    assert dropped == {}, dropped
+
+
 @pytest.fixture(scope="module")
-def docs_exporter() -> Iterator[ExporterProcess]:
+def docs_exporter_module() -> Iterator[ExporterProcess]:
     """The exporter the docs start before their trainers (``trainmon-exporter``), on a socket
     and port of the test's own."""
     d = short_tmpdir()
@@ -177,7 +203,14 @@ def test_doc_command_runs(cmd: Command, tmp_path: Path, request: pytest.FixtureR
         for sibling in RUNNABLE:  # the files a chmod in the same doc expects are written first
             if sibling.doc == cmd.doc and sibling.line < cmd.line and "printf" in sibling.text:
                 subprocess.run(["bash", "-c", sibling.text], cwd=cwd, check=True, timeout=10)
-    ex = request.getfixturevalue("docs_exporter") if TRAINS.search(cmd.text) else None
+    wrapped = cmd.text.startswith("trainmon-run ")
+    ex = None
+    if TRAINS.search(cmd.text):  # a trainmon-run command gets an exporter of its own, to count
+        ex = (
+            request.getfixturevalue("exporter_process")().start()
+            if wrapped
+            else docs_exporter(request)
+        )
     out = subprocess.run(
         ["bash", "-c", cmd.text],
         cwd=cwd,
@@ -189,7 +222,9 @@ def test_doc_command_runs(cmd: Command, tmp_path: Path, request: pytest.FixtureR
     )
     assert out.returncode == 0, f"{cmd.doc}:{cmd.line}: {cmd.text}\n{out.stdout}\n{out.stderr}"
     assert "Traceback" not in out.stderr, out.stderr
-    if ex is not None:  # the trainer's closing line: it reported to the exporter started above
+    if ex is not None and wrapped:  # the script is unchanged: what reached the exporter
+        assert_every_step_arrived(cmd.text, ex.metrics())
+    elif ex is not None:  # the trainer's closing line: it reported to the exporter started above
         assert re.search(rf"records sent to {re.escape(ex.socket)}, 0 dropped", out.stdout), (
             out.stdout + out.stderr
         )
