@@ -48,17 +48,16 @@ TAGS = ("trainmon-exporter:repro-1", "trainmon-exporter:repro-2")
 
 CLASSIC_BUILDER_STAMPS = {
     "created",  # the wall-clock time of the last step
-    "history[].created",  # ... of each step
-    "container",  # the id of the container the last step ran in
-    "container_config.Hostname",  # ... that container's hostname (its id)
-    "container_config.Image",  # the local intermediate image that step ran on
-    "config.Hostname",  # the last step's container again
-    "config.Image",  # the local intermediate image again
+    "history[].created",  # ... of each step of this Dockerfile (the base's are its own)
+    "container",  # the id of the throwaway container the last step ran in
+    "container_config.Image",  # the id of the local intermediate image that step ran on
+    "config.Image",  # the same intermediate image
 }
 """Paths in the image configuration that the classic builder fills from each build's clock and
-its throwaway containers and intermediate images: two builds always differ there. BuildKit,
-which the release uses, writes no ``container``, ``container_config``, ``config.Image`` or
-``config.Hostname`` and sets ``created`` from ``SOURCE_DATE_EPOCH``."""
+its throwaway containers and intermediate images (whose ids hash their own ``created``): two
+builds always differ there, and nowhere else. BuildKit, which the release uses, writes no
+``container``, ``container_config`` or ``config.Image`` and sets the times from
+``SOURCE_DATE_EPOCH``."""
 
 
 @pytest.fixture(scope="module")
