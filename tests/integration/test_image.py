@@ -233,7 +233,8 @@ def test_two_builds_of_one_commit_have_the_same_layers(engine: Engine, tmp_path:
     ]
     assert not unexpected, unexpected
     print(
-        f"layers identical ({len(l1)}); image IDs {'identical' if id1 == id2 else 'differ'}: "
+        f"layers identical ({len(l1)}, the last {l1[-1]}); image IDs "
+        f"{'identical' if id1 == id2 else 'differ'}: "
         f"the configurations differ in {len(differs)} places, all classic builder stamps "
         f"({', '.join(sorted(fields)) or 'none'}); created {first['created']} vs "
         f"{second['created']}"
