@@ -38,19 +38,40 @@ def test_the_base_image_is_pinned_by_digest() -> None:
     assert froms and all(f == "${BASE}" for f in froms), froms
 
 
+def pip_commands(verb: str) -> list[str]:
+    """The arguments of every ``pip <verb>`` in the Dockerfile, continuation lines joined."""
+    return re.findall(rf"pip {verb} ([^&\n]*)", DOCKERFILE.read_text().replace("\\\n", " "))
+
+
 def test_every_pip_install_is_hashed_or_offline() -> None:
-    """Third-party packages only from the lock, with hashes and as wheels; the two packages of
-    this repository from the build context, with no index."""
-    text = DOCKERFILE.read_text().replace("\\\n", " ")
-    installs = re.findall(r"pip install ([^&\n]*)", text)
+    """Third-party packages only from the lock, with hashes and as wheels: downloaded once,
+    then installed from that directory alone, each file checked against the lock again; the
+    two packages of this repository from the build context, with no index."""
+    (download,) = pip_commands("download")
+    assert "-r requirements-image.txt" in download, download
+    for flag in ("--require-hashes", "--only-binary=:all:", "--no-deps"):
+        assert flag in download, (flag, download)
+    (wheels,) = re.findall(r"-d (\S+)", download)
+    installs = pip_commands("install")
     assert installs
     for args in installs:
+        assert "--no-index" in args and "--no-deps" in args, args
         if "-r requirements-image.txt" in args:
-            assert "--require-hashes" in args and "--only-binary=:all:" in args, args
-            assert "--no-deps" in args, args
+            assert "--require-hashes" in args and f"--find-links {wheels} " in args, args
         else:
-            assert "--no-index" in args and "--no-deps" in args, args
             assert set(re.findall(r"\./\S+", args)) == {"./client", "./exporter"}, args
+
+
+def test_the_locked_packages_reach_the_image() -> None:
+    """The build stage installs the lock for itself (its setuptools builds the two packages),
+    then into /staging, all the image copies. That second install must not count the stage's
+    copies as installed: without --ignore-installed pip finds every package "already
+    satisfied" and writes nothing under /staging (an image whose exporter cannot import
+    uvicorn)."""
+    into_staging = [a for a in pip_commands("install") if "--root /staging" in a]
+    locked_into_staging = [a for a in into_staging if "-r requirements-image.txt" in a]
+    assert len(locked_into_staging) == 1, into_staging
+    assert "--ignore-installed" in locked_into_staging[0], locked_into_staging
 
 
 def test_the_lock_pins_every_dependency_with_hashes() -> None:
