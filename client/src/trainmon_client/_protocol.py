@@ -56,6 +56,16 @@ A packet is at most :data:`MAX_PACKET_BYTES` bytes. Record types:
     a packet of its own just before it closes the connection; ``detail`` (at most
     :data:`MAX_REFUSAL_DETAIL` bytes) may be empty. The only record that travels this way. An
     exporter that predates it sends nothing; a client that predates it never reads.
+``CAPTURE_REQUEST`` (11), exporter to client
+    :data:`CAPTURE_REQUEST_BODY`: ``request_id u32 | max_bytes u32``. The exporter judged the
+    rank hung and asks for its stacks and collective state, in an answer of at most
+    ``max_bytes`` of JSON (docs/hangs.md). Sent in a packet of its own on a live connection;
+    the client reads it on its flusher thread. A client that predates it never reads while
+    connected, so it never answers: the exporter says so once its wait runs out.
+``CAPTURE`` (12)
+    ``request_id u32 | utf-8 JSON object``: the answer to a CAPTURE_REQUEST, in a packet of its
+    own (no TOTALS: it is no data record). Its keys are :data:`CAPTURE_FIELDS`. Only sent when
+    asked, so an exporter that predates it never receives one.
 
 *Data records* are STEP, EVAL, TRACK, CHECKPOINT and LAYERS: what the client's sent and
 dropped totals count.
@@ -94,6 +104,10 @@ LAYERS: Final = 8
 TOTALS: Final = 9
 REFUSED: Final = 10
 """Exporter to client only: not in :data:`RECORD_NAMES`, which are what a client sends."""
+CAPTURE_REQUEST: Final = 11
+"""Exporter to client only, as :data:`REFUSED`: the rank is hung, send its stacks."""
+CAPTURE: Final = 12
+"""The client's answer to a :data:`CAPTURE_REQUEST` (not a data record)."""
 MAX_REFUSAL_DETAIL: Final = 256
 """Most bytes of a REFUSED record's ``detail``."""
 DATA_RECORDS: Final = frozenset({STEP, EVAL, TRACK, CHECKPOINT, LAYERS})
@@ -108,6 +122,7 @@ RECORD_NAMES: Final[dict[int, str]] = {
     CHECKPOINT: "checkpoint",
     LAYERS: "layers",
     TOTALS: "totals",
+    CAPTURE: "capture",
 }
 """Lower-case name of every record type (the exporter's ``type`` label values)."""
 
@@ -201,6 +216,50 @@ TOTALS_BODY: Final = struct.Struct("<7Q")
   of what an exporter that was frozen, killed or restarted never read.
 - ``refused_values``: as ``refused_values_total`` in STEP.
 """
+
+
+CAPTURE_REQUEST_BODY: Final = struct.Struct("<II")
+"""CAPTURE_REQUEST payload: ``request_id`` (u32, the exporter's, echoed in the answer) and
+``max_bytes`` (u32, the most bytes of JSON the answer may carry)."""
+CAPTURE_ID: Final = struct.Struct("<I")
+"""The ``request_id`` that starts a CAPTURE payload."""
+MAX_CAPTURE_BYTES: Final = (
+    MAX_PACKET_BYTES - PACKET_HEADER.size - RECORD_HEADER.size - CAPTURE_ID.size
+)
+"""Most bytes of JSON one CAPTURE can carry: a whole packet less its header, the record
+header and the request id."""
+CAPTURE_FIELDS: Final = ("time", "seconds", "threads", "threads_omitted", "collectives", "notes")
+"""Keys of a CAPTURE's JSON object, each optional:
+
+- ``time`` (Unix s): when the capture was taken; ``seconds``: what it cost (the thread CPU
+  sample included).
+- ``threads``: list of objects, the training thread first: ``name`` (str), ``id`` (int,
+  ``threading.get_ident()``), ``training`` (bool: the thread that calls ``Run.log()``),
+  ``state`` (str or null: the kernel's scheduler state letter, ``R`` running, ``S`` sleeping,
+  ``D`` uninterruptible), ``cpu`` (float or null: share of one core the thread used over the
+  sample before the capture, from ``/proc/self/task/*/stat``), ``frames`` (list of
+  ``[file, line, function, user]``, outermost first: ``user`` is true for code outside the
+  standard library, site-packages and trainmon itself), ``omitted`` (int: frames left out,
+  the outermost ones).
+- ``threads_omitted`` (int): threads left out to keep the answer within ``max_bytes``.
+- ``collectives``: null when ``torch.distributed`` is not in use, else an object: ``state``
+  (``ok``, ``recorder_off`` or ``error``), ``detail`` (str), ``groups``: list of objects, one per
+  process group in PyTorch's Flight Recorder: ``id`` (str, the group's id), ``name`` (str, its
+  description, ``default_pg``...), ``enqueued``, ``started``, ``completed`` (int: the last
+  collective sequence id the recorder saw enqueued, started or completed; -1 when it does not
+  track that state), ``pending`` (null, or the oldest collective not completed: ``seq`` (int),
+  ``op`` (str, e.g. ``gloo:all_reduce``), ``p2p`` (bool), ``sizes`` and ``out_sizes`` (lists
+  of tensor shapes), ``dtypes`` (list of str), ``state`` (str) and ``seconds`` (float or
+  null, since it was enqueued)); ``groups_omitted`` (int).
+- ``notes``: list of str: what could not be captured, and why.
+"""
+
+
+class CaptureRequest(NamedTuple):
+    """A decoded CAPTURE_REQUEST (see :data:`CAPTURE_REQUEST_BODY`)."""
+
+    request_id: int
+    max_bytes: int
 
 
 class Totals(NamedTuple):
@@ -436,6 +495,44 @@ def decode_refused(packet: bytes) -> Refusal | None:
     return None
 
 
+def encode_capture_request(request_id: int, max_bytes: int) -> bytes:
+    """A whole packet (header included) holding one CAPTURE_REQUEST record.
+
+    Raises:
+        struct.error: ``request_id`` or ``max_bytes`` outside a u32.
+    """
+    body = CAPTURE_REQUEST_BODY.pack(request_id, max_bytes)
+    return packet_header() + RECORD_HEADER.pack(CAPTURE_REQUEST, len(body)) + body
+
+
+def decode_capture_requests(packet: bytes) -> list[CaptureRequest]:
+    """The CAPTURE_REQUEST records in a packet the exporter sent ([] for anything else).
+
+    Never raises: a packet of another version, or a record that breaks its layout, yields
+    nothing of it.
+    """
+    out: list[CaptureRequest] = []
+    try:
+        for rtype, payload in iter_records(packet):
+            if rtype == CAPTURE_REQUEST and len(payload) == CAPTURE_REQUEST_BODY.size:
+                out.append(CaptureRequest._make(CAPTURE_REQUEST_BODY.unpack_from(payload, 0)))
+    except ProtocolError:
+        pass
+    return out
+
+
+def encode_capture(request_id: int, body: bytes) -> bytes:
+    """A CAPTURE record (record header included) answering ``request_id`` with JSON ``body``.
+
+    Raises:
+        ValueError: ``body`` is over :data:`MAX_CAPTURE_BYTES`.
+    """
+    if len(body) > MAX_CAPTURE_BYTES:
+        raise ValueError("CAPTURE too large")
+    payload = CAPTURE_ID.pack(request_id) + body
+    return RECORD_HEADER.pack(CAPTURE, len(payload)) + payload
+
+
 _step_structs: dict[int, struct.Struct] = {}
 
 
@@ -596,7 +693,19 @@ class Layers(NamedTuple):
     values: tuple[float, ...]
 
 
-Record = Union[Hello, Name, Step, Finish, Eval, Track, Checkpoint, Layers, Totals]  # noqa: UP007 (3.9)
+class Capture(NamedTuple):
+    """A decoded CAPTURE: the request it answers, its JSON object and its size in bytes.
+
+    The object's keys are :data:`CAPTURE_FIELDS`; their types are unchecked, as in
+    :class:`Hello` (the exporter checks them).
+    """
+
+    request_id: int
+    fields: dict[str, Any]
+    size: int
+
+
+Record = Union[Hello, Name, Step, Finish, Eval, Track, Checkpoint, Layers, Totals, Capture]  # noqa: UP007 (3.9)
 """Any decoded record (:func:`decode_record`)."""
 
 
@@ -773,6 +882,25 @@ def decode_finish(payload: memoryview) -> Finish:
     return Finish(int(status), float(when))
 
 
+def decode_capture(payload: memoryview) -> Capture:
+    """Decode a CAPTURE payload to ``(request_id, JSON object, size)``.
+
+    Raises:
+        ProtocolError: ``truncated`` (shorter than its request id) or ``malformed`` (not a
+            UTF-8 JSON object).
+    """
+    if len(payload) < CAPTURE_ID.size:
+        raise ProtocolError("truncated", "CAPTURE")
+    (request_id,) = CAPTURE_ID.unpack_from(payload, 0)
+    try:
+        obj = json.loads(bytes(payload[CAPTURE_ID.size :]).decode())
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ProtocolError("malformed", f"CAPTURE is not JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError("malformed", "CAPTURE is not a JSON object")
+    return Capture(int(request_id), obj, len(payload) - CAPTURE_ID.size)
+
+
 def _decode_hello_record(payload: memoryview) -> Hello:
     return Hello(decode_hello(payload))
 
@@ -787,6 +915,7 @@ _DECODERS: Final[dict[int, Any]] = {
     CHECKPOINT: decode_checkpoint,
     LAYERS: decode_layers,
     TOTALS: decode_totals,
+    CAPTURE: decode_capture,
 }
 
 

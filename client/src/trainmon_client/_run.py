@@ -211,6 +211,11 @@ class Run:
         self._refused = len(issues)
         self._internal_errors = 0
         self._dropped_reentrant = 0
+        # The thread that calls log(), for a capture the exporter asks for (docs/hangs.md):
+        # the one that built the run until log() wakes the flusher, noted there (not per call).
+        self._train_ident: int | None = threading.get_ident()
+        self._captures_sent = 0
+        self._captures_dropped = 0
         # Guards everything but the hot path's queue: the encoder, the transport and the
         # device copies, between log()'s rare slow paths, the flusher and finish(). Taken only
         # through _enter(), never by a thread already inside it (a signal handler that
@@ -758,8 +763,13 @@ class Run:
             self.finish(failed=failed)
 
     def _wake_flusher(self) -> None:
-        """Wake the flusher thread now: one C call, safe in a signal handler."""
+        """Wake the flusher thread now: one C call, safe in a signal handler.
+
+        Also notes the calling thread as the training thread (``log()`` wakes it on a run's
+        first step, every ``MAX_PENDING`` steps and on a NaN): what a capture names as such.
+        """
         self._wake_at = 0 if self.flush_interval <= 0.0 else MAX_PENDING
+        self._train_ident = threading.get_ident()
         try:
             self._wake.release()
         except RuntimeError:  # not held: a wake-up is already pending
