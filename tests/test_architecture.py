@@ -95,7 +95,7 @@ def test_no_import_cycles() -> None:
     assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
 
 
-STATE_ROOMS = ("rank", "admission", "store")
+STATE_ROOMS = ("evidence", "rank", "admission", "store")
 """The push-side state's rooms, lowest first (docs/architecture.md: a rank knows no store)."""
 
 

@@ -57,15 +57,12 @@ A packet is at most :data:`MAX_PACKET_BYTES` bytes. Record types:
     :data:`MAX_REFUSAL_DETAIL` bytes) may be empty. The only record that travels this way. An
     exporter that predates it sends nothing; a client that predates it never reads.
 ``CAPTURE_REQUEST`` (11), exporter to client
-    :data:`CAPTURE_REQUEST_BODY`: ``request_id u32 | max_bytes u32``. The exporter judged the
-    rank hung and asks for its stacks and collective state, in an answer of at most
-    ``max_bytes`` of JSON (docs/hangs.md). Sent in a packet of its own on a live connection;
-    the client reads it on its flusher thread. A client that predates it never reads while
-    connected, so it never answers: the exporter says so once its wait runs out.
+    :data:`CAPTURE_REQUEST_BODY`, in a packet of its own on a live connection: the rank was
+    judged hung; send its stacks and collective state (docs/hangs.md). A client that predates
+    it never reads while connected, so never answers: the exporter says so after its wait.
 ``CAPTURE`` (12)
-    ``request_id u32 | utf-8 JSON object``: the answer to a CAPTURE_REQUEST, in a packet of its
-    own (no TOTALS: it is no data record). Its keys are :data:`CAPTURE_FIELDS`. Only sent when
-    asked, so an exporter that predates it never receives one.
+    ``request_id u32 | utf-8 JSON object`` (:data:`CAPTURE_FIELDS`): the answer, in a packet
+    of its own (no TOTALS: not a data record). Only sent when asked.
 
 *Data records* are STEP, EVAL, TRACK, CHECKPOINT and LAYERS: what the client's sent and
 dropped totals count.
@@ -226,33 +223,11 @@ CAPTURE_ID: Final = struct.Struct("<I")
 MAX_CAPTURE_BYTES: Final = (
     MAX_PACKET_BYTES - PACKET_HEADER.size - RECORD_HEADER.size - CAPTURE_ID.size
 )
-"""Most bytes of JSON one CAPTURE can carry: a whole packet less its header, the record
-header and the request id."""
+"""Most bytes of JSON one CAPTURE carries: a packet less its and the record's headers and id."""
 CAPTURE_FIELDS: Final = ("time", "seconds", "threads", "threads_omitted", "collectives", "notes")
-"""Keys of a CAPTURE's JSON object, each optional:
-
-- ``time`` (Unix s): when the capture was taken; ``seconds``: what it cost (the thread CPU
-  sample included).
-- ``threads``: list of objects, the training thread first: ``name`` (str), ``id`` (int,
-  ``threading.get_ident()``), ``training`` (bool: the thread that calls ``Run.log()``),
-  ``state`` (str or null: the kernel's scheduler state letter, ``R`` running, ``S`` sleeping,
-  ``D`` uninterruptible), ``cpu`` (float or null: share of one core the thread used over the
-  sample before the capture, from ``/proc/self/task/*/stat``), ``frames`` (list of
-  ``[file, line, function, user]``, outermost first: ``user`` is true for code outside the
-  standard library, site-packages and trainmon itself), ``omitted`` (int: frames left out,
-  the outermost ones).
-- ``threads_omitted`` (int): threads left out to keep the answer within ``max_bytes``.
-- ``collectives``: null when ``torch.distributed`` is not in use, else an object: ``state``
-  (``ok``, ``recorder_off`` or ``error``), ``detail`` (str), ``groups``: list of objects, one per
-  process group in PyTorch's Flight Recorder: ``id`` (str, the group's id), ``name`` (str, its
-  description, ``default_pg``...), ``enqueued``, ``started``, ``completed`` (int: the last
-  collective sequence id the recorder saw enqueued, started or completed; -1 when it does not
-  track that state), ``pending`` (null, or the oldest collective not completed: ``seq`` (int),
-  ``op`` (str, e.g. ``gloo:all_reduce``), ``p2p`` (bool), ``sizes`` and ``out_sizes`` (lists
-  of tensor shapes), ``dtypes`` (list of str), ``state`` (str) and ``seconds`` (float or
-  null, since it was enqueued)); ``groups_omitted`` (int).
-- ``notes``: list of str: what could not be captured, and why.
-"""
+"""Keys of a CAPTURE's JSON object, each optional: every thread's stack, the Flight Recorder's
+state per process group, what could not be captured (specified in docs/hangs.md and
+:mod:`trainmon_client._capture`, which writes them)."""
 
 
 class CaptureRequest(NamedTuple):
@@ -496,21 +471,13 @@ def decode_refused(packet: bytes) -> Refusal | None:
 
 
 def encode_capture_request(request_id: int, max_bytes: int) -> bytes:
-    """A whole packet (header included) holding one CAPTURE_REQUEST record.
-
-    Raises:
-        struct.error: ``request_id`` or ``max_bytes`` outside a u32.
-    """
+    """A whole packet holding one CAPTURE_REQUEST (``struct.error`` outside a u32)."""
     body = CAPTURE_REQUEST_BODY.pack(request_id, max_bytes)
     return packet_header() + RECORD_HEADER.pack(CAPTURE_REQUEST, len(body)) + body
 
 
 def decode_capture_requests(packet: bytes) -> list[CaptureRequest]:
-    """The CAPTURE_REQUEST records in a packet the exporter sent ([] for anything else).
-
-    Never raises: a packet of another version, or a record that breaks its layout, yields
-    nothing of it.
-    """
+    """The CAPTURE_REQUEST records in a packet the exporter sent; never raises ([] if none)."""
     out: list[CaptureRequest] = []
     try:
         for rtype, payload in iter_records(packet):
@@ -522,10 +489,9 @@ def decode_capture_requests(packet: bytes) -> list[CaptureRequest]:
 
 
 def encode_capture(request_id: int, body: bytes) -> bytes:
-    """A CAPTURE record (record header included) answering ``request_id`` with JSON ``body``.
+    """A CAPTURE record answering ``request_id`` with JSON ``body`` (record header included).
 
-    Raises:
-        ValueError: ``body`` is over :data:`MAX_CAPTURE_BYTES`.
+    Raises ``ValueError`` when ``body`` is over :data:`MAX_CAPTURE_BYTES`.
     """
     if len(body) > MAX_CAPTURE_BYTES:
         raise ValueError("CAPTURE too large")
@@ -694,11 +660,7 @@ class Layers(NamedTuple):
 
 
 class Capture(NamedTuple):
-    """A decoded CAPTURE: the request it answers, its JSON object and its size in bytes.
-
-    The object's keys are :data:`CAPTURE_FIELDS`; their types are unchecked, as in
-    :class:`Hello` (the exporter checks them).
-    """
+    """A decoded CAPTURE: request id, JSON object (types unchecked, as Hello's), its bytes."""
 
     request_id: int
     fields: dict[str, Any]

@@ -211,8 +211,7 @@ class Run:
         self._refused = len(issues)
         self._internal_errors = 0
         self._dropped_reentrant = 0
-        # The thread that calls log(), for a capture the exporter asks for (docs/hangs.md):
-        # the one that built the run until log() wakes the flusher, noted there (not per call).
+        # The thread that calls log() (noted as it wakes the flusher), for a capture.
         self._train_ident: int | None = threading.get_ident()
         self._captures_sent = 0
         self._captures_dropped = 0
@@ -763,11 +762,7 @@ class Run:
             self.finish(failed=failed)
 
     def _wake_flusher(self) -> None:
-        """Wake the flusher thread now: one C call, safe in a signal handler.
-
-        Also notes the calling thread as the training thread (``log()`` wakes it on a run's
-        first step, every ``MAX_PENDING`` steps and on a NaN): what a capture names as such.
-        """
+        """Wake the flusher thread now: one C call, safe in a signal handler; note the thread."""
         self._wake_at = 0 if self.flush_interval <= 0.0 else MAX_PENDING
         self._train_ident = threading.get_ident()
         try:

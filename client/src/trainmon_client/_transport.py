@@ -29,11 +29,9 @@ connection ends (a hang-up :meth:`check` sees, or a failed send), the transport 
 is left to read: a refusal is kept (:attr:`Transport.refusal`) and logged once, with the
 reason and what to do (:data:`REFUSAL_FIXES`).
 
-*Requests*: while the connection lives, the exporter may send a CAPTURE_REQUEST (the rank was
-judged hung). :meth:`check`, before each flush or poll of the flusher thread, asks ``poll()``
-for readable data in the call it already makes for the hang-up: only when there is some does it
-read, and keeps the requests (:attr:`Transport.requests`, at most :data:`MAX_REQUESTS`) for the
-sender to answer. ``log()`` never reads: the hot path gains no system call.
+*Requests*: a CAPTURE_REQUEST (the rank was judged hung) comes on a live connection. The
+``poll()`` :meth:`check` makes for the hang-up also asks for readable data, and only then is
+it read: requests are kept (:attr:`Transport.requests`) for the sender. ``log()`` never reads.
 
 Only ``finish()`` waits: :meth:`start_deadline` sets the one deadline
 (:data:`FINISH_TIMEOUT_S`) that its sends (``wait=``) and :meth:`await_read` share.

@@ -16,7 +16,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,19 +25,23 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from prometheus_client import CollectorRegistry, disable_created_metrics
 
-from trainmon_exporter import __version__
+from trainmon_client._protocol import encode_capture_request
+from trainmon_exporter import __version__, derive
 from trainmon_exporter.claims import OwnerClaims
 from trainmon_exporter.collectors import CollectorContext, ScrapeCollector, build_collectors
 from trainmon_exporter.exposition import TextExposition
 from trainmon_exporter.httplimits import GatedResponse, HttpStats, RequestGate
 from trainmon_exporter.ingest import IngestMetrics, IngestServer, connection_cap
 from trainmon_exporter.logsetup import LogMetrics, report_pending
+from trainmon_exporter.native import py_spy_dump
 from trainmon_exporter.nvml import NvmlBackend, PynvmlBackend
 from trainmon_exporter.sampler import FAILED, NOT_STARTED, GpuSampler, GpuSnapshot
 from trainmon_exporter.scrapes import SharedScrapes, scrape_format
 from trainmon_exporter.settings import Settings
 from trainmon_exporter.shed import SampleBudget
 from trainmon_exporter.sockfile import IngestSocket
+from trainmon_exporter.state.evidence import GpuEvidence
+from trainmon_exporter.state.rank import RankState
 from trainmon_exporter.state.store import Store
 from trainmon_exporter.views.api import GpusResponse, RunsResponse, gpu_snapshot, snapshot
 from trainmon_exporter.views.html import StatusPage, render_status
@@ -99,6 +103,8 @@ def build_exporter(
         max_series_per_uid=settings.max_series_per_uid,
         retention_s=settings.rank_retention_seconds,
         default_namespace=settings.default_namespace or "",
+        capture_max_bytes=settings.hang_capture_max_bytes,
+        evidence_max_bytes=settings.hang_evidence_max_bytes,
     )
     if settings.owner_claims_dir is not None:
         store.claims = OwnerClaims(settings.owner_claims_dir)
@@ -119,6 +125,14 @@ def build_exporter(
             processes=settings.nvml_processes,
             require=settings.require_gpus,
         )
+    if gpus is not None:
+        sampler = gpus
+
+        def probe(uuid: str) -> GpuEvidence | None:
+            g = sampler.snapshot.by_uuid().get(uuid)
+            return derive.gpu_evidence(None if g is None else g.readings)
+
+        store.hangs.gpu_probe = probe
     scrape = ScrapeCollector(build_collectors(CollectorContext(settings, store, gpus)))
     registry.register(scrape)  # type: ignore[arg-type]
     cap = connection_cap(settings.ingest_max_connections, settings.http_limit_concurrency)
@@ -165,14 +179,61 @@ async def _sweep(store: Store) -> None:
             log.info("expired %d disconnected rank(s)", n)
 
 
-async def _watch_conditions(store: Store, period: float = 0.1, rates_every: int = 10) -> None:
-    """Judge hangs every ``period`` s, throughput drops and stragglers every ``rates_every``."""
+def ask_hung(ex: Exporter, started: Iterable[tuple[RankState, str]]) -> list[tuple[RankState, int]]:
+    """Ask each rank whose hang episode just started for its evidence (``hang_capture``).
+
+    ``started``: the episodes :meth:`Store.check_conditions` returned. A CAPTURE_REQUEST goes
+    out on the rank's own connection (docs/hangs.md); one that cannot be sent is ``no_answer``
+    at once. Returns the ranks asked, with their request ids.
+    """
+    asked: list[tuple[RankState, int]] = []
+    if not ex.settings.hang_capture:
+        return asked
+    for s, kind in started:
+        if kind != "hang":
+            continue
+        request_id = ex.store.begin_capture(s)
+        packet = encode_capture_request(request_id, ex.settings.hang_capture_max_bytes)
+        why = ex.ingest.send_to(s, packet)
+        if why is not None:
+            ex.store.capture_not_sent(s, f"the request for a capture was not sent: {why}")
+        asked.append((s, request_id))
+    return asked
+
+
+async def _watch_conditions(
+    ex: Exporter, period: float = 0.1, rates_every: int = 10, *, native: bool = False
+) -> None:
+    """Judge hangs every ``period`` s, throughput drops and stragglers every ``rates_every``.
+
+    A rank judged hung is asked for its evidence at once (:func:`ask_hung`); requests
+    unanswered after ``hang_capture_timeout_seconds`` become ``no_answer``. With ``native``,
+    py-spy reads the rank's native stacks in a worker thread beside it.
+    """
+    store, settings = ex.store, ex.settings
     tick = 0
+    tasks: set[asyncio.Task[None]] = set()
     while True:
         await asyncio.sleep(period)
         tick += 1
-        for s, kind in store.check_conditions(rates=tick % rates_every == 0):  # monotonic
+        started = store.check_conditions(rates=tick % rates_every == 0)  # monotonic
+        for s, kind in started:
             log.warning("run %s rank %d: %s detected at step %s", s.run, s.rank, kind, s.step)
+        for s, request_id in ask_hung(ex, started):
+            if native:
+                task = asyncio.create_task(_native_stacks(store, s, request_id, settings))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+        for s in store.expire_captures(settings.hang_capture_timeout_seconds):
+            log.warning("run %s rank %d: hung, and its stacks never came", s.run, s.rank)
+
+
+async def _native_stacks(store: Store, s: RankState, request_id: int, settings: Settings) -> None:
+    """py-spy's native stacks of a hung rank, read in a worker thread (``hang_native_stacks``)."""
+    text, note = await asyncio.to_thread(
+        py_spy_dump, s.peer_pid, s.owner_uid, settings.hang_capture_max_bytes
+    )
+    store.set_native(s, request_id, text, note)
 
 
 def create_app(
@@ -212,7 +273,7 @@ def create_app(
         ex.ingest.start()
         tasks = [
             asyncio.create_task(_sweep(ex.store)),
-            asyncio.create_task(_watch_conditions(ex.store)),
+            asyncio.create_task(_watch_conditions(ex, native=settings.hang_native_stacks)),
         ]
         try:
             yield

@@ -420,6 +420,9 @@ class Applier:
             case P.Finish():
                 state.finish(record.status)
                 link.finished = True
+            case P.Capture():  # the answer to a request for a hung rank's stacks
+                if not self.store.observe_capture(state, record):
+                    return Outcome.SKIPPED
             case P.Hello():  # not reached: refused above, before decoding
                 raise Refused("duplicate_hello")
         return Outcome.APPLIED

@@ -30,10 +30,16 @@ class RankClock(Protocol):
         """Whether its trainer is connected now."""
 
     @property
-    def last_step_mono(self) -> float | None:
-        """When its last step arrived, on the exporter's monotonic clock (s); None before one.
+    def status(self) -> str:
+        """``running`` until its client sent FINISH (``finished``, ``failed``) or it crashed."""
 
-        Never the client's wall time, which NTP or an operator can step.
+    @property
+    def quiet_since_mono(self) -> float | None:
+        """Its last sign of progress (s); None before its first step.
+
+        When its last step arrived, or its last tracked operation ended, or its last
+        evaluation or checkpoint arrived, whichever is latest. On the exporter's monotonic
+        clock, never the client's wall time, which NTP or an operator can step.
         """
 
     @property
@@ -52,7 +58,7 @@ class RunAnalytics:
 
     Hangs on every tick; throughput drops, memory leaks and stragglers on ``rates`` ticks
     (medians over hundreds of steps, so judged less often: every 1 s). A rank that is not
-    running (disconnected, or no step yet) is neither hung nor compared
+    running (disconnected, finished, or no step yet) is neither hung nor compared
     (:meth:`RankAnalytics.stopped`).
     """
 
@@ -76,8 +82,10 @@ class RunAnalytics:
     ) -> list[tuple[R, str]]:
         """Judge ``ranks`` at ``now_mono`` (the exporter's ``time.monotonic()``, s).
 
-        A hang is ``now_mono - last_step_mono`` over the limit: both on one monotonic clock,
-        so a wall clock stepped forward (NTP, a VM resumed) is no hang.
+        A hang is ``now_mono - quiet_since_mono`` over the limit: both on one monotonic clock,
+        so a wall clock stepped forward (NTP, a VM resumed) is no hang; and counted from the
+        end of a tracked operation (a checkpoint save, an evaluation) when that came after the
+        last step, so the rank has its usual step time to step again after one.
 
         Returns the ``(rank, kind)`` episodes that just started (``hang``,
         ``throughput_drop``, ``memory_leak``, ``straggler``), each also counted and kept as an
@@ -87,10 +95,11 @@ class RunAnalytics:
         runs: dict[str, list[tuple[R, float]]] = {}
         for s in ranks:
             a = s.analytics
-            if not s.connected or s.last_step_mono is None:
+            quiet = s.quiet_since_mono
+            if not s.connected or quiet is None or s.status != "running":  # ended: no hang
                 a.stopped()
                 continue
-            if a.check_hang(now_mono - s.last_step_mono, s.busy()):
+            if a.check_hang(now_mono - quiet, s.busy()):
                 started.append((s, "hang"))
             if not rates:
                 continue

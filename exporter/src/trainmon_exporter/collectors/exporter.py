@@ -14,7 +14,10 @@ from trainmon_exporter.collectors import CollectorContext, register
 
 @register("exporter")
 class ExporterCollector:
-    """``trainmon_build_info``, ranks, series, refused HELLOs, ignored owner claims."""
+    """The exporter's own series: build info, ranks, series, refused HELLOs, owner claims.
+
+    And its hang evidence: requests, what became of them, drops, bytes held.
+    """
 
     name = "exporter"
 
@@ -33,6 +36,9 @@ class ExporterCollector:
             refused = dict(self.store.admission.hellos_refused)
             claims = self.store.claims
             bad_claims = dict(claims.invalid) if claims is not None else {}
+            hangs = self.store.hangs
+            requests, held = hangs.requests, hangs.bytes
+            captures, dropped = dict(hangs.results), dict(hangs.dropped)
         ranks = catalog.EXPORTER_RANKS.gauge()
         ranks.add_metric([], float(n))
         exp = catalog.EXPORTER_RANKS_EXPIRED.counter()
@@ -48,4 +54,14 @@ class ExporterCollector:
         invalid = catalog.OWNER_CLAIMS_INVALID.counter()
         for problem, count in bad_claims.items():
             invalid.add_metric([problem], float(count))
-        return [info, ranks, exp, ev, used, hellos, invalid]
+        asked = catalog.HANG_CAPTURE_REQUESTS.counter()
+        asked.add_metric([], float(requests))
+        answered = catalog.HANG_CAPTURES.counter()
+        for result, count in captures.items():
+            answered.add_metric([result], float(count))
+        drops = catalog.HANG_EVIDENCE_DROPPED.counter()
+        for reason, count in dropped.items():
+            drops.add_metric([reason], float(count))
+        evidence = catalog.HANG_EVIDENCE_BYTES.gauge()
+        evidence.add_metric([], float(held))
+        return [info, ranks, exp, ev, used, hellos, invalid, asked, answered, drops, evidence]

@@ -116,6 +116,8 @@ class HealthCollector:
         eval_value = catalog.EVAL_VALUE.gauge()
         badput = catalog.TRAIN_BADPUT_SECONDS.counter()
         input_bound = catalog.TRAIN_INPUT_BOUND.gauge()
+        frame = catalog.HANG_FRAME_INFO.gauge()
+        sequence = catalog.HANG_COLLECTIVE_SEQUENCE.gauge()
         for s in self.store.iter_ranks():
             a = s.analytics
             labels = [s.namespace, s.run, str(s.rank)]
@@ -144,8 +146,16 @@ class HealthCollector:
                 badput.add_metric([*labels, kind], seconds)
             bound = derive.input_bound(s, self.window_s, self.cfg)
             input_bound.add_metric(labels, 1.0 if bound else 0.0)
+            ev = s.hang
+            if a.hung and s.connected and ev is not None:  # while hung, and only then
+                where = ev.label()
+                if where is not None:
+                    frame.add_metric([*labels, where, ev.collective()], 1.0)
+                for group, state, value in ev.sequences():
+                    sequence.add_metric([*labels, group, state], float(value))
         out: list[Metric] = [fam for fam, _ in gauges]
         out += [fam for fam, _ in counters]
         out += [loss_spikes, grad_spikes, mon_ratio, over_budget]
         out += [op_seconds, op_count, op_active, eval_value, badput, input_bound]
+        out += [frame, sequence]
         return out

@@ -25,6 +25,7 @@ from trainmon_exporter.analytics.goodput import Goodput
 from trainmon_exporter.claims import OwnerClaims
 from trainmon_exporter.settings import AnalyticsSettings
 from trainmon_exporter.state.admission import SERIES_PER_LAYER, SERIES_PER_OPERATION, Admission
+from trainmon_exporter.state.evidence import HangEvidence
 from trainmon_exporter.state.rank import (
     WATCH_OPERATION,
     Drop,
@@ -74,6 +75,8 @@ class Store:
         max_series_per_uid: int | None = None,
         retention_s: float = 0.0,
         default_namespace: str = "",
+        capture_max_bytes: int = 32768,
+        evidence_max_bytes: int = 4 * 2**20,
     ) -> None:
         self.lock = threading.Lock()
         self.default_namespace = default_namespace
@@ -108,6 +111,8 @@ class Store:
         self.expired_total = 0
         self.analytics = analytics or AnalyticsSettings()
         self.judge = RunAnalytics()  # the periodic judgement (check_conditions)
+        self.hangs = HangEvidence(capture_max_bytes, evidence_max_bytes)
+        """The hung ranks' evidence: requests, answers, the byte bound (state/evidence.py)."""
 
     def iter_ranks(self, chunk: int = RANK_CHUNK) -> Iterator[RankState]:
         """Every rank state, holding :attr:`lock` for at most ``chunk`` ranks at a time.
@@ -139,6 +144,7 @@ class Store:
         key = state.key
         del self.ranks[key]
         self.admission.release(state)
+        self.hangs.forget(state)
         state.on_gone = None
         run_ranks = self._runs[state.run_key]
         del run_ranks[state.rank]
@@ -351,6 +357,7 @@ class Store:
                 drop("series_budget", 1)
         state.eval_step = record.step
         mono, offset = clock()
+        state.phase_end_mono = mono
         state.goodput.evaluation(record.time - offset, mono)
         if val_loss is not None:
             values["val_loss"] = val_loss
@@ -381,7 +388,10 @@ class Store:
         A new name needs room under ``max_operations`` (``operation_cap``) and in the series
         budget (``series_budget``).
         """
-        state.goodput.operation(name, seconds_total, time.monotonic())
+        now = time.monotonic()
+        state.goodput.operation(name, seconds_total, now)
+        if not active:
+            state.phase_end_mono = now  # the hang clock starts again after an operation
         op = state.ops.get(name)
         if op is not None:
             op.seconds_total, op.runs_total, op.active = seconds_total, runs_total, active
@@ -408,6 +418,34 @@ class Store:
             refused += 1
         if refused:
             drop("series_budget", refused)
+
+    # ------------------------------------------------------------------ hang evidence
+
+    def begin_capture(self, state: RankState, now_mono: float | None = None) -> int:
+        """A hang episode of ``state`` starts: its request id (:meth:`HangEvidence.begin`)."""
+        with self.lock:
+            return self.hangs.begin(state, time.monotonic() if now_mono is None else now_mono)
+
+    def capture_not_sent(self, state: RankState, why: str) -> None:
+        """The request could not be sent (``why``): no answer (:meth:`HangEvidence.not_sent`)."""
+        with self.lock:
+            self.hangs.not_sent(state, why)
+
+    def expire_captures(self, timeout_s: float, now_mono: float | None = None) -> list[RankState]:
+        """Requests unanswered after ``timeout_s`` become ``no_answer``; those ranks."""
+        with self.lock:
+            now = time.monotonic() if now_mono is None else now_mono
+            return self.hangs.expire(timeout_s, now)
+
+    def observe_capture(self, state: RankState, record: P.Capture) -> bool:
+        """Apply a CAPTURE of ``state``'s connection (:meth:`HangEvidence.observe`)."""
+        return self.hangs.observe(state, record)
+
+    def set_native(self, state: RankState, request_id: int, text: str | None, note: str) -> None:
+        """py-spy's native stacks of the episode, or why none (:meth:`HangEvidence.native`)."""
+        with self.lock:
+            if state.key in self.ranks:
+                self.hangs.native(state, request_id, text, note)
 
     def expire(self, now_mono: float | None = None) -> int:
         """Drop ranks disconnected for longer than the TTL. Returns how many were dropped.
