@@ -45,6 +45,7 @@ from trainmon_exporter.state.rank import RankState
 from trainmon_exporter.state.store import Store
 from trainmon_exporter.views.api import GpusResponse, RunsResponse, gpu_snapshot, snapshot
 from trainmon_exporter.views.html import StatusPage, render_status
+from trainmon_exporter.views.remote import PLAIN, StatusError, access, with_peers
 from trainmon_exporter.webconfig import (
     AuthStats,
     TlsStats,
@@ -396,13 +397,28 @@ def create_app(
 
     def status_body() -> bytes:
         gpus = _gpus(ex)
+        runs = snapshot(ex.store, gpus, settings.peak_flops)
+        problems: list[str] = []
+        try:
+            how = access(
+                settings.status_peer_ca_file,
+                settings.status_peer_user,
+                settings.status_peer_password_file,
+                {},
+            )
+        except StatusError as exc:
+            how, problems = PLAIN, [f"status peers: {exc}"]
+        peers = settings.status_peers if not problems else ()
+        hangs, unread = with_peers(runs, peers, how)
         page = StatusPage(
-            runs=snapshot(ex.store, gpus, settings.peak_flops),
+            runs=runs,
             gpus=gpu_snapshot(gpus),
             socket=str(settings.socket),
             socket_problem=ex.ingest.socket_problem(),
             collectors=dict(ex.scrape.last_success),
             gpu_state=None if ex.gpus is None else gpus.state,
+            hangs=hangs,
+            peer_problems=problems + unread,
         )
         return render_status(page).encode()
 

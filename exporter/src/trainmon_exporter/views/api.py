@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from trainmon_exporter import derive
     from trainmon_exporter.sampler import GpuSample, GpuSnapshot
     from trainmon_exporter.settings import AnalyticsSettings
+    from trainmon_exporter.state.evidence import Evidence
     from trainmon_exporter.state.rank import RankState
     from trainmon_exporter.state.store import Store
 
@@ -84,6 +85,117 @@ class GoodputView(BaseModel):
     input_bound: bool | None = Field(description="data_loading_share above input_bound_ratio")
 
 
+class FrameView(BaseModel):
+    """One frame of a Python stack, as the trainer's interpreter names it."""
+
+    file: str
+    line: int
+    function: str = Field(description="its qualified name (Python 3.11+), e.g. Trainer.fit")
+    user: bool = Field(
+        description="the user's code: not the standard library, site-packages or trainmon"
+    )
+
+
+class ThreadView(BaseModel):
+    """One thread of a hung rank's process when its capture was taken."""
+
+    name: str
+    id: int = Field(description="threading.get_ident()")
+    training: bool = Field(description="the thread that calls Run.log()")
+    state: str | None = Field(description="scheduler state: R running, S sleeping, D disk")
+    cpu: float | None = Field(description="share of a core it used over 0.1 s before the capture")
+    frames: list[FrameView] = Field(description="outermost first")
+    omitted: int = Field(description="outermost frames left out (at most 128 kept)")
+
+
+class PendingCollectiveView(BaseModel):
+    """The oldest collective of a process group that had not completed (Flight Recorder)."""
+
+    seq: int = Field(description="its sequence id (p2p: the point-to-point one)")
+    op: str = Field(description="e.g. nccl:all_reduce, gloo:all_reduce")
+    p2p: bool
+    sizes: list[list[int]] = Field(description="input tensor shapes")
+    out_sizes: list[list[int]] = Field(description="output tensor shapes")
+    dtypes: list[str]
+    state: str = Field(description="the recorder's: scheduled, started")
+    seconds: float | None = Field(description="since it was enqueued, at the capture")
+
+
+class ProcessGroupView(BaseModel):
+    """One process group in a hung rank's Flight Recorder (-1: a state it does not track)."""
+
+    id: str
+    name: str = Field(description="its description, e.g. default_pg")
+    enqueued: int = Field(description="last collective sequence id enqueued")
+    started: int = Field(description="last started (-1 under gloo)")
+    completed: int = Field(description="last completed")
+    pending: PendingCollectiveView | None
+
+
+class HangView(BaseModel):
+    """A rank's last hang episode: what it answered when asked (docs/hangs.md).
+
+    Kept after the rank recovers, finishes or crashes, until it expires.
+    """
+
+    hung: bool = Field(description="the rank is hung now")
+    status: str = Field(description="pending (asked), captured, or no_answer")
+    step: int | None = Field(description="its last step when it was judged hung")
+    requested_at: float = Field(description="when it was asked (Unix s)")
+    answered_at: float | None
+    frame: str | None = Field(
+        description="the training thread's innermost frame in the user's code, as "
+        "trainmon_hang_frame_info's frame label: function (file:line), or (no answer)"
+    )
+    collective: str = Field(description="the collective it waits in, or empty")
+    threads: list[ThreadView] = Field(description="the training thread first")
+    threads_omitted: int
+    distributed: str | None = Field(
+        description="torch.distributed's Flight Recorder: ok, recorder_off, error; null when "
+        "torch.distributed was not in use"
+    )
+    distributed_detail: str
+    groups: list[ProcessGroupView]
+    notes: list[str] = Field(description="what could not be captured and why")
+    capture_seconds: float | None = Field(description="what the capture cost the trainer")
+    gpu_power_watts: float | None = Field(description="its GPU's power when it answered")
+    gpu_power_limit_watts: float | None
+    gpu_sm_active_ratio: float | None = Field(description="GPM SM activity when it answered")
+    native: str | None = Field(description="py-spy dump --native (hang_native_stacks)")
+
+
+class StackView(BaseModel):
+    """One distinct stack of a hung run's training threads, with the ranks in it."""
+
+    headline: str = Field(description='e.g. "3 ranks in all_reduce, 1 not"')
+    ranks: list[int]
+    not_in: int = Field(description="ranks of the run not in this stack")
+    function: str = Field(description="its innermost function, or (no answer)")
+    frame: str | None = Field(description="its innermost frame in the user's code")
+    collective: str = Field(description="the collective most of its ranks wait in, or empty")
+    suspect: bool = Field(description="its ranks are suspects")
+    frames: list[FrameView] = Field(description="outermost first")
+
+
+class RunHangView(BaseModel):
+    """A hung run's merged view: each distinct stack once, the suspects first.
+
+    Suspects, as the recording rules name them: a rank whose last collective sequence id
+    (started, else enqueued) lags the maximum of its process group among the ranks seen, or
+    whose frame differs from the one frame most of them share.
+    """
+
+    state: str = Field(description="hung (a rank is hung now), recovered, or ended")
+    since: float = Field(description="when the first of its ranks was asked (Unix s)")
+    hung: int = Field(description="its ranks hung now")
+    seen: int = Field(description="its ranks with evidence here")
+    world_size: int
+    suspects: list[int]
+    frame: str | None = Field(description="the frame most of its ranks share")
+    collective: str | None = Field(description="the collective most of its ranks wait in")
+    stacks: list[StackView]
+
+
 class RankView(BaseModel):
     """One rank as the API shows it. Times are Unix seconds; rates are per second."""
 
@@ -128,6 +240,9 @@ class RankView(BaseModel):
     trend: TrendView = Field(
         default_factory=TrendView, description="recent steps for the views' sparklines"
     )
+    hang: HangView | None = Field(
+        default=None, description="its last hang episode's evidence (null: none)"
+    )
 
 
 class RunView(BaseModel):
@@ -152,6 +267,9 @@ class RunView(BaseModel):
         default=None, description="the badput kind with the most seconds"
     )
     ranks: list[RankView]
+    hang: RunHangView | None = Field(
+        default=None, description="the merged view of its ranks' hang evidence (null: none)"
+    )
 
     @property
     def label(self) -> str:
@@ -223,6 +341,7 @@ def _rank_view(
         crashes=s.crashes,
         health=derive.findings(s, m),
         goodput=_goodput_view(s, window_s, cfg),
+        hang=None if s.hang is None else hang_view(s.hang, s.analytics.hung and s.connected),
         events=[
             EventView(
                 kind=e.kind,
@@ -234,6 +353,60 @@ def _rank_view(
             )
             for e in s.analytics.events
         ],
+    )
+
+
+def hang_view(ev: Evidence, hung: bool) -> HangView:
+    """The API view of a rank's hang :class:`~trainmon_exporter.state.evidence.Evidence`."""
+    c = ev.capture
+    threads = [] if c is None else c.threads
+    dist = None if c is None else c.collectives
+    gpu = ev.gpu
+    notes = [] if c is None else list(c.notes)
+    if ev.note:
+        notes.insert(0, ev.note)
+    return HangView(
+        hung=hung,
+        status=ev.status,
+        step=ev.step,
+        requested_at=ev.requested_at,
+        answered_at=ev.answered_at,
+        frame=ev.label(),
+        collective=ev.collective(),
+        threads=[
+            ThreadView(
+                name=t.name,
+                id=t.id,
+                training=t.training,
+                state=t.state,
+                cpu=t.cpu,
+                frames=[FrameView(file=f, line=n, function=fn, user=u) for f, n, fn, u in t.frames],
+                omitted=t.omitted,
+            )
+            for t in threads
+        ],
+        threads_omitted=0 if c is None else c.threads_omitted,
+        distributed=None if dist is None else dist.state,
+        distributed_detail="" if dist is None else dist.detail,
+        groups=[
+            ProcessGroupView(
+                id=g.id,
+                name=g.name,
+                enqueued=g.enqueued,
+                started=g.started,
+                completed=g.completed,
+                pending=None
+                if g.pending is None
+                else PendingCollectiveView(**g.pending.model_dump()),
+            )
+            for g in ([] if dist is None else dist.groups)
+        ],
+        notes=notes,
+        capture_seconds=None if c is None else c.seconds,
+        gpu_power_watts=None if gpu is None else gpu.power_watts,
+        gpu_power_limit_watts=None if gpu is None else gpu.power_limit_watts,
+        gpu_sm_active_ratio=None if gpu is None else gpu.sm_active_ratio,
+        native=ev.native,
     )
 
 
@@ -314,20 +487,24 @@ def snapshot(
         view.trend = trend_view(derive.trend(given))
     for views in runs.values():
         views.sort(key=lambda v: v.rank)
+    from trainmon_exporter.views.hangs import merged
+
     return RunsResponse(
         time=now,
         runs=[
             RunView(
                 run=r[1],
                 namespace=r[0],
-                world_size=max(v.world_size for v in ranks),
+                world_size=world,
                 owner_uid=owners[r],
                 goodput_ratio=goodput[0],
                 largest_badput=goodput[1],
                 ranks=ranks,
+                hang=merged(ranks, world),
             )
             for r, ranks in sorted(runs.items())
             for goodput in (_run_goodput(ranks),)
+            for world in (max(v.world_size for v in ranks),)
         ],
     )
 
