@@ -1,5 +1,10 @@
 """The JSON API's schema (``/api/v1/runs``, ``/api/v1/gpus``) and the snapshots that fill it.
 
+Why this module is one module of about 580 lines: it is the API's schema, every model the
+three views share with the field documentation ``/openapi.json`` serves (a rank, its goodput,
+its hang evidence, a run and its merged hang view, a GPU), and the builders that fill them
+from the state; a model and the builder that fills it change together.
+
 These models are the view model every view shares: the API serves them, the status page
 renders them and ``trainmon status`` parses the API's JSON back into them. The terminal
 imports this module for the models alone, so the builders (:func:`snapshot`,
