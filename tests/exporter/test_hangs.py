@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -21,11 +23,12 @@ from trainmon_client import _protocol as P
 from trainmon_exporter.settings import AnalyticsSettings
 from trainmon_exporter.state.evidence import NO_ANSWER_FRAME
 
-from ..conftest import InProcessExporter, connect, raw_connect, sample, wait_for
+from ..conftest import InProcessExporter, child_env, connect, raw_connect, sample, wait_for
 from ..helpers.exporter import hello, pkt, step, store_of
 
-FAST = AnalyticsSettings(hang_grace_seconds=0.5, min_history_steps=5)
-"""Hung 0.5 s after twice the usual step time, judged after 5 steps."""
+FAST = AnalyticsSettings(hang_grace_seconds=1.0, min_history_steps=5)
+"""Hung 1 s after twice the usual step time, judged after 5 steps (a loaded machine can
+stall a trainer or the exporter for half a second: no hang episode for that)."""
 
 
 def _series(ex: InProcessExporter, name: str) -> list[dict[str, str]]:
@@ -242,3 +245,68 @@ def test_the_evidence_of_the_whole_exporter_is_bounded_hung_ranks_first() -> Non
     assert store.hangs.bytes == 2800
     store._remove(states[1])  # an expired rank takes its evidence's bytes with it
     assert store.hangs.bytes == 1400
+
+
+NATIVE = """
+import ctypes, ctypes.util, sys, time
+import trainmon_client
+run = trainmon_client.init(run="native", socket_path=sys.argv[1], flush_interval=0.05)
+for i in range(10):
+    run.log(i, loss=1.0)
+    time.sleep(0.02)
+def decode_in_c():
+    ctypes.PyDLL(ctypes.util.find_library("c")).sleep(4)  # holds the GIL for 4 s
+def after_the_call():
+    time.sleep(3)  # still no step: the rank is still hung
+decode_in_c()
+after_the_call()
+run.log(10, loss=1.0)
+time.sleep(0.5)
+run.finish()
+"""
+
+
+def test_native_code_holding_the_gil_is_said_and_the_late_answer_taken_while_hung(
+    make_exporter: Callable[..., InProcessExporter], tmp_path: Any
+) -> None:
+    """The flusher cannot run while a C call holds the GIL: no answer, said so; once the call
+    returns, with the rank still hung, its answer comes late and is taken."""
+    slow_grace = AnalyticsSettings(hang_grace_seconds=1.0, min_history_steps=5)
+    ex = make_exporter(analytics=slow_grace, hang_capture_timeout_seconds=1)
+    script = tmp_path / "native.py"
+    script.write_text(NATIVE)
+    p = subprocess.Popen([sys.executable, str(script), ex.socket], env=child_env())
+
+    def frames(start: str) -> list[dict[str, str]]:
+        return [f for f in _series(ex, "trainmon_hang_frame_info") if f["frame"].startswith(start)]
+
+    try:
+        wait_for(lambda: frames(NO_ANSWER_FRAME), timeout=20)
+        hang = (ex.rank("native", 0) or {})["hang"]
+        assert hang["status"] == "no_answer" and "may hold the GIL" in hang["notes"][0]
+        wait_for(lambda: frames("after_the_call (native.py:"), timeout=20)
+        hang = (ex.rank("native", 0) or {})["hang"]
+        assert hang["status"] == "captured" and hang["threads"][0]["training"]
+        assert _count(ex, "trainmon_hang_captures_total", result="captured") >= 1
+    finally:
+        assert p.wait(30) == 0
+
+
+def test_a_late_answer_after_the_rank_stepped_again_is_not_kept() -> None:
+    store = store_of()
+    s = store.attach({**json.loads(hello()[3:])})
+    assert not isinstance(s, str)
+    request_id = store.begin_capture(s, now_mono=0.0)
+    assert store.expire_captures(1.0, now_mono=2.0) == [s]
+    body = {"notes": []}
+    record = P.Capture(request_id, body, 12)
+    with store.lock:  # it stepped again (not hung) before the answer came
+        assert not store.observe_capture(s, record)
+    assert store.hangs.dropped["late"] == 1 and s.hang is not None
+    assert s.hang.status == "no_answer" and "not kept" in s.hang.note
+    request_id = store.begin_capture(s, now_mono=10.0)
+    store.expire_captures(1.0, now_mono=12.0)
+    s.analytics.hung = True  # still hung when it comes: taken
+    with store.lock:
+        assert store.observe_capture(s, P.Capture(request_id, body, 12))
+    assert s.hang.status == "captured" and store.hangs.results["no_answer"] == 1

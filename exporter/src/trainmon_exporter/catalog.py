@@ -2190,15 +2190,17 @@ HANG_EVIDENCE_DROPPED = Family(
     "trainmon_hang_evidence_dropped",
     COUNTER,
     (
-        "Hang evidence refused or dropped: unsolicited, too_large (over hang_capture_max_bytes), "
-        "invalid, budget (hang_evidence_max_bytes held by hung ranks), evicted."
+        "Hang evidence refused or dropped: unsolicited, late (after the rank stepped again), "
+        "too_large (over hang_capture_max_bytes), invalid, budget (hang_evidence_max_bytes held "
+        "by hung ranks), evicted."
     ),
     ("reason",),
     unit="answers",
     collector="exporter",
     doc=(
         "Answers refused: `unsolicited` (no request of that connection waits for it), "
-        "`too_large`, `invalid` (breaks the layout of docs/hangs.md), `budget`; and "
+        "`late` (after the wait ran out and the rank stepped again: where it is now, not where "
+        "it hung), `too_large`, `invalid` (breaks the layout of docs/hangs.md), `budget`; and "
         "`evicted`: older evidence of a rank no longer hung, dropped to make room."
     ),
 )

@@ -56,11 +56,13 @@ __all__ = [
 
 CAPTURE_RESULTS = ("captured", "no_answer", "not_sent")
 """``result`` values of ``trainmon_hang_captures_total``: what became of each request."""
-EVIDENCE_DROPS = ("unsolicited", "too_large", "invalid", "budget", "evicted")
+EVIDENCE_DROPS = ("unsolicited", "late", "too_large", "invalid", "budget", "evicted")
 """``reason`` values of ``trainmon_hang_evidence_dropped_total``: a CAPTURE that answers no
-request of its connection (or one already answered), one over ``hang_capture_max_bytes``, one
-that breaks its layout, one that does not fit ``hang_evidence_max_bytes`` (every byte held by
-ranks hung now), and older evidence of a rank no longer hung, evicted to make room."""
+request of its connection (or one already answered); one that came after the wait ran out and
+the rank had stepped again (it shows where the rank is now, not where it hung: the evidence
+stays "no answer"); one over ``hang_capture_max_bytes``; one that breaks its layout; one that
+does not fit ``hang_evidence_max_bytes`` (every byte held by ranks hung now); and older
+evidence of a rank no longer hung, evicted to make room."""
 STATUSES = ("pending", "captured", "no_answer")
 """What became of a request: asked and waiting, answered, or no answer in time."""
 SEQUENCE_STATES = ("enqueued", "started", "completed")
@@ -350,8 +352,9 @@ class HangEvidence:
     def observe(self, state: RankState, record: P.Capture) -> bool:
         """Take a CAPTURE of ``state``'s connection; False (and a count) when it is refused.
 
-        Taken only as the answer to the rank's last request (its id), once. Refused whole:
-        ``unsolicited``, ``too_large``, ``invalid`` (breaks :class:`Capture`), ``budget``
+        Taken only as the answer to the rank's last request (its id), once, and after the
+        wait ran out only while the rank is still hung. Refused whole: ``unsolicited``,
+        ``late``, ``too_large``, ``invalid`` (breaks :class:`Capture`), ``budget``
         (every byte of the bound is held by ranks hung now). Evidence of ranks no longer hung
         is evicted first to make room, oldest answer first (``evicted``). The record carries
         no run or rank: it is the rank its connection's HELLO bound, whatever it says.
@@ -361,6 +364,9 @@ class HangEvidence:
         capture = None
         if ev is None or record.request_id != ev.request_id or ev.status == "captured":
             reason = "unsolicited"
+        elif ev.status == "no_answer" and not state.analytics.hung:
+            reason = "late"
+            ev.note += "; an answer came after the rank had stepped again (not kept)"
         elif record.size > self.capture_max_bytes:
             reason = "too_large"
         else:
