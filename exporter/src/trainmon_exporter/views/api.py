@@ -346,7 +346,6 @@ def _rank_view(
         crashes=s.crashes,
         health=derive.findings(s, m),
         goodput=_goodput_view(s, window_s, cfg),
-        hang=None if s.hang is None else hang_view(s.hang, s.analytics.hung and s.connected),
         events=[
             EventView(
                 kind=e.kind,
@@ -465,8 +464,8 @@ def snapshot(
 ) -> RunsResponse:
     """Every run with its ranks, sorted by run then rank.
 
-    The store's lock is held a few ranks at a time; the trends are drawn from copies after
-    it is released.
+    The store's lock is held a few ranks at a time; the trends are drawn from copies, and
+    the hang evidence's views built, after it is released.
 
     ``gpus`` is the NVML sampler's latest pass (for the rank ↔ GPU join and MFU; ``None``:
     not sampled); ``peak_flops`` the MFU override setting.
@@ -482,14 +481,19 @@ def snapshot(
     runs: dict[tuple[str, str], list[RankView]] = {}
     owners: dict[tuple[str, str], int | None] = {}
     copied: list[tuple[RankView, derive.TrendInput]] = []
+    evidence: list[tuple[RankView, Evidence, bool]] = []
     for s in store.iter_ranks():
         view = _rank_view(s, now, store.window_s, by_uuid, pids, peak_flops, store.analytics)
         key = (s.namespace, s.run)
         runs.setdefault(key, []).append(view)
         copied.append((view, derive.trend_input(s)))  # a copy: the trend is drawn unlocked
+        if s.hang is not None:  # an episode's answer is never changed once in: read unlocked
+            evidence.append((view, s.hang, s.analytics.hung and s.connected))
         owners.setdefault(key, s.owner_uid)
     for view, given in copied:
         view.trend = trend_view(derive.trend(given))
+    for view, ev, hung in evidence:
+        view.hang = hang_view(ev, hung)
     for views in runs.values():
         views.sort(key=lambda v: v.rank)
     from trainmon_exporter.views.hangs import merged
