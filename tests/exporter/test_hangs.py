@@ -9,6 +9,7 @@ starts, the answer is checked and bounded, and ``trainmon_hang_frame_info`` and
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 
 from trainmon_client import _protocol as P
+from trainmon_exporter.native import find_py_spy, py_spy_dump
 from trainmon_exporter.settings import AnalyticsSettings
 from trainmon_exporter.state.evidence import NO_ANSWER_FRAME
 
@@ -310,3 +312,51 @@ def test_a_late_answer_after_the_rank_stepped_again_is_not_kept() -> None:
     with store.lock:
         assert store.observe_capture(s, P.Capture(request_id, body, 12))
     assert s.hang.status == "captured" and store.hangs.results["no_answer"] == 1
+
+
+SLEEPER = """
+import sys, time
+import trainmon_client
+run = trainmon_client.init(run="spied", socket_path=sys.argv[1], flush_interval=0.05)
+for i in range(10):
+    run.log(i, loss=1.0)
+    time.sleep(0.02)
+def load_batch():
+    time.sleep(30)
+load_batch()
+"""
+
+
+def test_native_stacks_come_from_py_spy_where_the_exporter_may_ptrace(
+    make_exporter: Callable[..., InProcessExporter], tmp_path: Any
+) -> None:
+    """``hang_native_stacks``: py-spy reads the hung rank's process from outside, C frames too."""
+    if find_py_spy() is None:
+        pytest.skip("py-spy is not installed")
+    ex = make_exporter(analytics=FAST, hang_native_stacks=True)
+    script = tmp_path / "spied.py"
+    script.write_text(SLEEPER)
+    p = subprocess.Popen([sys.executable, str(script), ex.socket], env=child_env())
+    try:
+
+        def native() -> str | None:
+            hang = (ex.rank("spied", 0) or {}).get("hang") or {}
+            return hang.get("native") or next(
+                (n for n in hang.get("notes", []) if n.startswith("native stacks")), None
+            )
+
+        text = wait_for(native, timeout=30)
+    finally:
+        p.kill()
+        p.wait(10)
+    if text.startswith("native stacks: py-spy failed"):
+        pytest.skip(f"no ptrace here: {text}")
+    assert f"Process {p.pid}" in text and "load_batch (" in text and "clock_nanosleep" in text
+    assert _count(ex, "trainmon_hang_evidence_bytes") >= len(text.encode())  # in the bound
+
+
+def test_py_spy_reads_only_a_process_of_the_runs_owner() -> None:
+    text, note = py_spy_dump(os.getpid(), os.getuid() + 1, 1000)
+    assert text is None and "not the run's uid" in note
+    assert py_spy_dump(None, 0, 1000)[1].endswith("(SO_PEERCRED)")
+    assert "not visible" in py_spy_dump(2**22 + 12345, None, 1000)[1]
