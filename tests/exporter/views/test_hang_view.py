@@ -77,6 +77,18 @@ def test_a_rank_that_did_not_answer_is_named_and_says_why() -> None:
     assert "rank 3: no answer within 10 s" in text
 
 
+def test_a_hung_ranks_gpu_is_its_power_and_sm_activity_not_its_utilisation() -> None:
+    ranks = four_ranks()
+    stuck = ranks[2].hang
+    assert stuck is not None
+    gpu = {"gpu_power_watts": 85.4, "gpu_power_limit_watts": 700.0, "gpu_sm_active_ratio": 0.02}
+    ranks[2] = ranks[2].model_copy(update={"hang": stuck.model_copy(update=gpu)})
+    (run,) = hangs.merge_runs([v.runs(*ranks)])
+    lines = hangs.text_lines(run, v.T)
+    assert "  rank 2 GPU when asked: 85 W of 700 W, SM active 2%" in lines
+    assert sum("GPU when asked" in ln for ln in lines) == 1  # the others were not read
+
+
 def test_pending_answers_are_not_judged_yet() -> None:
     ranks = [*four_ranks()[:3], v.rank(3, world_size=4, hang=v.hang(status="pending"))]
     view = hangs.merged(ranks, 4)
