@@ -96,7 +96,7 @@ def test_no_import_cycles() -> None:
     assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
 
 
-STATE_ROOMS = ("rank", "admission", "ledger", "records", "store", "statefile")
+STATE_ROOMS = ("evidence", "rank", "admission", "ledger", "records", "store", "statefile")
 """The push-side state's rooms, lowest first (docs/architecture.md: a rank knows no store)."""
 
 

@@ -83,6 +83,14 @@ SKIP: dict[str, str] = {
     "against a real one",
     "nvidia-smi": "needs an NVIDIA GPU and driver",
     ".venv/bin/python -m pytest -m gpu": "needs an NVIDIA GPU (the tests skip without one)",
+    "timeout 540 .venv/bin/python -m pytest -m gpu": "needs an NVIDIA GPU (the tests skip "
+    "without one)",
+    "python3 -m venv --system-site-packages .venv": "on a GPU machine: replaces the checkout's "
+    ".venv with one on that machine's own CUDA build of torch",
+    ".venv/bin/pip install -q -e ./client -e ./exporter": "on a GPU machine: installs into that "
+    "environment from the package index (network)",
+    '.venv/bin/python -c "import torch; print(torch.__version__, torch.cuda': "needs CUDA (a GPU "
+    "machine)",
     ".venv/bin/python benchmarks/": "benchmarks take minutes; tests/benchmarks runs every one "
     "in its --smoke mode",
 }
@@ -174,9 +182,7 @@ def assert_every_step_arrived(command: str, metrics: dict[Any, float]) -> None:
     sent = [v for (name, _), v in metrics.items() if name == "trainmon_client_sent_messages_total"]
     assert sent and min(sent) >= steps, sent
     dropped = {
-        k: v
-        for k, v in metrics.items()
-        if k[0] == "trainmon_client_dropped_messages_total" and v
+        k: v for k, v in metrics.items() if k[0] == "trainmon_client_dropped_messages_total" and v
     }
     assert dropped == {}, dropped
 

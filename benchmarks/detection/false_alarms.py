@@ -16,7 +16,9 @@ Prints, per alert that was pending or firing on a clean run: the runs it fired o
 rate per 1,000 clean steps. Alerts with a ``for:`` longer than the runs can only be pending
 here; they are listed as such. Then the detector counters that were not zero at the end
 (loss spikes by severity, gradient-gain drifts, throughput drops, ...): what the dashboards
-mark without an alert. Exits 1 when any alert fired.
+mark without an alert, and the ranks the hang rules named suspects at any evaluation
+(``rank:trainmon_hang_suspect:info``, docs/hangs.md; a clean run has no hang, so none). Exits
+1 when any alert fired or any rank was named.
 """
 
 from __future__ import annotations
@@ -146,6 +148,8 @@ def main() -> int:
         time.sleep(5)  # scrapes and evaluations of the last steps
         span = int(time.time() - t0) + 5
         alerts = query(base, f'max_over_time(ALERTS{{alertname!="Watchdog"}}[{span}s])')
+        # The hang evidence: a rank named a suspect at any evaluation (docs/hangs.md).
+        suspects = query(base, f"max_over_time(rank:trainmon_hang_suspect:info[{span}s])")
         events = detector_events(ex.get("/metrics").decode())
         rules = {
             r["name"]: r
@@ -192,7 +196,11 @@ def main() -> int:
         print(f"  {label:<58s} {n:5.0f}  {1000.0 * n / steps:.2f} per 1,000 steps")
     if not counted:
         print("  none")
-    return 1 if fired and not args.smoke else 0
+    named = sorted(
+        {f"{m['run']}/{m['rank']} in {m['frame']}" for a in suspects for m in [a["metric"]]}  # type: ignore[index]
+    )
+    print(f"hang suspects named (rank:trainmon_hang_suspect:info): {', '.join(named) or 'none'}")
+    return 1 if (fired or named) and not args.smoke else 0
 
 
 EVENT_COUNTERS = (
@@ -205,6 +213,7 @@ EVENT_COUNTERS = (
     "trainmon_train_hangs_total",
     "trainmon_train_memory_leaks_total",
     "trainmon_train_nonfinite_values_total",
+    "trainmon_hang_capture_requests_total",
 )
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 import trainmon_client
+from trainmon_client import _names as N
 from trainmon_client import _protocol as P
 from trainmon_client._encoder import MAX_CUSTOM_NAMES
 from trainmon_client._env import detect_ranks, detect_run_id
@@ -385,7 +386,7 @@ def test_detect_run_id_order() -> None:
     assert detect_run_id(2, {"TRAINMON_RUN": "mine", "SLURM_JOB_ID": "77"}) == "mine"
     generated = detect_run_id(1, {})
     assert generated == detect_run_id(1, {})  # stable within a process
-    assert P.valid_run_id(generated)
+    assert N.valid_run_id(generated)
 
 
 def test_generated_run_id_is_shared_by_sibling_ranks() -> None:
@@ -400,7 +401,7 @@ def test_generated_run_id_is_shared_by_sibling_ranks() -> None:
         ).stdout.strip()
         for _ in range(2)
     }
-    assert len(ids) == 1 and P.valid_run_id(ids.pop())
+    assert len(ids) == 1 and N.valid_run_id(ids.pop())
 
 
 def test_repr_and_properties() -> None:

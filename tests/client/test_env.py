@@ -12,7 +12,7 @@ import pytest
 
 import trainmon_client
 from trainmon_client import _env
-from trainmon_client import _protocol as P
+from trainmon_client import _names as N
 
 from ..conftest import InProcessExporter, child_env, wait_for
 
@@ -49,7 +49,7 @@ def test_a_job_name_with_quotes_spaces_and_a_newline_starts_and_is_counted(
     )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    assert out["run"] == "my_job__v2__retry__b_" and P.valid_run_id(out["run"])
+    assert out["run"] == "my_job__v2__retry__b_" and N.valid_run_id(out["run"])
     assert (out["rank"], out["world_size"], out["interval"]) == (0, 1, 0.5)
     assert out["sanitised"] == ["RANK", "TRAINMON_RUN", "TRAINMON_FLUSH_INTERVAL"]
     assert out["refused"] == 3 and out["sent"] == 1
@@ -82,7 +82,7 @@ def test_run_ids_from_the_environment_are_sanitised(
 ) -> None:
     issues: list[str] = []
     run_id = _env.detect_run_id(1, env, issues)
-    assert P.valid_run_id(run_id)
+    assert N.valid_run_id(run_id)
     if expected is None:
         assert run_id == _env.detect_run_id(1, {}) and issues == ["TRAINMON_RUN"]
     else:
@@ -153,6 +153,6 @@ def test_torchruns_made_up_rendezvous_id_becomes_the_script_and_its_digits() -> 
     made_up = {"TORCHELASTIC_RUN_ID": "8B2C1F3E-5d6a-4c1b-9e2f-0123456789ab"}
     run_id = _env.detect_run_id(2, made_up)
     assert run_id == f"{_env.detect_run_id(1, {}).split('-')[0]}-8b2c1f3e"
-    assert P.valid_run_id(run_id)
+    assert N.valid_run_id(run_id)
     assert _env.detect_run_id(2, {"TORCHELASTIC_RUN_ID": "pretrain-7b"}) == "pretrain-7b"
     assert _env.detect_run_id(2, made_up | {"TRAINMON_RUN": "mine"}) == "mine"

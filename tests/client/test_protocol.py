@@ -7,6 +7,7 @@ import struct
 
 import pytest
 
+from trainmon_client import _names as N
 from trainmon_client import _protocol as P
 
 
@@ -120,7 +121,7 @@ def test_bad_payloads(decoder, payload: bytes, reason: str) -> None:  # type: ig
     ],
 )
 def test_metric_name_rules(name: object, ok: bool) -> None:
-    assert P.valid_metric_name(name) is ok
+    assert N.valid_metric_name(name) is ok
 
 
 @pytest.mark.parametrize(
@@ -137,7 +138,7 @@ def test_metric_name_rules(name: object, ok: bool) -> None:
     ],
 )
 def test_run_id_rules(run: str, ok: bool) -> None:
-    assert P.valid_run_id(run) is ok
+    assert N.valid_run_id(run) is ok
 
 
 def test_every_record_type_has_a_name_and_a_typed_decoder() -> None:
@@ -151,6 +152,7 @@ def test_every_record_type_has_a_name_and_a_typed_decoder() -> None:
         P.CHECKPOINT: P.encode_checkpoint(5, 1.0, 2.0)[3:],
         P.LAYERS: P.encode_layers(1, 1.0, 1, 0.5, [64], [P.STAT_GRAD_NORM], [0.1])[3:],
         P.TOTALS: P.encode_totals(P.Totals(1, 2, 3, 4, 5, 6, 7))[3:],
+        P.CAPTURE: P.encode_capture(9, b'{"notes":[]}')[3:],
     }
     assert set(payloads) == set(P.RECORD_NAMES)
     kinds = {P.decode_record(t, memoryview(p)).__class__.__name__ for t, p in payloads.items()}
@@ -164,6 +166,7 @@ def test_every_record_type_has_a_name_and_a_typed_decoder() -> None:
         "Checkpoint",
         "Layers",
         "Totals",
+        "Capture",
     }
     track = P.decode_record(P.TRACK, memoryview(payloads[P.TRACK]))
     assert track == P.Track(64, True, 1.5, 2)
@@ -186,3 +189,34 @@ def test_named_constants_are_the_standard_tables() -> None:
     )
     assert P.LAYER_STATS["update_ratio"] == P.STAT_UPDATE_RATIO
     assert P.MAX_STEP == 2**64 - 1
+
+
+def test_a_capture_request_travels_as_a_packet_of_its_own() -> None:
+    packet = P.encode_capture_request(7, 32768)
+    assert P.decode_capture_requests(packet) == [P.CaptureRequest(7, 32768)]
+    assert P.decode_refused(packet) is None  # a client reads either from the same socket
+    assert P.decode_capture_requests(P.encode_refused("not_owner")) == []
+    assert P.decode_capture_requests(b"junk") == []
+    bad_length = P.packet_header() + P.RECORD_HEADER.pack(P.CAPTURE_REQUEST, 3) + b"abc"
+    assert P.decode_capture_requests(bad_length) == []
+
+
+def test_a_capture_round_trips_and_refuses_what_is_not_a_json_object() -> None:
+    body = b'{"notes":["x"],"threads":[]}'
+    record = P.encode_capture(2**32 - 1, body)
+    ((rtype, payload),) = list(P.iter_records(P.packet_header() + record))
+    decoded = P.decode_record(rtype, payload)
+    assert decoded == P.Capture(2**32 - 1, {"notes": ["x"], "threads": []}, len(body))
+    for raw, reason in (
+        (b"\x01\x00", "truncated"),
+        (P.CAPTURE_ID.pack(1) + b"[1, 2]", "malformed"),
+        (P.CAPTURE_ID.pack(1) + b"\xff\xfe", "malformed"),
+        (P.CAPTURE_ID.pack(1) + b"[" * 100_000, "malformed"),
+    ):
+        with pytest.raises(P.ProtocolError) as exc:
+            P.decode_capture(memoryview(raw))
+        assert exc.value.reason == reason
+    with pytest.raises(ValueError, match="too large"):
+        P.encode_capture(1, b"x" * (P.MAX_CAPTURE_BYTES + 1))
+    largest = P.packet_header() + P.encode_capture(1, b"x" * P.MAX_CAPTURE_BYTES)
+    assert len(largest) == P.MAX_PACKET_BYTES

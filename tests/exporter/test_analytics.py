@@ -307,9 +307,17 @@ class Rank:
     goodput: Goodput = field(default_factory=lambda: Goodput(0.0, phase="running"))
     analytics: RankAnalytics = field(default_factory=lambda: RankAnalytics(AnalyticsSettings()))
     running_operation: bool = False
+    phase_end_mono: float | None = None
+    status: str = "running"
 
     def busy(self) -> bool:
         return self.running_operation
+
+    @property
+    def quiet_since_mono(self) -> float | None:
+        if self.last_step_mono is None or self.phase_end_mono is None:
+            return self.last_step_mono
+        return max(self.last_step_mono, self.phase_end_mono)
 
 
 def with_step_times(rank: Rank, seconds: float, n: int = 30) -> Rank:
@@ -359,6 +367,19 @@ def test_hangs_are_judged_on_every_tick_the_rest_on_rate_ticks() -> None:
     rank.running_operation = True
     assert judge.check([rank], 100.0 + limit + 2, rates=False) == []
     assert not rank.analytics.hung  # in validation: not hung
+
+
+def test_the_hang_clock_starts_again_when_a_tracked_operation_ends() -> None:
+    """Out of a long checkpoint save, a rank has its usual time to step again: no episode."""
+    rank = with_step_times(Rank("a"), 0.1)
+    judge = RunAnalytics()
+    limit = 2.0 * 0.1 + 30.0
+    rank.running_operation = True  # a save of ten minutes
+    assert judge.check([rank], 100.0 + 600, rates=False) == []
+    rank.running_operation, rank.phase_end_mono = False, 100.0 + 600  # it ends
+    assert judge.check([rank], 100.0 + 600.05, rates=False) == []
+    assert not rank.analytics.hung and rank.analytics.hangs == 0
+    assert judge.check([rank], 100.0 + 600 + limit + 1, rates=False) == [(rank, "hang")]
 
 
 def test_a_rank_that_is_not_running_is_neither_hung_nor_compared() -> None:

@@ -4,7 +4,9 @@ A scripted session on a fake clock goes through the real ingest path
 (``IngestServer.handle_packet``) of an exporter built with ``build_exporter`` and a fake
 NVML with two GPUs: two ranks of one run with standard and custom fields, an evaluation, a
 tracked operation, a checkpoint, watched layers, a NaN, a loss spike, a finish, a refused
-HELLO and an invalid record. Captured:
+HELLO and an invalid record; then rank 1 hangs, is asked for its stacks (the request read
+from its socket as a client would) and answers with a capture of a rank waiting in an NCCL
+all-reduce. Captured:
 
 - ``session.exposition.txt``: the ``/metrics`` text (the app's own formatter and sample
   budget);
@@ -38,6 +40,7 @@ from trainmon_exporter.app import build_exporter
 from trainmon_exporter.exposition import TextExposition
 from trainmon_exporter.ingest import Connection
 from trainmon_exporter.shed import SampleBudget
+from trainmon_exporter.timers import ask_hung
 from trainmon_exporter.views.api import gpu_snapshot, snapshot
 
 from ..fakes.nvml_backend import FakeGpu, FakeNvmlBackend
@@ -165,6 +168,69 @@ def session(clock: FakeClock) -> list[tuple[int, bytes]]:
     return out
 
 
+HUNG_CAPTURE = {
+    "time": T0 + 50.0,
+    "seconds": 0.104,
+    "threads": [
+        {
+            "name": "MainThread",
+            "id": 140000000000001,
+            "training": True,
+            "state": "S",
+            "cpu": 0.0,
+            "frames": [
+                ["/job/train.py", 88, "<module>", True],
+                ["/job/train.py", 61, "train_step", True],
+                ["/venv/site-packages/torch/distributed/c10d_logger.py", 83, "wrapper", False],
+                [
+                    "/venv/site-packages/torch/distributed/distributed_c10d.py",
+                    3252,
+                    "all_reduce",
+                    False,
+                ],
+            ],
+            "omitted": 0,
+        },
+        {
+            "name": "trainmon-flush-1",
+            "id": 140000000000002,
+            "training": False,
+            "state": "R",
+            "cpu": 0.01,
+            "frames": [],
+            "omitted": 0,
+        },
+    ],
+    "threads_omitted": 0,
+    "collectives": {
+        "state": "ok",
+        "detail": "",
+        "groups": [
+            {
+                "id": "0",
+                "name": "default_pg",
+                "enqueued": 61,
+                "started": 61,
+                "completed": 60,
+                "pending": {
+                    "seq": 61,
+                    "op": "nccl:all_reduce",
+                    "p2p": False,
+                    "sizes": [[4096, 1024]],
+                    "out_sizes": [[4096, 1024]],
+                    "dtypes": ["BFloat16"],
+                    "state": "started",
+                    "seconds": 31.5,
+                },
+            }
+        ],
+        "groups_omitted": 0,
+    },
+    "notes": [],
+}
+"""What rank 1 answers when it is asked: its training thread waits in an all-reduce."""
+
+
 def capture(clock: FakeClock, tmp: Path) -> dict[str, str]:
     settings = Settings(socket=tmp / "t.sock")
     gpus = [
@@ -186,6 +252,20 @@ def capture(clock: FakeClock, tmp: Path) -> dict[str, str]:
             ex.ingest.handle_packet(conns[index], data)
             packets.append(data.hex())
             ex.store.check_conditions()
+        clock.advance(1.0)
+        ex.store.check_conditions()
+        # Rank 1 hangs: 2 x its 0.3 s step + the 30 s grace pass; it is asked, it answers.
+        clock.advance(31.0)
+        for conn in conns[:2]:
+            ex.ingest._conns[conn.fd] = conn  # the socket server's, as if it had accepted them
+        ((hung, request_id),) = ask_hung(ex, ex.store.check_conditions())
+        assert (hung.rank, hung.hang is not None) == (1, True)
+        (request,) = P.decode_capture_requests(pairs[1][1].recv(P.MAX_PACKET_BYTES))
+        assert request == P.CaptureRequest(request_id, settings.hang_capture_max_bytes)
+        body = json.dumps(HUNG_CAPTURE, separators=(",", ":")).encode()
+        answer = pkt(P.encode_capture(request_id, body))
+        ex.ingest.handle_packet(conns[1], answer)
+        packets.append(answer.hex())
         clock.advance(1.0)
         ex.store.check_conditions()
         budget = SampleBudget(ex.registry, settings.scrape_sample_limit)

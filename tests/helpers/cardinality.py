@@ -218,7 +218,7 @@ def _stepped(ex: ExporterProcess, rank: int) -> bool:
     return False
 
 
-BUDGET = {"rank": 127, "GPU": 42, "node": 148, "run": 2, "layer": 15}
+BUDGET = {"rank": 127, "GPU": 42, "node": 160, "run": 2, "layer": 15}
 """Series per unit; "rank" is a rank with every feature and ``watch()`` on (one tracked
 operation), "layer" a watched layer with activations and gradient quantiles."""
 SLACK = 0.8

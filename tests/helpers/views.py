@@ -9,12 +9,17 @@ from typing import Any
 
 from trainmon_exporter.views.api import (
     EventView,
+    FrameView,
     GoodputView,
     GpusResponse,
     GpuView,
+    HangView,
+    PendingCollectiveView,
+    ProcessGroupView,
     RankView,
     RunsResponse,
     RunView,
+    ThreadView,
 )
 
 T = 1_800_000_000.0
@@ -142,3 +147,85 @@ def gpus(*views: GpuView, **kw: Any) -> GpusResponse:
 def no_gpus(error: str = "NVML Shared Library Not Found", hint: str = "") -> GpusResponse:
     """No NVML pass: ``error`` says why."""
     return gpus(ok=False, error=error, hint=hint, driver_version="", sample_seconds=0.0)
+
+
+TORCH = "/venv/lib/python3.11/site-packages/torch/distributed"
+LOOP = [
+    FrameView(file="/job/train.py", line=90, function="<module>", user=True),
+    FrameView(file="/job/train.py", line=61, function="train", user=True),
+]
+IN_ALL_REDUCE = [
+    *LOOP,
+    FrameView(file=f"{TORCH}/c10d_logger.py", line=83, function="wrapper", user=False),
+    FrameView(file=f"{TORCH}/distributed_c10d.py", line=3252, function="all_reduce", user=False),
+]
+"""A training thread waiting in ``dist.all_reduce`` at train.py:61."""
+IN_LOADER = [*LOOP[:1], FrameView(file="/job/train.py", line=57, function="load_batch", user=True)]
+"""A training thread stuck in its data loader at train.py:57, before the all-reduce."""
+
+
+def hang(
+    frames: list[FrameView] | None = None,
+    enqueued: int = 12,
+    status: str = "captured",
+    **kw: Any,
+) -> HangView:
+    """A rank's capture: its training thread at ``frames``, its group 0 at ``enqueued``.
+
+    The collective is pending when the innermost frame is torch's (``all_reduce``).
+    """
+    frames = IN_ALL_REDUCE if frames is None else frames
+    waits = bool(frames) and not frames[-1].user
+    user = [f for f in frames if f.user]
+    pending = (
+        PendingCollectiveView(
+            seq=enqueued,
+            op="gloo:all_reduce",
+            p2p=False,
+            sizes=[[1000]],
+            out_sizes=[[1000]],
+            dtypes=["Float"],
+            state="scheduled",
+            seconds=30.0,
+        )
+        if waits
+        else None
+    )
+    fields: dict[str, Any] = {
+        "hung": True,
+        "status": status,
+        "step": 1499,
+        "requested_at": T - 30,
+        "answered_at": T - 29.5,
+        "frame": f"{user[-1].function} (train.py:{user[-1].line})" if user else "(no answer)",
+        "collective": "gloo:all_reduce" if waits else "",
+        "threads": [
+            ThreadView(
+                name="MainThread", id=1, training=True, state="S", cpu=0.0, frames=frames, omitted=0
+            )
+        ],
+        "threads_omitted": 0,
+        "distributed": "ok",
+        "distributed_detail": "",
+        "groups": [
+            ProcessGroupView(
+                id="0",
+                name="default_pg",
+                enqueued=enqueued,
+                started=-1,
+                completed=enqueued - 1 if waits else enqueued,
+                pending=pending,
+            )
+        ],
+        "notes": [],
+        "capture_seconds": 0.1,
+        "gpu_power_watts": None,
+        "gpu_power_limit_watts": None,
+        "gpu_sm_active_ratio": None,
+        "native": None,
+    }
+    if status != "captured":
+        fields |= {"threads": [], "groups": [], "frame": None, "collective": ""}
+        if status == "no_answer":
+            fields["frame"] = "(no answer)"
+    return HangView(**(fields | kw))

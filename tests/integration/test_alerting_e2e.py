@@ -144,7 +144,7 @@ def test_killed_trainer_pages_as_a_crash(stack: Any) -> None:
 
 
 def test_a_stall_pages_and_the_recovery_resolves(stack: Any) -> None:
-    """Hung (critical, for: 1m) while the loop sleeps; resolved once it steps again.
+    """Hung (critical, for: 30s) while the loop sleeps; resolved once it steps again.
 
     The run has one rank, so the whole run is hung: the run-level alert pages and silences
     the per-rank one.
@@ -187,8 +187,8 @@ def test_a_stall_pages_and_the_recovery_resolves(stack: Any) -> None:
         mark = json.loads(next(ln for ln in out.splitlines() if ln.startswith("{")))
         print(
             f"\nstall at step {mark['step']}: paged after {triggered[0][1] - mark['time']:.1f} s "
-            f"(2 s grace + for: 1m), resolved {resolved[0][1] - mark['time']:.1f} s after it began "
-            "(the loop slept 75 s)"
+            f"(2 s grace + for: 30s), resolved {resolved[0][1] - mark['time']:.1f} s after it "
+            "began (the loop slept 75 s)"
         )
     finally:
         if proc.poll() is None:

@@ -12,8 +12,9 @@ already initialised CUDA. See docs/client.md.
 
 from __future__ import annotations
 
+from trainmon_client._operation import Operation
 from trainmon_client._protocol import PROTOCOL_VERSION
-from trainmon_client._run import Operation, Run, init
+from trainmon_client._run import Run, init
 from trainmon_client._version import __version__
 
 __all__ = ["PROTOCOL_VERSION", "Operation", "Run", "__version__", "init"]

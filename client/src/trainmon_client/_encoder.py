@@ -32,6 +32,7 @@ from collections import deque
 from collections.abc import Callable, Collection
 from typing import Any, NamedTuple
 
+from trainmon_client import _names as N
 from trainmon_client import _protocol as P
 
 __all__ = [
@@ -176,11 +177,11 @@ class Encoder:
         if field_id is not None:
             return field_id
         if layer:
-            if not P.valid_name(name) or self._n_layer_names >= self.max_layer_names:
+            if not N.valid_name(name) or self._n_layer_names >= self.max_layer_names:
                 return 0
             self._n_layer_names += 1
         else:
-            if not P.valid_metric_name(name) or self._n_custom_names >= self.max_custom_names:
+            if not N.valid_metric_name(name) or self._n_custom_names >= self.max_custom_names:
                 return 0
             self._n_custom_names += 1
         field_id = P.FIRST_CUSTOM_ID + len(self._names)

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
-from trainmon_client import _protocol as P
+from trainmon_client import _names as N
 
 log = logging.getLogger("trainmon_client")
 
@@ -100,7 +100,7 @@ def sanitise_run_id(value: str) -> str:
     to 128 characters.
     """
     fixed = _RUN_BAD.sub("_", value.strip()).lstrip(".:@+-")
-    return fixed[: P.MAX_NAME_CHARS]
+    return fixed[: N.MAX_NAME_CHARS]
 
 
 DEFAULT_SOCKET = "/run/trainmon/trainmon.sock"
@@ -380,11 +380,11 @@ def detect_pod(
                 namespace = f.read(256).strip()
         except (OSError, UnicodeDecodeError):
             namespace = ""
-    if namespace and not P.valid_namespace(namespace):
+    if namespace and not N.valid_namespace(namespace):
         note(issues, key, f"{key}={namespace[:60]!r} is not a Kubernetes namespace; ignored")
         namespace = ""
     pod = env.get("POD_NAME", "").strip()
-    if pod and not P.valid_pod(pod):
+    if pod and not N.valid_pod(pod):
         note(issues, "POD_NAME", f"POD_NAME={pod[:60]!r} is not a Kubernetes pod name; ignored")
         pod = ""
     return namespace, pod
@@ -466,7 +466,7 @@ def detect_run_id(
     for key, value in candidates:
         if not value:
             continue
-        if P.valid_run_id(value):
+        if N.valid_run_id(value):
             return value
         fixed = sanitise_run_id(value)
         shown = value[:60]

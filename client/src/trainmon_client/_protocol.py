@@ -56,6 +56,13 @@ A packet is at most :data:`MAX_PACKET_BYTES` bytes. Record types:
     a packet of its own just before it closes the connection; ``detail`` (at most
     :data:`MAX_REFUSAL_DETAIL` bytes) may be empty. The only record that travels this way. An
     exporter that predates it sends nothing; a client that predates it never reads.
+``CAPTURE_REQUEST`` (11), exporter to client
+    :data:`CAPTURE_REQUEST_BODY`, in a packet of its own on a live connection: the rank was
+    judged hung; send its stacks and collective state (docs/hangs.md). A client that predates
+    it never reads while connected, so never answers: the exporter says so after its wait.
+``CAPTURE`` (12)
+    ``request_id u32 | utf-8 JSON object`` (:data:`CAPTURE_FIELDS`): the answer, in a packet
+    of its own (no TOTALS: not a data record). Only sent when asked.
 
 *Data records* are STEP, EVAL, TRACK, CHECKPOINT and LAYERS: what the client's sent and
 dropped totals count.
@@ -94,6 +101,10 @@ LAYERS: Final = 8
 TOTALS: Final = 9
 REFUSED: Final = 10
 """Exporter to client only: not in :data:`RECORD_NAMES`, which are what a client sends."""
+CAPTURE_REQUEST: Final = 11
+"""Exporter to client only, as :data:`REFUSED`: the rank is hung, send its stacks."""
+CAPTURE: Final = 12
+"""The client's answer to a :data:`CAPTURE_REQUEST` (not a data record)."""
 MAX_REFUSAL_DETAIL: Final = 256
 """Most bytes of a REFUSED record's ``detail``."""
 DATA_RECORDS: Final = frozenset({STEP, EVAL, TRACK, CHECKPOINT, LAYERS})
@@ -108,6 +119,7 @@ RECORD_NAMES: Final[dict[int, str]] = {
     CHECKPOINT: "checkpoint",
     LAYERS: "layers",
     TOTALS: "totals",
+    CAPTURE: "capture",
 }
 """Lower-case name of every record type (the exporter's ``type`` label values)."""
 
@@ -203,6 +215,28 @@ TOTALS_BODY: Final = struct.Struct("<7Q")
 """
 
 
+CAPTURE_REQUEST_BODY: Final = struct.Struct("<II")
+"""CAPTURE_REQUEST payload: ``request_id`` (u32, the exporter's, echoed in the answer) and
+``max_bytes`` (u32, the most bytes of JSON the answer may carry)."""
+CAPTURE_ID: Final = struct.Struct("<I")
+"""The ``request_id`` that starts a CAPTURE payload."""
+MAX_CAPTURE_BYTES: Final = (
+    MAX_PACKET_BYTES - PACKET_HEADER.size - RECORD_HEADER.size - CAPTURE_ID.size
+)
+"""Most bytes of JSON one CAPTURE carries: a packet less its and the record's headers and id."""
+CAPTURE_FIELDS: Final = ("time", "seconds", "threads", "threads_omitted", "collectives", "notes")
+"""Keys of a CAPTURE's JSON object, each optional: every thread's stack, the Flight Recorder's
+state per process group, what could not be captured (specified in docs/hangs.md and
+:mod:`trainmon_client._capture`, which writes them)."""
+
+
+class CaptureRequest(NamedTuple):
+    """A decoded CAPTURE_REQUEST (see :data:`CAPTURE_REQUEST_BODY`)."""
+
+    request_id: int
+    max_bytes: int
+
+
 class Totals(NamedTuple):
     """A decoded :data:`TOTALS_BODY` (meaning: see there)."""
 
@@ -288,31 +322,6 @@ and pod (str: the Kubernetes namespace and pod of a client in a pod, see
 them, so a HELLO off Kubernetes is what exporters that predate them know; one that predates
 them ignores them and counts each as ``unknown_hello_key``: upgrade exporters before clients."""
 
-_DNS_LABEL_RE: Final = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
-_DNS_SUBDOMAIN_RE: Final = re.compile(
-    r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z"
-)
-
-
-def valid_namespace(value: str) -> bool:
-    """A Kubernetes namespace name: an RFC 1123 DNS label (1-63 of ``a-z 0-9 -``)."""
-    return isinstance(value, str) and _DNS_LABEL_RE.match(value) is not None
-
-
-def valid_pod(value: str) -> bool:
-    """A Kubernetes pod name: an RFC 1123 DNS subdomain (1-253 of ``a-z 0-9 - .``)."""
-    return (
-        isinstance(value, str) and len(value) <= 253 and _DNS_SUBDOMAIN_RE.match(value) is not None
-    )
-
-
-MAX_NAME_CHARS: Final = 128
-"""Longest run id or custom metric name accepted (characters)."""
-_NAME_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.:/\-]*\Z")
-_LABEL_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:/\-]*\Z")
-_RUN_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@+\-]*\Z")
-
-
 PROTOCOL_ERRORS: Final = (
     "oversized",
     "truncated",
@@ -340,34 +349,6 @@ class ProtocolError(ValueError):
             raise ValueError(f"not a protocol error reason: {reason!r}")
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
-
-
-def valid_metric_name(name: object) -> bool:
-    """Whether ``name`` may be a custom metric name.
-
-    Rule: 1 to :data:`MAX_NAME_CHARS` characters, a letter or ``_`` first, then letters, digits
-    and ``_ . : / -``. Quotes, spaces, newlines and other control characters are refused.
-    """
-    return (
-        type(name) is str and 0 < len(name) <= MAX_NAME_CHARS and _NAME_RE.match(name) is not None
-    )
-
-
-def valid_name(name: object) -> bool:
-    """Whether ``name`` may travel in a NAME record.
-
-    It may be a custom metric name, an operation name, or a layer's module path, which may
-    start with a digit (``nn.Sequential`` children are ``0``, ``1``, ...): 1 to
-    :data:`MAX_NAME_CHARS` of letters, digits and ``_ . : / -``.
-    """
-    return (
-        type(name) is str and 0 < len(name) <= MAX_NAME_CHARS and _LABEL_RE.match(name) is not None
-    )
-
-
-def valid_run_id(run: object) -> bool:
-    """Whether ``run`` may be a run id: 1 to 128 of letters, digits and ``_ . : @ + -``."""
-    return type(run) is str and 0 < len(run) <= MAX_NAME_CHARS and _RUN_RE.match(run) is not None
 
 
 def packet_header() -> bytes:
@@ -448,6 +429,35 @@ def decode_refused(packet: bytes) -> Refusal | None:
     except ProtocolError:
         return None
     return None
+
+
+def encode_capture_request(request_id: int, max_bytes: int) -> bytes:
+    """A whole packet holding one CAPTURE_REQUEST (``struct.error`` outside a u32)."""
+    body = CAPTURE_REQUEST_BODY.pack(request_id, max_bytes)
+    return packet_header() + RECORD_HEADER.pack(CAPTURE_REQUEST, len(body)) + body
+
+
+def decode_capture_requests(packet: bytes) -> list[CaptureRequest]:
+    """The CAPTURE_REQUEST records in a packet the exporter sent; never raises ([] if none)."""
+    out: list[CaptureRequest] = []
+    try:
+        for rtype, payload in iter_records(packet):
+            if rtype == CAPTURE_REQUEST and len(payload) == CAPTURE_REQUEST_BODY.size:
+                out.append(CaptureRequest._make(CAPTURE_REQUEST_BODY.unpack_from(payload, 0)))
+    except ProtocolError:
+        pass
+    return out
+
+
+def encode_capture(request_id: int, body: bytes) -> bytes:
+    """A CAPTURE record answering ``request_id`` with JSON ``body`` (record header included).
+
+    Raises ``ValueError`` when ``body`` is over :data:`MAX_CAPTURE_BYTES`.
+    """
+    if len(body) > MAX_CAPTURE_BYTES:
+        raise ValueError("CAPTURE too large")
+    payload = CAPTURE_ID.pack(request_id) + body
+    return RECORD_HEADER.pack(CAPTURE, len(payload)) + payload
 
 
 _step_structs: dict[int, struct.Struct] = {}
@@ -610,7 +620,15 @@ class Layers(NamedTuple):
     values: tuple[float, ...]
 
 
-Record = Union[Hello, Name, Step, Finish, Eval, Track, Checkpoint, Layers, Totals]  # noqa: UP007 (3.9)
+class Capture(NamedTuple):
+    """A decoded CAPTURE: request id, JSON object (types unchecked, as Hello's), its bytes."""
+
+    request_id: int
+    fields: dict[str, Any]
+    size: int
+
+
+Record = Union[Hello, Name, Step, Finish, Eval, Track, Checkpoint, Layers, Totals, Capture]  # noqa: UP007 (3.9)
 """Any decoded record (:func:`decode_record`)."""
 
 
@@ -787,6 +805,25 @@ def decode_finish(payload: memoryview) -> Finish:
     return Finish(int(status), float(when))
 
 
+def decode_capture(payload: memoryview) -> Capture:
+    """Decode a CAPTURE payload to ``(request_id, JSON object, size)``.
+
+    Raises:
+        ProtocolError: ``truncated`` (shorter than its request id) or ``malformed`` (not a
+            UTF-8 JSON object).
+    """
+    if len(payload) < CAPTURE_ID.size:
+        raise ProtocolError("truncated", "CAPTURE")
+    (request_id,) = CAPTURE_ID.unpack_from(payload, 0)
+    try:
+        obj = json.loads(bytes(payload[CAPTURE_ID.size :]).decode())
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ProtocolError("malformed", f"CAPTURE is not JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError("malformed", "CAPTURE is not a JSON object")
+    return Capture(int(request_id), obj, len(payload) - CAPTURE_ID.size)
+
+
 def _decode_hello_record(payload: memoryview) -> Hello:
     return Hello(decode_hello(payload))
 
@@ -801,6 +838,7 @@ _DECODERS: Final[dict[int, Any]] = {
     CHECKPOINT: decode_checkpoint,
     LAYERS: decode_layers,
     TOTALS: decode_totals,
+    CAPTURE: decode_capture,
 }
 
 

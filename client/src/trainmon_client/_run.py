@@ -9,10 +9,11 @@ queued steps and sends them without blocking (:mod:`~trainmon_client._sender`). 
 drops the packet and counts it. ``finish()`` flushes in the caller's thread. Nothing in
 ``log()`` raises.
 
-This module is the public surface: :func:`init`, :class:`Run` and :class:`Operation`. The
-run's parts each have a module (docs/architecture.md lists them): ``_sender`` (the flusher
-thread, the flush, HELLO, ``finish()``'s last flush, the fork guard), ``_encoder``,
-``_transport``, ``_device``, ``_lifecycle`` and ``_watch``.
+This module is the public surface: :func:`init` and :class:`Run`, and :class:`Operation` (the
+handle :meth:`Run.track` returns, from ``_operation``). The run's parts each have a module
+(docs/architecture.md lists them): ``_sender`` (the flusher thread, the flush, HELLO,
+``finish()``'s last flush, the fork guard), ``_encoder``, ``_transport``, ``_device``,
+``_lifecycle`` and ``_watch``.
 
 The run keeps its lock (with the guard against a signal handler re-entering it), the queue
 ``log()`` fills, and every cumulative count (refused, dropped by reason, sent, overhead,
@@ -43,6 +44,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from trainmon_client import _lifecycle
+from trainmon_client import _names as N
 from trainmon_client import _protocol as P
 from trainmon_client._device import REFUSED, DeviceCopies, torch_gpu_uuid
 from trainmon_client._encoder import as_step
@@ -54,6 +56,7 @@ from trainmon_client._env import (
     detect_run_id,
     misspelt_variables,
 )
+from trainmon_client._operation import Operation
 from trainmon_client._sender import Sender
 from trainmon_client._transport import expected_exporter_uid
 
@@ -67,64 +70,6 @@ T = TypeVar("T")
 _perf = time.perf_counter
 _wall = time.time
 _NAN = math.nan
-
-
-class Operation:
-    """A monitoring operation of a run, from :meth:`Run.track`: timed between start and stop.
-
-    Use it as a context manager (``with run.track("validation"):``), or call :meth:`start`
-    and :meth:`stop` where one block cannot span it (callbacks: one hook starts it, a later
-    one stops it). :meth:`start` on a running operation and :meth:`stop` on a stopped one do
-    nothing; stopped, it can start again. Neither raises; a refused name is counted once per
-    :meth:`start` (:attr:`Run.refused`) and the operation does not run.
-
-    Example:
-        >>> run = init(run="doc", socket_path="/nonexistent/x.sock")
-        >>> sampling = run.track("sampling")
-        >>> sampling.start()
-        >>> sampling.running
-        True
-        >>> sampling.stop()
-    """
-
-    __slots__ = ("_field_id", "_run", "_t0", "name")
-
-    def __init__(self, run: Run, name: str) -> None:
-        self._run = run
-        self.name = name
-        """The operation's name."""
-        self._field_id = 0  # its name's id while it runs, else 0
-        self._t0 = 0.0
-
-    @property
-    def running(self) -> bool:
-        """Whether it was started (and the exporter told) and not stopped since."""
-        return self._field_id != 0
-
-    def start(self) -> None:
-        """Tell the exporter the operation runs now (sent at once, about 0.1 ms)."""
-        if not self._field_id:
-            self._field_id = self._run._track_begin(self.name)
-            self._t0 = _perf()
-
-    def stop(self) -> None:
-        """Add the time since :meth:`start` to the operation's totals and send them at once."""
-        field_id = self._field_id
-        if field_id:
-            self._field_id = 0
-            self._run._track_end(field_id, _perf() - self._t0)
-
-    def __enter__(self) -> Operation:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()  # the block's own exception propagates
 
 
 class Run:
@@ -203,6 +148,10 @@ class Run:
         self._refused = len(issues)
         self._internal_errors = 0
         self._dropped_reentrant = 0
+        # The thread that calls log() (noted as it wakes the flusher), for a capture.
+        self._train_ident: int | None = threading.get_ident()
+        self._captures_sent = 0
+        self._captures_dropped = 0
         # Guards everything but the hot path's queue: the encoder, the transport and the
         # device copies, between log()'s rare slow paths, the flusher and finish(). Taken only
         # through _enter(), never by a thread already inside it (a signal handler that
@@ -755,8 +704,9 @@ class Run:
             self.finish(failed=failed)
 
     def _wake_flusher(self) -> None:
-        """Wake the flusher thread now: one C call, safe in a signal handler."""
+        """Wake the flusher thread now: one C call, safe in a signal handler; note the thread."""
         self._wake_at = 0 if self.flush_interval <= 0.0 else MAX_PENDING
+        self._train_ident = threading.get_ident()
         try:
             self._wake.release()
         except RuntimeError:  # not held: a wake-up is already pending
@@ -856,9 +806,9 @@ def init(
         raise ValueError(f"rank {rank} is outside world_size {world_size}")
     run_id = run if run is not None else detect_run_id(world_size, env, issues)
     namespace, pod = detect_pod(env, issues)
-    if not P.valid_run_id(run_id):
+    if not N.valid_run_id(run_id):
         raise ValueError(
-            f"run id {str(run_id)[:60]!r} is invalid: use 1-{P.MAX_NAME_CHARS} letters, digits "
+            f"run id {str(run_id)[:60]!r} is invalid: use 1-{N.MAX_NAME_CHARS} letters, digits "
             "and _ . : @ + -"
         )
     if flush_interval is None:

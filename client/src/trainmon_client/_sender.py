@@ -18,10 +18,16 @@ the flusher thread and the lock that wakes it.
 - **The fork guard**: a forked child never sends the parent's steps (:meth:`Sender.prepare`)
   nor touches its socket (:meth:`Sender.abandon`).
 
-What the exporter sends back comes on the same connection: the transport reads it (today the
-one record is REFUSED, read once the connection ends, which :meth:`Transport.check` before
-each flush or a failed send finds out), and the answer to it belongs here, on the flusher
-thread, off the training loop.
+What the exporter sends back comes on the same connection: the transport reads it (REFUSED,
+read once the connection ends, which :meth:`Transport.check` before each flush or a failed
+send finds out; CAPTURE_REQUEST, read by the same check while the connection lives), and the
+answer to it belongs here, on the flusher thread, off the training loop:
+
+- **Requests** (:meth:`Sender.answer`): the exporter judged the rank hung and asks for its
+  stacks and collective state; the flusher takes them (:func:`~trainmon_client._capture.capture`)
+  outside the run's lock and sends one CAPTURE record back. The flusher looks for requests at
+  every flush and at least every :data:`REQUEST_POLL_S` seconds (then without flushing), so a
+  hung rank answers within a second or so whatever its ``flush_interval``.
 
 The sender keeps no count: what it sends, drops and refuses is counted on its run, the one
 owner of every total (docs/architecture.md), and it reads the run's queue, device copies and
@@ -45,12 +51,13 @@ from collections import deque
 from typing import Any, Protocol
 
 from trainmon_client import _protocol as P
+from trainmon_client._capture import capture
 from trainmon_client._device import Deferred, DeviceCopies, add_allocator_stats, torch_gpu_uuid
 from trainmon_client._encoder import Encoder, carries_names
 from trainmon_client._transport import Outcome, Transport
 from trainmon_client._version import __version__
 
-__all__ = ["FLUSH_BURST_BYTES", "MIN_FLUSH_WAIT_S", "Sender", "SendingRun"]
+__all__ = ["FLUSH_BURST_BYTES", "MIN_FLUSH_WAIT_S", "REQUEST_POLL_S", "Sender", "SendingRun"]
 
 log = logging.getLogger("trainmon_client")
 
@@ -61,6 +68,13 @@ reading every 0.1 s, empties it long before it fills. The flusher waits the time
 queue at the rate of its last flush (within ``flush_interval``)."""
 MIN_FLUSH_WAIT_S = 0.02
 """Shortest wait between two flushes that :data:`FLUSH_BURST_BYTES` makes."""
+MIN_CAPTURE_INTERVAL_S = 1.0
+"""Shortest time between two captures: requests that come faster wait, and only the newest
+of those waiting is answered (the exporter takes the answer to its latest request only)."""
+REQUEST_POLL_S = 1.0
+"""Longest the flusher sleeps before it looks for the exporter's requests: with a
+``flush_interval`` of 0 (woken by ``log()`` only) or above this, it wakes this often to look,
+and flushes only when a flush is due."""
 _perf = time.perf_counter
 _wall = time.time
 
@@ -99,6 +113,11 @@ class SendingRun(Protocol):
     _dropped_in_flight: int
     _refused: int
     _internal_errors: int
+    # The thread that calls log() (noted when it wakes the flusher): the capture's training
+    # thread; and what became of the exporter's requests for a capture.
+    _train_ident: int | None
+    _captures_sent: int
+    _captures_dropped: int
 
 
 class Sender:
@@ -126,6 +145,7 @@ class Sender:
         self.wake = threading.Lock()
         self.wake.acquire()
         self.thread: threading.Thread | None = None
+        self._last_capture = -MIN_CAPTURE_INTERVAL_S
 
     def start(self) -> None:
         """Start the flusher thread (by the run's constructor: never in a signal handler)."""
@@ -151,19 +171,30 @@ class Sender:
         timeout = interval
         last = _perf()
         while not run._closed:
-            wake.acquire(True, timeout)
+            wait = REQUEST_POLL_S
+            if interval > 0:
+                wait = min(max(timeout - (_perf() - last), 0.0), REQUEST_POLL_S)
+            woken = wake.acquire(True, wait)
             sent = 0
             with run._lock:
                 if run._closed:
                     return
                 cpu0 = time.thread_time()
                 now = _perf()
+                due = woken or (interval > 0 and now - last >= timeout)
                 try:
-                    sent = self.flush(now)
+                    if due:
+                        sent = self.flush(now)
+                    elif self.transport.connected:  # only a look for the exporter's requests
+                        run._dropped_in_flight += self.transport.check(now)
                 except Exception:
                     run._internal_errors += 1
                     log.debug("trainmon_client: flush failed internally", exc_info=True)
                 run._flush_seconds += time.thread_time() - cpu0
+            if self.transport.requests:
+                self.answer()
+            if not due:
+                continue
             if interval > 0:
                 # The wait that lets FLUSH_BURST_BYTES queue at the rate of the last flush.
                 timeout = interval
@@ -171,6 +202,43 @@ class Sender:
                     timeout = (now - last) * FLUSH_BURST_BYTES / sent
                     timeout = min(interval, max(MIN_FLUSH_WAIT_S, timeout))
             last = now
+
+    def answer(self) -> None:
+        """Answer the exporter's newest request for a capture with one CAPTURE packet.
+
+        On the flusher thread. The capture (about :data:`~trainmon_client._capture.CPU_SAMPLE_S`
+        plus its frames) runs outside the run's lock, so a ``log()``, ``eval()`` or
+        ``track()`` of a rank that was only slow never waits for it; the send takes the lock.
+        Its CPU time counts in the client's overhead. An answer that cannot be sent (no
+        connection, a full buffer) is counted dropped and not retried: the exporter, which
+        waits for it, says that none came. At most one capture per
+        :data:`MIN_CAPTURE_INTERVAL_S`, for the newest request (older ones waiting are
+        dropped): an exporter that asks without pause costs the trainer little.
+        """
+        run = self._run
+        transport = self.transport
+        if transport.requests and _perf() - self._last_capture >= MIN_CAPTURE_INTERVAL_S:
+            request = transport.requests.pop()
+            run._captures_dropped += len(transport.requests) + transport.requests_replaced
+            transport.requests.clear()
+            transport.requests_replaced = 0
+            self._last_capture = _perf()
+            cpu0 = time.thread_time()
+            try:
+                body = capture(run._train_ident, min(request.max_bytes, P.MAX_CAPTURE_BYTES))
+                packet = P.packet_header() + P.encode_capture(request.request_id, body)
+            except Exception:
+                run._internal_errors += 1
+                log.debug("trainmon_client: capture failed internally", exc_info=True)
+                return
+            with run._lock:
+                run._flush_seconds += time.thread_time() - cpu0
+                if run._closed:
+                    return
+                if transport.send(packet, 0, _perf()).outcome is Outcome.SENT:
+                    run._captures_sent += 1
+                else:
+                    run._captures_dropped += 1
 
     def flush(self, now: float) -> int:
         """Encode what is pending and send it (or drop and count it); its bytes, sent or not.

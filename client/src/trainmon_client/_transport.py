@@ -31,8 +31,11 @@ Drop semantics, by :class:`Outcome` of :meth:`Transport.send`:
 already connected, a quota) sends one REFUSED packet saying why, then closes. When the
 connection ends (a hang-up :meth:`check` sees, or a failed send), the transport reads what
 is left to read: a refusal is kept (:attr:`Transport.refusal`) and logged once, with the
-reason and what to do (:data:`REFUSAL_FIXES`). Nothing is read while the connection lives, so
-the hot path gains no system call.
+reason and what to do (:data:`REFUSAL_FIXES`).
+
+*Requests*: a CAPTURE_REQUEST (the rank was judged hung) comes on a live connection. The
+``poll()`` :meth:`check` makes for the hang-up also asks for readable data, and only then is
+it read: requests are kept (:attr:`Transport.requests`) for the sender. ``log()`` never reads.
 
 Only ``finish()`` waits: :meth:`start_deadline` sets the one deadline
 (:data:`FINISH_TIMEOUT_S`) that its sends (``wait=``) and :meth:`await_read` share.
@@ -101,6 +104,9 @@ _SKB_MIN_OVERHEAD = 384
 each one's buffer (``skb->truesize``: the data rounded up, plus ``struct sk_buff`` and
 ``skb_shared_info``, over 512 bytes on 64-bit Linux; measured 768 for a 100-byte packet)."""
 _HUP = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0x2000)
+MAX_REQUESTS = 4
+"""Requests from the exporter kept unanswered at most (older ones are replaced)."""
+_READS = 8  # packets read per check at most
 # Python 3.9: a timed-out blocking send raises socket.timeout, not yet an alias of TimeoutError.
 _FULL_ERRORS = (BlockingIOError, InterruptedError, TimeoutError, socket.timeout)
 _perf = time.perf_counter
@@ -316,6 +322,10 @@ class Transport:
         self._confirmed = 0  # of sent_connection, records the exporter was seen to read
         # Packets sent since the last confirmation: (bytes, sent_connection after it).
         self._unconfirmed: deque[tuple[int, int]] = deque(maxlen=4096)
+        self.requests: deque[P.CaptureRequest] = deque(maxlen=MAX_REQUESTS)
+        """What the exporter asked of this connection (CAPTURE_REQUEST), oldest first."""
+        self.requests_replaced = 0
+        """Requests pushed out of :attr:`requests` by newer ones before they were taken."""
 
     @property
     def connected(self) -> bool:
@@ -408,12 +418,17 @@ class Transport:
             self._no_outq = True
         try:
             poller = select.poll()
-            poller.register(sock, _HUP)
-            gone = any(ev & _HUP for _fd, ev in poller.poll(0))
+            poller.register(sock, _HUP | select.POLLIN)
+            events = 0
+            for _fd, ev in poller.poll(0):
+                events |= ev
+            gone = bool(events & _HUP)
         except OSError:
             gone = True
         if gone:
             return self._lose(now)
+        if events & select.POLLIN:
+            self._read_requests(sock)
         if outq == 0:
             self._confirmed = self.sent_connection
             self._unconfirmed.clear()
@@ -432,6 +447,23 @@ class Transport:
                         q.popleft()
                     break
         return 0
+
+    def _read_requests(self, sock: socket.socket) -> None:
+        """Read what the exporter sent on a live connection; keep its requests. Never blocks."""
+        for _ in range(_READS):
+            try:
+                data = sock.recv(P.MAX_PACKET_BYTES, socket.MSG_DONTWAIT)
+            except OSError:  # nothing more (EAGAIN), or an error the next check sees
+                return
+            if not data:
+                return
+            refusal = P.decode_refused(data)
+            if refusal is not None:  # not sent on a live connection, but should one come
+                self._refused(refusal)
+            for request in P.decode_capture_requests(data):
+                if len(self.requests) == self.requests.maxlen:
+                    self.requests_replaced += 1
+                self.requests.append(request)
 
     def start_deadline(self) -> None:
         """Start ``finish()``'s one deadline, :data:`FINISH_TIMEOUT_S` from now."""

@@ -53,7 +53,8 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from trainmon_client._run import Operation, Run, init
+from trainmon_client._operation import Operation
+from trainmon_client._run import Run, init
 
 __all__ = ["TrainmonCallback"]
 

@@ -33,7 +33,8 @@ from typing import Any
 
 import keras
 
-from trainmon_client._run import Operation, Run, init
+from trainmon_client._operation import Operation
+from trainmon_client._run import Run, init
 
 __all__ = ["TrainmonCallback"]
 

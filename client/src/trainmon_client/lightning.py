@@ -53,7 +53,8 @@ import torch
 from lightning.pytorch import Callback
 
 from trainmon_client._env import detect_run_id
-from trainmon_client._run import Operation, Run, init
+from trainmon_client._operation import Operation
+from trainmon_client._run import Run, init
 
 __all__ = ["TrainmonCallback"]
 

@@ -4,8 +4,9 @@ This module only wires: :func:`build_exporter` connects the store, registry, col
 sampler and ingest server; :func:`create_app` adds the lifespan and the routes. What the JSON
 API and the status page show is built in :mod:`trainmon_exporter.views`.
 
-Everything with a lifetime (the ingest socket, the GPU sampler, the expiry sweeper, the
-detector clock) starts and stops in the lifespan. ``/metrics`` is an async route that renders
+Everything with a lifetime (the ingest socket, the GPU sampler, and the expiry sweeper, the
+detector clock and the state file's saves of :mod:`trainmon_exporter.timers`) starts and stops
+in the lifespan. ``/metrics`` is an async route that renders
 in a worker thread, so collection never blocks the event loop that serves ingest.
 """
 
@@ -25,7 +26,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from prometheus_client import CollectorRegistry, disable_created_metrics
 
-from trainmon_exporter import __version__
+from trainmon_exporter import __version__, derive
 from trainmon_exporter.apply import checked_hello
 from trainmon_exporter.claims import OwnerClaims
 from trainmon_exporter.collectors import CollectorContext, ScrapeCollector, build_collectors
@@ -40,11 +41,14 @@ from trainmon_exporter.scrapes import SharedScrapes, scrape_format
 from trainmon_exporter.settings import Settings
 from trainmon_exporter.shed import SampleBudget
 from trainmon_exporter.sockfile import IngestSocket
+from trainmon_exporter.state.evidence import GpuEvidence
 from trainmon_exporter.state.statefile import Keeper
 from trainmon_exporter.state.store import Store
+from trainmon_exporter.timers import keep, sweep, watch_conditions
 from trainmon_exporter.views.api import GpusResponse, RunsResponse, gpu_snapshot, snapshot
 from trainmon_exporter.views.html import StatusPage, render_status
 from trainmon_exporter.views.jobs import JobSource, source_of
+from trainmon_exporter.views.remote import PLAIN, StatusError, access, with_peers
 from trainmon_exporter.webconfig import (
     AuthStats,
     TlsStats,
@@ -106,6 +110,8 @@ def build_exporter(
         retention_s=settings.rank_retention_seconds,
         default_namespace=settings.default_namespace or "",
         goodput_retention_s=settings.goodput_retention_seconds,
+        capture_max_bytes=settings.hang_capture_max_bytes,
+        evidence_max_bytes=settings.hang_evidence_max_bytes,
     )
     if settings.owner_claims_dir is not None:
         store.claims = OwnerClaims(settings.owner_claims_dir)
@@ -130,6 +136,14 @@ def build_exporter(
             require=settings.require_gpus,
             slow_interval=settings.nvml_slow_interval_seconds,
         )
+    if gpus is not None:
+        sampler = gpus
+
+        def probe(uuid: str) -> GpuEvidence | None:
+            g = sampler.snapshot.by_uuid().get(uuid)
+            return derive.gpu_evidence(None if g is None else g.readings)
+
+        store.hangs.gpu_probe = probe
     scrape = ScrapeCollector(build_collectors(CollectorContext(settings, store, gpus)))
     registry.register(scrape)  # type: ignore[arg-type]
     cap = connection_cap(settings.ingest_max_connections, settings.http_limit_concurrency)
@@ -179,32 +193,6 @@ def runs_of(ex: Exporter, gpus: GpuSnapshot | None = None) -> RunsResponse:
     return runs if ex.jobs is None else ex.jobs.add_to(runs)
 
 
-async def _keep(keeper: Keeper, period: float) -> None:
-    """Write the state file every ``period`` s (in a worker thread: the disk may be slow)."""
-    while True:
-        await asyncio.sleep(period)
-        await anyio.to_thread.run_sync(keeper.save)
-
-
-async def _sweep(store: Store) -> None:
-    period = min(5.0, max(0.05, store.ttl_s / 4))
-    while True:
-        await asyncio.sleep(period)
-        n = store.expire()
-        if n:
-            log.info("expired %d disconnected rank(s)", n)
-
-
-async def _watch_conditions(store: Store, period: float = 0.1, rates_every: int = 10) -> None:
-    """Judge hangs every ``period`` s, throughput drops and stragglers every ``rates_every``."""
-    tick = 0
-    while True:
-        await asyncio.sleep(period)
-        tick += 1
-        for s, kind in store.check_conditions(rates=tick % rates_every == 0):  # monotonic
-            log.warning("run %s rank %d: %s detected at step %s", s.run, s.rank, kind, s.step)
-
-
 def create_app(
     settings: Settings,
     nvml: NvmlBackend | None = None,
@@ -243,13 +231,11 @@ def create_app(
             ex.keeper.load()  # before the first trainer connects
         ex.ingest.start()
         tasks = [
-            asyncio.create_task(_sweep(ex.store)),
-            asyncio.create_task(_watch_conditions(ex.store)),
+            asyncio.create_task(sweep(ex.store)),
+            asyncio.create_task(watch_conditions(ex, native=settings.hang_native_stacks)),
         ]
         if ex.keeper is not None:
-            tasks.append(
-                asyncio.create_task(_keep(ex.keeper, settings.state_save_interval_seconds))
-            )
+            tasks.append(asyncio.create_task(keep(ex.keeper, settings.state_save_interval_seconds)))
         try:
             yield
         finally:
@@ -373,13 +359,28 @@ def create_app(
 
     def status_body() -> bytes:
         gpus = _gpus(ex)
+        runs = runs_of(ex, gpus)
+        problems: list[str] = []
+        try:
+            how = access(
+                settings.status_peer_ca_file,
+                settings.status_peer_user,
+                settings.status_peer_password_file,
+                {},
+            )
+        except StatusError as exc:
+            how, problems = PLAIN, [f"status peers: {exc}"]
+        peers = settings.status_peers if not problems else ()
+        hangs, unread = with_peers(runs, peers, how)
         page = StatusPage(
-            runs=runs_of(ex, gpus),
+            runs=runs,
             gpus=gpu_snapshot(gpus),
             socket=str(settings.socket),
             socket_problem=ex.ingest.socket_problem(),
             collectors=dict(ex.scrape.last_success),
             gpu_state=None if ex.gpus is None else gpus.state,
+            hangs=hangs,
+            peer_problems=problems + unread,
         )
         return render_status(page).encode()
 

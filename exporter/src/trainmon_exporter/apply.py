@@ -43,6 +43,7 @@ from typing import Final
 from prometheus_client import Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from trainmon_client import _names as N
 from trainmon_client import _protocol as P
 from trainmon_exporter.state.rank import RankState, Tenant, describe_tenant, tenant_of
 from trainmon_exporter.state.store import Store
@@ -195,14 +196,14 @@ class HelloMessage(BaseModel):
     @field_validator("namespace")
     @classmethod
     def _namespace(cls, v: str) -> str:
-        if v and not P.valid_namespace(v):
+        if v and not N.valid_namespace(v):
             raise ValueError("namespace is not a Kubernetes namespace name (RFC 1123 label)")
         return v
 
     @field_validator("pod")
     @classmethod
     def _pod(cls, v: str) -> str:
-        if v and not P.valid_pod(v):
+        if v and not N.valid_pod(v):
             raise ValueError("pod is not a Kubernetes pod name (RFC 1123 subdomain)")
         return v
 
@@ -214,7 +215,7 @@ class HelloMessage(BaseModel):
     @field_validator("run")
     @classmethod
     def _run(cls, v: str) -> str:
-        if not P.valid_run_id(v):
+        if not N.valid_run_id(v):
             raise ValueError("invalid run id")
         return v
 
@@ -491,12 +492,15 @@ class Applier:
             case P.Finish():
                 state.finish(record.status)
                 link.finished = True
+            case P.Capture():  # the answer to a request for a hung rank's stacks
+                if not self.store.observe_capture(state, record):
+                    return Outcome.SKIPPED
             case P.Hello():  # not reached: refused above, before decoding
                 raise Refused("duplicate_hello")
         return Outcome.APPLIED
 
     def _name(self, link: Link, record: P.Name) -> None:
-        if not P.valid_name(record.name):
+        if not N.valid_name(record.name):
             raise Refused("invalid_name")
         if record.field_id not in link.names and len(link.names) >= MAX_NAMES_PER_CONNECTION:
             raise Refused("name_cap")

@@ -1288,6 +1288,48 @@ TRAIN_HANGS = Family(
     doc="Hang episodes, counted within 0.1 s of the limit.",
 )
 
+HANG_FRAME_INFO = Family(
+    "trainmon_hang_frame_info",
+    GAUGE,
+    (
+        "Always 1, only while the rank is hung and its evidence is in: frame is the innermost "
+        "frame of its training thread in the user's code, as function (file:line), or (no "
+        "answer); collective is the collective it waits in (Flight Recorder), or empty."
+    ),
+    (*RANK, "frame", "collective"),
+    unit="1",
+    collector="health",
+    doc=(
+        "Where a hung rank is (docs/hangs.md), one series per hung rank while it is hung: "
+        "`frame` is the innermost frame of the thread that calls `Run.log()` outside the "
+        "standard library, site-packages and trainmon, as `function (file:line)` with the "
+        "file's base name (letters, digits and `_ . : < > -`), or `(no answer)` when the rank "
+        "did not answer in `hang_capture_timeout_seconds`; `collective` is the oldest "
+        "collective its first process group has not completed (`gloo:all_reduce`, "
+        "`nccl:all_reduce`...), empty when none. From the client's capture."
+    ),
+)
+
+HANG_COLLECTIVE_SEQUENCE = Family(
+    "trainmon_hang_collective_sequence",
+    GAUGE,
+    (
+        "Last collective sequence id PyTorch's Flight Recorder saw in each state (enqueued, "
+        "started, completed) for a process group of a hung rank, only while it is hung."
+    ),
+    (*RANK, "group", "state"),
+    unit="sequence id",
+    collector="health",
+    doc=(
+        "Per process group (`group`: its id, at most 4 per rank, those with a collective "
+        "pending first) of a hung rank, the last collective sequence id the Flight Recorder "
+        "saw `enqueued`, `started` and `completed`. A state the recorder does not track is "
+        "left out (gloo tracks no `started`). A rank whose id lags its run's maximum in a "
+        "group never joined the collective the others wait in (recording rules). From the "
+        "client's capture (`torch._C._distributed_c10d`)."
+    ),
+)
+
 TRAIN_THROUGHPUT_DROPS = Family(
     "trainmon_train_throughput_drops",
     COUNTER,
@@ -2498,6 +2540,62 @@ EXPORTER_RANKS_EVICTED = Family(
     ),
 )
 
+HANG_CAPTURE_REQUESTS = Family(
+    "trainmon_hang_capture_requests",
+    COUNTER,
+    "Requests for stacks and collective state sent to ranks judged hung (one per hang episode).",
+    (),
+    unit="requests",
+    collector="exporter",
+    doc="CAPTURE_REQUEST records sent, one per hang episode of a rank (`hang_capture`).",
+)
+
+HANG_CAPTURES = Family(
+    "trainmon_hang_captures",
+    COUNTER,
+    (
+        "What became of each request for a hung rank's stacks: captured (answered), no_answer "
+        "(none within hang_capture_timeout_seconds), not_sent (the connection refused it)."
+    ),
+    ("result",),
+    unit="requests",
+    collector="exporter",
+    doc=(
+        "Requests by outcome: `captured`, `no_answer` (native code holding the GIL, a stopped "
+        "process, a client that predates capture; a late answer moves it to `captured`), "
+        "`not_sent`."
+    ),
+)
+
+HANG_EVIDENCE_DROPPED = Family(
+    "trainmon_hang_evidence_dropped",
+    COUNTER,
+    (
+        "Hang evidence refused or dropped: unsolicited, late (after the rank stepped again), "
+        "too_large (over hang_capture_max_bytes), invalid, budget (hang_evidence_max_bytes held "
+        "by hung ranks), evicted."
+    ),
+    ("reason",),
+    unit="answers",
+    collector="exporter",
+    doc=(
+        "Answers refused: `unsolicited` (no request of that connection waits for it), "
+        "`late` (after the wait ran out and the rank stepped again: where it is now, not where "
+        "it hung), `too_large`, `invalid` (breaks the layout of docs/hangs.md), `budget`; and "
+        "`evicted`: older evidence of a rank no longer hung, dropped to make room."
+    ),
+)
+
+HANG_EVIDENCE_BYTES = Family(
+    "trainmon_hang_evidence_bytes",
+    GAUGE,
+    "Bytes of hang evidence held (answers' JSON, native stacks), at most hang_evidence_max_bytes.",
+    (),
+    unit="bytes",
+    collector="exporter",
+    doc="Hang evidence held for every rank together, bounded by `hang_evidence_max_bytes`.",
+)
+
 EXPORTER_SERIES = Family(
     "trainmon_exporter_series",
     GAUGE,
@@ -3190,6 +3288,8 @@ HEALTH_TABLE: tuple[Family, ...] = (
     TRAIN_STEP_TIME_MEDIAN_SECONDS,
     TRAIN_HUNG,
     TRAIN_HANGS,
+    HANG_FRAME_INFO,
+    HANG_COLLECTIVE_SEQUENCE,
     TRAIN_STEP_OVERDUE_RATIO,
     TRAIN_MEMORY_GROWTH_BYTES_PER_STEP,
     TRAIN_MEMORY_LEAKS,
@@ -3264,6 +3364,10 @@ EXPORTER_TABLE: tuple[Family, ...] = (
     EXPORTER_STATE_LAST_SAVE_TIMESTAMP_SECONDS,
     EXPORTER_STATE_REFUSED,
     EXPORTER_STATE_RESTORED,
+    HANG_CAPTURE_REQUESTS,
+    HANG_CAPTURES,
+    HANG_EVIDENCE_DROPPED,
+    HANG_EVIDENCE_BYTES,
     INGEST_CONNECTIONS,
     INGEST_OPEN_CONNECTIONS,
     INGEST_MAX_CONNECTIONS,

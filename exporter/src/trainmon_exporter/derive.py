@@ -22,6 +22,7 @@ from typing import NamedTuple, Protocol, TypeVar
 from trainmon_exporter.analytics import RankAnalytics, stepping
 from trainmon_exporter.peaks import Mfu, rank_mfu
 from trainmon_exporter.settings import AnalyticsSettings
+from trainmon_exporter.state.evidence import GpuEvidence
 from trainmon_exporter.state.rank import HistoryPoint, RankState
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "Rates",
     "SampledGpu",
     "findings",
+    "gpu_evidence",
     "input_bound",
     "mfu",
     "over_budget",
@@ -130,6 +132,31 @@ def mfu(
         override,
     )
     return m, g
+
+
+class GpuReadingsLike(Protocol):
+    """What the hang evidence reads of a GPU's readings (``sampler.GpuReadings``)."""
+
+    @property
+    def power_usage_watts(self) -> float | None: ...
+    @property
+    def power_limit_watts(self) -> float | None: ...
+    @property
+    def sm_active_ratio(self) -> float | None: ...
+
+
+def gpu_evidence(readings: GpuReadingsLike | None) -> GpuEvidence | None:
+    """A hung rank's GPU as evidence: power, its limit and SM activity (GPM), not utilisation.
+
+    ``readings``: the rank's GPU in the sampler's last pass (joined on the client's UUID), or
+    None. None when none of the three was read.
+    """
+    if readings is None:
+        return None
+    ev = GpuEvidence(
+        readings.power_usage_watts, readings.power_limit_watts, readings.sm_active_ratio
+    )
+    return None if ev == GpuEvidence(None, None, None) else ev
 
 
 def process_pid(state: RankState) -> int:

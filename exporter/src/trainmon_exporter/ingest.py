@@ -80,7 +80,7 @@ from trainmon_exporter.apply import (
 from trainmon_exporter.catalog import Family
 from trainmon_exporter.peers import IDENTITIES, Peer, PeerResolver
 from trainmon_exporter.sockfile import IngestSocket, SocketInUseError
-from trainmon_exporter.state.rank import Tenant, describe_tenant, tenant_of
+from trainmon_exporter.state.rank import RankState, Tenant, describe_tenant, tenant_of
 from trainmon_exporter.state.store import Store
 
 __all__ = ["IngestMetrics", "IngestServer", "SocketInUseError"]
@@ -850,6 +850,21 @@ class IngestServer:
                     conn.state.run_key,
                     conn.state.rank,
                 )
+
+    def send_to(self, state: RankState, packet: bytes) -> str | None:
+        """Send ``packet`` (a request of the exporter's) on the connection bound to ``state``.
+
+        On the event loop's thread, never blocking. Returns None when the kernel took it,
+        else why not (no connection, or its buffer is full).
+        """
+        for conn in self._conns.values():
+            if conn.state is state and not conn.closed:
+                try:
+                    conn.sock.send(packet, socket.MSG_DONTWAIT)
+                except OSError as exc:
+                    return f"the rank's connection refused it ({exc.strerror or exc})"
+                return None
+        return "the rank has no connection"
 
     # --------------------------------------------------------------------------- packets
 

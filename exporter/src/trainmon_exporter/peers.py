@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from trainmon_client import _protocol as P
+from trainmon_client import _names as N
 from trainmon_exporter.safedir import TrustedDirectory, UnsafeDirectory
 
 __all__ = [
@@ -231,7 +231,7 @@ def _parse(names: list[str]) -> dict[str, tuple[str, str]]:
         if len(parts) != 3:
             continue
         namespace, pod, uid = parts
-        if P.valid_namespace(namespace) and P.valid_pod(pod) and re.fullmatch(_UUID, uid):
+        if N.valid_namespace(namespace) and N.valid_pod(pod) and re.fullmatch(_UUID, uid):
             pods[uid] = (namespace, pod)
     return pods
 

@@ -25,6 +25,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from trainmon_client import _names as N
 from trainmon_client import _protocol as P
 from trainmon_exporter._defaults import DEFAULT_PORT, default_socket
 
@@ -596,6 +597,59 @@ class Settings(BaseSettings):
         description="Peak dense FLOP/s per GPU for MFU, overriding the built-in table for "
         "every GPU of this node (e.g. 989.5e12). Also gives MFU without NVML.",
     )
+    hang_capture: bool = Field(
+        True,
+        description="Ask a rank judged hung for its Python stacks and its collective state "
+        "(PyTorch's Flight Recorder), over its own connection, once per hang episode "
+        "(docs/hangs.md). Off: hangs are judged and alerted as before, without evidence.",
+    )
+    hang_capture_timeout_seconds: float = Field(
+        10.0,
+        ge=1,
+        le=600,
+        description="Seconds a hung rank has to answer before its evidence says no answer "
+        '(trainmon_hang_captures_total{result="no_answer"}): native code holding the GIL, a '
+        "stopped process, or a client that predates capture. A late answer is still taken.",
+    )
+    hang_capture_max_bytes: int = Field(
+        32768,
+        ge=1024,
+        le=P.MAX_CAPTURE_BYTES,
+        description="Most bytes of JSON one rank's answer may carry; the client cuts other "
+        "threads' stacks first to fit. A larger answer is refused "
+        '(trainmon_hang_evidence_dropped_total{reason="too_large"}).',
+    )
+    hang_evidence_max_bytes: int = Field(
+        4 * 2**20,
+        ge=64 * 1024,
+        le=2**30,
+        description="Most bytes of hang evidence (answers' JSON) the exporter keeps for all "
+        "ranks together. Evidence of ranks no longer hung goes first, oldest first (reason "
+        "evicted); an answer that still does not fit is refused (reason budget).",
+    )
+    hang_native_stacks: bool = Field(
+        False,
+        description="Also read a hung rank's native and Python stacks with py-spy (dump "
+        "--native) when py-spy is installed and the exporter may ptrace the trainer (same "
+        "uid, or CAP_SYS_PTRACE, and the Yama ptrace scope allows it). Off by default: the "
+        "client's capture needs no ptrace.",
+    )
+    status_peers: Annotated[tuple[str, ...], NoDecode] = Field(
+        (),
+        description="Other exporters (http(s)://HOST:PORT, comma-separated) whose ranks of "
+        "the runs hung here the status page merges into their hang view: the other nodes of "
+        "a multi-node job. Read only while a run here has hang evidence, each within 2 s; "
+        "only runs that have ranks here are taken.",
+    )
+    status_peer_ca_file: Path | None = Field(
+        None, description="PEM CA(s) that signed the status peers' certificates (https)."
+    )
+    status_peer_user: str | None = Field(
+        None, description="Basic auth user for the status peers (their web config's)."
+    )
+    status_peer_password_file: Path | None = Field(
+        None, description="File holding the status peers' basic auth password."
+    )
     log_level: str = Field("info", description="critical, error, warning, info or debug.")
     log_max_repeats: int = Field(
         10,
@@ -652,7 +706,7 @@ class Settings(BaseSettings):
     @field_validator("default_namespace")
     @classmethod
     def _default_namespace(cls, value: str | None) -> str | None:
-        if value and not P.valid_namespace(value):
+        if value and not N.valid_namespace(value):
             raise ValueError("must be a Kubernetes namespace name (RFC 1123 label) or empty")
         return value or None
 
@@ -701,6 +755,20 @@ class Settings(BaseSettings):
     @classmethod
     def _gids(cls, value: Any) -> Any:
         return _ids(value, _gid)
+
+    @field_validator("status_peers", mode="before")
+    @classmethod
+    def _peers(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if isinstance(value, list | tuple):
+            if len(value) > MAX_STATUS_PEERS:
+                raise ValueError(f"at most {MAX_STATUS_PEERS} peers")
+            for v in value:
+                if not re.fullmatch(r"https?://[^/\s]+/?", str(v)):
+                    raise ValueError(f"expected http(s)://HOST:PORT, got {v!r}")
+            return tuple(str(v).rstrip("/") for v in value)
+        return value
 
     @field_validator("log_level")
     @classmethod
@@ -870,6 +938,8 @@ def _ids(value: Any, resolve: Any) -> Any:
     return value
 
 
+MAX_STATUS_PEERS = 64
+"""Most status peers (each is read, in parallel, when the status page shows a hang)."""
 MAX_ID = 2**32 - 1
 """Linux user and group ids are below 2^32 - 1 (which stands for "no id")."""
 

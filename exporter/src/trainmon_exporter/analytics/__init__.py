@@ -25,10 +25,12 @@ step the exporter receives, and exported as a counter. The detectors and their f
   grad_explosion_ratio * rolling mean`` once the history is in.
   **Vanishing**: ``grad_norm < grad_vanishing_norm``.
 - **Hang**: connected, no operation under ``Run.track`` running, and no step for longer than
-  ``hang_factor * median step time + hang_grace_seconds``. It is judged only after
+  ``hang_factor * median step time + hang_grace_seconds``, counted from the last step or,
+  when later, the end of the last tracked operation or the last evaluation or checkpoint
+  (out of a long save, a rank has its usual time to step again). It is judged only after
   ``min_history_steps`` step times and once the rank's process has logged a step (a new
   process after a crash, loading its checkpoint, is starting, not hung), and counted once
-  per episode.
+  per episode; an episode's start asks the rank for its stacks (docs/hangs.md).
 - **Throughput**: the median per-step rate (tokens/s, or steps/s without tokens) of the last
   ``throughput_recent_steps``, over the median of the last ``throughput_baseline_steps``.
 - **Straggler** (across the ranks of a run): the rank's recent median step time over the median

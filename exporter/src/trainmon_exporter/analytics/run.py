@@ -31,10 +31,23 @@ class RankClock(Protocol):
         """Whether its trainer is connected now."""
 
     @property
+    def status(self) -> str:
+        """``running`` until its client sent FINISH (``finished``, ``failed``) or it crashed."""
+
+    @property
     def last_step_mono(self) -> float | None:
         """When its last step arrived, on the exporter's monotonic clock (s); None before one.
 
         Never the client's wall time, which NTP or an operator can step.
+        """
+
+    @property
+    def quiet_since_mono(self) -> float | None:
+        """Its last sign of progress (s); None before its first step.
+
+        When its last step arrived, or its last tracked operation ended, or its last
+        evaluation or checkpoint arrived, whichever is latest. On the exporter's monotonic
+        clock, never the client's wall time, which NTP or an operator can step.
         """
 
     @property
@@ -72,8 +85,8 @@ class RunAnalytics:
 
     Hangs on every tick; throughput drops, memory leaks and stragglers on ``rates`` ticks
     (medians over hundreds of steps, so judged less often: every 1 s). A rank that is not
-    running (disconnected, or its process has not stepped yet: :func:`stepping`) is neither hung
-    nor compared (:meth:`RankAnalytics.stopped`).
+    running (disconnected, finished, or its process has not stepped yet: :func:`stepping`) is
+    neither hung nor compared (:meth:`RankAnalytics.stopped`).
     """
 
     @staticmethod
@@ -96,8 +109,10 @@ class RunAnalytics:
     ) -> list[tuple[R, str]]:
         """Judge ``ranks`` at ``now_mono`` (the exporter's ``time.monotonic()``, s).
 
-        A hang is ``now_mono - last_step_mono`` over the limit: both on one monotonic clock,
-        so a wall clock stepped forward (NTP, a VM resumed) is no hang.
+        A hang is ``now_mono - quiet_since_mono`` over the limit: both on one monotonic clock,
+        so a wall clock stepped forward (NTP, a VM resumed) is no hang; and counted from the
+        end of a tracked operation (a checkpoint save, an evaluation) when that came after the
+        last step, so the rank has its usual step time to step again after one.
 
         Returns the ``(rank, kind)`` episodes that just started (``hang``,
         ``throughput_drop``, ``memory_leak``, ``straggler``), each also counted and kept as an
@@ -107,11 +122,11 @@ class RunAnalytics:
         runs: dict[str, list[tuple[R, float]]] = {}
         for s in ranks:
             a = s.analytics
-            last = s.last_step_mono
-            if last is None or not stepping(s):
+            quiet = s.quiet_since_mono
+            if quiet is None or not stepping(s) or s.status != "running":  # ended: no hang
                 a.stopped()
                 continue
-            if a.check_hang(now_mono - last, s.busy()):
+            if a.check_hang(now_mono - quiet, s.busy()):
                 started.append((s, "hang"))
             if not rates:
                 continue

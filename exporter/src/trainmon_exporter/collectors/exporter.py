@@ -19,7 +19,11 @@ TENANTS_LABELLED = 32
 
 @register("exporter")
 class ExporterCollector:
-    """``trainmon_build_info``, ranks, series, tenants' holdings, refused HELLOs, bad claims."""
+    """``trainmon_build_info``, ranks, series, tenants' holdings, refused HELLOs, bad claims.
+
+    And what outlives a rank (departed ranks, the state file), and its hang evidence:
+    requests, what became of them, drops, bytes held.
+    """
 
     name = "exporter"
 
@@ -46,6 +50,9 @@ class ExporterCollector:
             saves = {"ok": fs.saves_ok, "error": fs.save_errors}
             last_save, refused_files = fs.last_save, dict(fs.refused)
             restored = {"rank": fs.restored_ranks, "departed": fs.restored_departed}
+            hangs = self.store.hangs
+            requests, held = hangs.requests, hangs.bytes
+            captures, dropped = dict(hangs.results), dict(hangs.dropped)
         ranks = catalog.EXPORTER_RANKS.gauge()
         ranks.add_metric([], float(n))
         exp = catalog.EXPORTER_RANKS_EXPIRED.counter()
@@ -84,6 +91,16 @@ class ExporterCollector:
         rest = catalog.EXPORTER_STATE_RESTORED.gauge()
         for kind, count in restored.items():
             rest.add_metric([kind], float(count))
+        asked = catalog.HANG_CAPTURE_REQUESTS.counter()
+        asked.add_metric([], float(requests))
+        answered = catalog.HANG_CAPTURES.counter()
+        for result, count in captures.items():
+            answered.add_metric([result], float(count))
+        drops = catalog.HANG_EVIDENCE_DROPPED.counter()
+        for reason, count in dropped.items():
+            drops.add_metric([reason], float(count))
+        evidence = catalog.HANG_EVIDENCE_BYTES.gauge()
+        evidence.add_metric([], float(held))
         return [
             info,
             ranks,
@@ -101,4 +118,8 @@ class ExporterCollector:
             last,
             refused_fam,
             rest,
+            asked,
+            answered,
+            drops,
+            evidence,
         ]

@@ -127,6 +127,8 @@ class HealthCollector:
         eval_value = catalog.EVAL_VALUE.gauge()
         badput = catalog.TRAIN_BADPUT_SECONDS.counter()
         input_bound = catalog.TRAIN_INPUT_BOUND.gauge()
+        frame = catalog.HANG_FRAME_INFO.gauge()
+        sequence = catalog.HANG_COLLECTIVE_SEQUENCE.gauge()
         productive = catalog.TRAIN_PRODUCTIVE_SECONDS.counter()
         unchecked = catalog.TRAIN_UNCHECKPOINTED_SECONDS.gauge()
         at_risk = catalog.TRAIN_AT_RISK_SECONDS.gauge()
@@ -181,6 +183,13 @@ class HealthCollector:
             goodput(labels, s.goodput)
             bound = derive.input_bound(s, self.window_s, self.cfg)
             input_bound.add_metric(labels, 1.0 if bound else 0.0)
+            ev = s.hang
+            if a.hung and s.connected and ev is not None:  # while hung, and only then
+                where = ev.label()
+                if where is not None:
+                    frame.add_metric([*labels, where, ev.collective()], 1.0)
+                for group, state, value in ev.sequences():
+                    sequence.add_metric([*labels, group, state], float(value))
         with self.store.lock:  # departed ranks: their accounting alone, kept for retention
             departed = [([d.namespace, d.run, str(d.rank)], d.goodput) for d in self.store.ledger]
             for labels, g in departed:
@@ -191,4 +200,5 @@ class HealthCollector:
         out += [loss_spikes, loss_spikes_at, grad_spikes, mon_ratio, over_budget]
         out += [op_seconds, op_count, op_active, eval_value]
         out += [productive, unchecked, at_risk, started, measured, badput, input_bound]
+        out += [frame, sequence]
         return out

@@ -24,6 +24,7 @@ from typing import NamedTuple, TypeAlias
 from trainmon_client import _protocol as P
 from trainmon_exporter.analytics import RankAnalytics
 from trainmon_exporter.analytics.goodput import Goodput
+from trainmon_exporter.state.evidence import Evidence
 
 NONFINITE_FIELDS = ("loss", "grad_norm", "lr", "custom")
 """``field`` label values of ``trainmon_train_nonfinite_values_total``; ``custom`` sums every
@@ -213,6 +214,10 @@ class RankState:
     step: int | None = None
     last_step_time: float | None = None
     last_step_mono: float | None = None
+    phase_end_mono: float | None = None
+    """When its last tracked operation ended, or its last evaluation or checkpoint arrived:
+    the hang clock starts again there (a rank just out of a long checkpoint save has its
+    usual step time to step again, :attr:`quiet_since_mono`)."""
     steps_total: int = 0
     tokens_total: float = 0.0
     samples_total: float = 0.0
@@ -242,6 +247,9 @@ class RankState:
     eval_step: int | None = None
     goodput: Goodput = field(default_factory=lambda: Goodput(time.monotonic()))
     """Where the rank's time went (:mod:`trainmon_exporter.analytics.goodput`)."""
+    hang: Evidence | None = None
+    """The evidence of its last hang episode (:mod:`trainmon_exporter.state.evidence`): asked
+    for when the episode started, kept after it ends until the rank expires."""
 
     def __post_init__(self) -> None:
         self.hist_counts = [0] * (len(self.buckets) + 1)
@@ -250,6 +258,19 @@ class RankState:
     def run_key(self) -> str:
         """The run as the store keys it (:func:`run_key`)."""
         return run_key(self.namespace, self.run)
+
+    @property
+    def quiet_since_mono(self) -> float | None:
+        """Since when the rank has given no sign of progress; None before a step.
+
+        Its last step, or the end of its last tracked operation, evaluation or checkpoint if
+        later (the hang clock, :mod:`trainmon_exporter.analytics.run`).
+        """
+        if self.last_step_mono is None:
+            return None
+        if self.phase_end_mono is None:
+            return self.last_step_mono
+        return max(self.last_step_mono, self.phase_end_mono)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -500,6 +521,7 @@ class RankState:
             self.checkpoint = record
             self.checkpoints_total += 1
         mono, offset = clock()
+        self.phase_end_mono = mono
         self.goodput.checkpoint(record.step, record.time - offset, record.seconds, mono, restore)
 
     def ops_seconds(self) -> float:

@@ -7,8 +7,9 @@ the store's limits (custom metrics, layers, operations, charged to the series bu
 periodic judgement. A rank's own figures change in :class:`~trainmon_exporter.state.rank.RankState`.
 What outlives a rank (its accounting past expiry) is :attr:`Store.ledger`'s: the store tells
 it when a rank leaves (:meth:`Store._remove`) and asks it when one comes back (:meth:`attach`).
+A hung rank's evidence is :attr:`Store.hangs`'s: the store takes its lock and delegates.
 
-Why this module is one module of about 520 lines: :meth:`Store.attach` decides who a connection
+Why this module is one module of about 560 lines: :meth:`Store.attach` decides who a connection
 is bound to (owner claims, the tenant that owns a run, a namespace's pods over a process that
 only named it, resuming a rank, adopting a departed rank's accounting), and every one of those
 rules reads and changes the same indexes; split, each part would need all of them.
@@ -32,6 +33,7 @@ from trainmon_exporter.analytics.goodput import Goodput
 from trainmon_exporter.claims import OwnerClaims
 from trainmon_exporter.settings import AnalyticsSettings
 from trainmon_exporter.state.admission import SERIES_PER_LAYER, SERIES_PER_OPERATION, Admission
+from trainmon_exporter.state.evidence import HangEvidence
 from trainmon_exporter.state.ledger import FileStats, Ledger
 from trainmon_exporter.state.rank import (
     WATCH_OPERATION,
@@ -87,6 +89,8 @@ class Store:
         retention_s: float = 0.0,
         default_namespace: str = "",
         goodput_retention_s: float = 86_400.0,
+        capture_max_bytes: int = 32768,
+        evidence_max_bytes: int = 4 * 2**20,
     ) -> None:
         self.lock = threading.Lock()
         self.default_namespace = default_namespace
@@ -124,6 +128,8 @@ class Store:
         # The accounting of ranks that left without a clean finish (at most max_ranks).
         self.ledger = Ledger(max_ranks, goodput_retention_s)
         self.file_stats = FileStats()  # the state file's, kept by its Keeper
+        self.hangs = HangEvidence(capture_max_bytes, evidence_max_bytes)
+        """The hung ranks' evidence: requests, answers, the byte bound (state/evidence.py)."""
 
     def iter_ranks(self, chunk: int = RANK_CHUNK) -> Iterator[RankState]:
         """Every rank state, holding :attr:`lock` for at most ``chunk`` ranks at a time.
@@ -160,6 +166,7 @@ class Store:
             self.ledger.keep(state, time.monotonic())
         del self.ranks[key]
         self.admission.release(state)
+        self.hangs.forget(state)
         state.on_gone = None
         run_ranks = self._runs[state.run_key]
         del run_ranks[state.rank]
@@ -405,6 +412,7 @@ class Store:
                 drop("series_budget", 1)
         state.eval_step = record.step
         mono, offset = clock()
+        state.phase_end_mono = mono
         state.goodput.evaluation(record.time - offset, mono)
         if val_loss is not None:
             values["val_loss"] = val_loss
@@ -435,7 +443,10 @@ class Store:
         A new name needs room under ``max_operations`` (``operation_cap``) and in the series
         budget (``series_budget``).
         """
-        state.goodput.operation(name, seconds_total, time.monotonic())
+        now = time.monotonic()
+        state.goodput.operation(name, seconds_total, now)
+        if not active:
+            state.phase_end_mono = now  # the hang clock starts again after an operation
         op = state.ops.get(name)
         if op is not None:
             op.seconds_total, op.runs_total, op.active = seconds_total, runs_total, active
@@ -475,6 +486,34 @@ class Store:
         if state.on_gone is not None:
             state.on_gone(state)
         return True
+
+    # ------------------------------------------------------------------ hang evidence
+
+    def begin_capture(self, state: RankState, now_mono: float | None = None) -> int:
+        """A hang episode of ``state`` starts: its request id (:meth:`HangEvidence.begin`)."""
+        with self.lock:
+            return self.hangs.begin(state, time.monotonic() if now_mono is None else now_mono)
+
+    def capture_not_sent(self, state: RankState, why: str) -> None:
+        """The request could not be sent (``why``): no answer (:meth:`HangEvidence.not_sent`)."""
+        with self.lock:
+            self.hangs.not_sent(state, why)
+
+    def expire_captures(self, timeout_s: float, now_mono: float | None = None) -> list[RankState]:
+        """Requests unanswered after ``timeout_s`` become ``no_answer``; those ranks."""
+        with self.lock:
+            now = time.monotonic() if now_mono is None else now_mono
+            return self.hangs.expire(timeout_s, now)
+
+    def observe_capture(self, state: RankState, record: P.Capture) -> bool:
+        """Apply a CAPTURE of ``state``'s connection (:meth:`HangEvidence.observe`)."""
+        return self.hangs.observe(state, record)
+
+    def set_native(self, state: RankState, request_id: int, text: str | None, note: str) -> None:
+        """py-spy's native stacks of the episode, or why none (:meth:`HangEvidence.native`)."""
+        with self.lock:
+            if state.key in self.ranks:
+                self.hangs.native(state, request_id, text, note)
 
     def expire(self, now_mono: float | None = None) -> int:
         """Drop ranks disconnected for longer than the TTL. Returns how many were dropped.

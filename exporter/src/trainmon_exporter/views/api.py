@@ -1,5 +1,10 @@
 """The JSON API's schema (``/api/v1/runs``, ``/api/v1/gpus``) and the snapshots that fill it.
 
+Why this module is one module of about 650 lines: it is the API's schema, every model the
+three views share with the field documentation ``/openapi.json`` serves (a rank, its goodput,
+its hang evidence, a run and its merged hang view, a GPU), and the builders that fill them
+from the state; a model and the builder that fills it change together.
+
 These models are the view model every view shares: the API serves them, the status page
 renders them and ``trainmon status`` parses the API's JSON back into them. The terminal
 imports this module for the models alone, so the builders (:func:`snapshot`,
@@ -19,6 +24,7 @@ if TYPE_CHECKING:
     from trainmon_exporter import derive
     from trainmon_exporter.sampler import GpuSample, GpuSnapshot
     from trainmon_exporter.settings import AnalyticsSettings
+    from trainmon_exporter.state.evidence import Evidence
     from trainmon_exporter.state.rank import RankState
     from trainmon_exporter.state.store import Store
 
@@ -94,6 +100,117 @@ class GoodputView(BaseModel):
     input_bound: bool | None = Field(description="data_loading_share above input_bound_ratio")
 
 
+class FrameView(BaseModel):
+    """One frame of a Python stack, as the trainer's interpreter names it."""
+
+    file: str
+    line: int
+    function: str = Field(description="its qualified name (Python 3.11+), e.g. Trainer.fit")
+    user: bool = Field(
+        description="the user's code: not the standard library, site-packages or trainmon"
+    )
+
+
+class ThreadView(BaseModel):
+    """One thread of a hung rank's process when its capture was taken."""
+
+    name: str
+    id: int = Field(description="threading.get_ident()")
+    training: bool = Field(description="the thread that calls Run.log()")
+    state: str | None = Field(description="scheduler state: R running, S sleeping, D disk")
+    cpu: float | None = Field(description="share of a core it used over 0.1 s before the capture")
+    frames: list[FrameView] = Field(description="outermost first")
+    omitted: int = Field(description="outermost frames left out (at most 128 kept)")
+
+
+class PendingCollectiveView(BaseModel):
+    """The oldest collective of a process group that had not completed (Flight Recorder)."""
+
+    seq: int = Field(description="its sequence id (p2p: the point-to-point one)")
+    op: str = Field(description="e.g. nccl:all_reduce, gloo:all_reduce")
+    p2p: bool
+    sizes: list[list[int]] = Field(description="input tensor shapes")
+    out_sizes: list[list[int]] = Field(description="output tensor shapes")
+    dtypes: list[str]
+    state: str = Field(description="the recorder's: scheduled, started")
+    seconds: float | None = Field(description="since it was enqueued, at the capture")
+
+
+class ProcessGroupView(BaseModel):
+    """One process group in a hung rank's Flight Recorder (-1: a state it does not track)."""
+
+    id: str
+    name: str = Field(description="its description, e.g. default_pg")
+    enqueued: int = Field(description="last collective sequence id enqueued")
+    started: int = Field(description="last started (-1 under gloo)")
+    completed: int = Field(description="last completed")
+    pending: PendingCollectiveView | None
+
+
+class HangView(BaseModel):
+    """A rank's last hang episode: what it answered when asked (docs/hangs.md).
+
+    Kept after the rank recovers, finishes or crashes, until it expires.
+    """
+
+    hung: bool = Field(description="the rank is hung now")
+    status: str = Field(description="pending (asked), captured, or no_answer")
+    step: int | None = Field(description="its last step when it was judged hung")
+    requested_at: float = Field(description="when it was asked (Unix s)")
+    answered_at: float | None
+    frame: str | None = Field(
+        description="the training thread's innermost frame in the user's code, as "
+        "trainmon_hang_frame_info's frame label: function (file:line), or (no answer)"
+    )
+    collective: str = Field(description="the collective it waits in, or empty")
+    threads: list[ThreadView] = Field(description="the training thread first")
+    threads_omitted: int
+    distributed: str | None = Field(
+        description="torch.distributed's Flight Recorder: ok, recorder_off, error; null when "
+        "torch.distributed was not in use"
+    )
+    distributed_detail: str
+    groups: list[ProcessGroupView]
+    notes: list[str] = Field(description="what could not be captured and why")
+    capture_seconds: float | None = Field(description="what the capture cost the trainer")
+    gpu_power_watts: float | None = Field(description="its GPU's power when it answered")
+    gpu_power_limit_watts: float | None
+    gpu_sm_active_ratio: float | None = Field(description="GPM SM activity when it answered")
+    native: str | None = Field(description="py-spy dump --native (hang_native_stacks)")
+
+
+class StackView(BaseModel):
+    """One distinct stack of a hung run's training threads, with the ranks in it."""
+
+    headline: str = Field(description='e.g. "3 ranks in all_reduce, 1 not"')
+    ranks: list[int]
+    not_in: int = Field(description="ranks of the run not in this stack")
+    function: str = Field(description="its innermost function, or (no answer)")
+    frame: str | None = Field(description="its innermost frame in the user's code")
+    collective: str = Field(description="the collective most of its ranks wait in, or empty")
+    suspect: bool = Field(description="its ranks are suspects")
+    frames: list[FrameView] = Field(description="outermost first")
+
+
+class RunHangView(BaseModel):
+    """A hung run's merged view: each distinct stack once, the suspects first.
+
+    Suspects, as the recording rules name them: a rank whose last collective sequence id
+    (started, else enqueued) lags the maximum of its process group among the ranks seen, or
+    whose frame differs from the one frame most of them share.
+    """
+
+    state: str = Field(description="hung (a rank is hung now), recovered, or ended")
+    since: float = Field(description="when the first of its ranks was asked (Unix s)")
+    hung: int = Field(description="its ranks hung now")
+    seen: int = Field(description="its ranks with evidence here")
+    world_size: int
+    suspects: list[int]
+    frame: str | None = Field(description="the frame most of its ranks share")
+    collective: str | None = Field(description="the collective most of its ranks wait in")
+    stacks: list[StackView]
+
+
 class RankView(BaseModel):
     """One rank as the API shows it. Times are Unix seconds; rates are per second."""
 
@@ -137,6 +254,9 @@ class RankView(BaseModel):
     )
     trend: TrendView = Field(
         default_factory=TrendView, description="recent steps for the views' sparklines"
+    )
+    hang: HangView | None = Field(
+        default=None, description="its last hang episode's evidence (null: none)"
     )
 
 
@@ -210,6 +330,9 @@ class RunView(BaseModel):
         "prometheus_url; null: not set, not answering, or no figures yet",
     )
     ranks: list[RankView]
+    hang: RunHangView | None = Field(
+        default=None, description="the merged view of its ranks' hang evidence (null: none)"
+    )
 
     @property
     def label(self) -> str:
@@ -295,6 +418,60 @@ def _rank_view(
     )
 
 
+def hang_view(ev: Evidence, hung: bool) -> HangView:
+    """The API view of a rank's hang :class:`~trainmon_exporter.state.evidence.Evidence`."""
+    c = ev.capture
+    threads = [] if c is None else c.threads
+    dist = None if c is None else c.collectives
+    gpu = ev.gpu
+    notes = [] if c is None else list(c.notes)
+    if ev.note:
+        notes.insert(0, ev.note)
+    return HangView(
+        hung=hung,
+        status=ev.status,
+        step=ev.step,
+        requested_at=ev.requested_at,
+        answered_at=ev.answered_at,
+        frame=ev.label(),
+        collective=ev.collective(),
+        threads=[
+            ThreadView(
+                name=t.name,
+                id=t.id,
+                training=t.training,
+                state=t.state,
+                cpu=t.cpu,
+                frames=[FrameView(file=f, line=n, function=fn, user=u) for f, n, fn, u in t.frames],
+                omitted=t.omitted,
+            )
+            for t in threads
+        ],
+        threads_omitted=0 if c is None else c.threads_omitted,
+        distributed=None if dist is None else dist.state,
+        distributed_detail="" if dist is None else dist.detail,
+        groups=[
+            ProcessGroupView(
+                id=g.id,
+                name=g.name,
+                enqueued=g.enqueued,
+                started=g.started,
+                completed=g.completed,
+                pending=None
+                if g.pending is None
+                else PendingCollectiveView(**g.pending.model_dump()),
+            )
+            for g in ([] if dist is None else dist.groups)
+        ],
+        notes=notes,
+        capture_seconds=None if c is None else c.seconds,
+        gpu_power_watts=None if gpu is None else gpu.power_watts,
+        gpu_power_limit_watts=None if gpu is None else gpu.power_limit_watts,
+        gpu_sm_active_ratio=None if gpu is None else gpu.sm_active_ratio,
+        native=ev.native,
+    )
+
+
 def _goodput_view(s: RankState, window_s: float, cfg: AnalyticsSettings) -> GoodputView:
     from trainmon_exporter import derive
 
@@ -329,8 +506,8 @@ def snapshot(
 ) -> RunsResponse:
     """Every run with its ranks, sorted by run then rank.
 
-    The store's lock is held a few ranks at a time; the trends are drawn from copies after
-    it is released.
+    The store's lock is held a few ranks at a time; the trends are drawn from copies, and
+    the hang evidence's views built, after it is released.
 
     ``gpus`` is the NVML sampler's latest pass (for the rank ↔ GPU join and MFU; ``None``:
     not sampled); ``peak_flops`` the MFU override setting.
@@ -338,6 +515,7 @@ def snapshot(
     from trainmon_exporter import derive
     from trainmon_exporter.analytics.job import RankTime, job_goodput
     from trainmon_exporter.sampler import NOT_STARTED
+    from trainmon_exporter.views.hangs import merged
 
     if gpus is None:
         gpus = NOT_STARTED
@@ -349,11 +527,14 @@ def snapshot(
     times: dict[tuple[str, str], list[RankTime]] = {}
     copied: list[tuple[RankView, derive.TrendInput]] = []
     mono = time.monotonic()
+    evidence: list[tuple[RankView, Evidence, bool]] = []
     for s in store.iter_ranks():
         view = _rank_view(s, now, store.window_s, by_uuid, pids, peak_flops, store.analytics)
         key = (s.namespace, s.run)
         runs.setdefault(key, []).append(view)
         copied.append((view, derive.trend_input(s)))  # a copy: the trend is drawn unlocked
+        if s.hang is not None:  # an episode's answer is never changed once in: read unlocked
+            evidence.append((view, s.hang, s.analytics.hung and s.connected))
         owners.setdefault(key, s.owner_uid)
         times.setdefault(key, []).append(
             RankTime.of(
@@ -372,6 +553,8 @@ def snapshot(
                 times[key].append(RankTime.of(d.rank, d.goodput))
     for view, given in copied:
         view.trend = trend_view(derive.trend(given))
+    for view, ev, hung in evidence:
+        view.hang = hang_view(ev, hung)
     for views in runs.values():
         views.sort(key=lambda v: v.rank)
     return RunsResponse(
@@ -380,7 +563,7 @@ def snapshot(
             RunView(
                 run=r[1],
                 namespace=r[0],
-                world_size=max(v.world_size for v in ranks),
+                world_size=world,
                 owner_uid=owners[r],
                 goodput_ratio=job.ratio,
                 largest_badput=job.largest,
@@ -390,9 +573,11 @@ def snapshot(
                 data_loading_unmeasured=sorted(job.unmeasured),
                 departed_ranks=sorted(departed.get(r, [])),
                 ranks=ranks,
+                hang=merged(ranks, world),
             )
             for r, ranks in sorted(runs.items())
             for job in (job_goodput(times[r]),)
+            for world in (max(v.world_size for v in ranks),)
         ],
     )
 

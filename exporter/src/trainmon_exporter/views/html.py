@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import html
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from trainmon_exporter import __version__
 from trainmon_exporter.sampler import NO_DRIVER
 from trainmon_exporter.state.rank import HISTORY_STEPS
+from trainmon_exporter.views import hangs as hang_views
 from trainmon_exporter.views import sparkline
-from trainmon_exporter.views.api import GpusResponse, RankView, RunsResponse
+from trainmon_exporter.views.api import GpusResponse, RankView, RunsResponse, RunView
 from trainmon_exporter.views.cells import (
     PAGE,
     TIME_PARTS,
@@ -45,6 +47,10 @@ class StatusPage:
     """Whether each collector succeeded in the last scrape (empty: not scraped yet)."""
     gpu_state: str | None
     """The NVML sampler's state (``sampler.STATES``); ``None`` when GPU sampling is off."""
+    hangs: list[RunView] = field(default_factory=list)
+    """The runs with hang evidence, each with its merged view (its peers' ranks merged in)."""
+    peer_problems: list[str] = field(default_factory=list)
+    """Status peers that could not be read, one line each."""
 
 
 def _text(s: str) -> str:
@@ -190,6 +196,98 @@ def _scrape_words(collectors: Mapping[str, bool]) -> str:
     )
 
 
+_FRAMES_SHOWN = 40
+"""Frames of a stack the page shows (innermost first); the JSON API has them all."""
+
+
+def _frames(frames: list[Any], shown: int = _FRAMES_SHOWN) -> str:
+    """A stack as preformatted text, innermost first; library frames dimmed."""
+    e = _text
+    lines = []
+    for f in list(reversed(frames))[:shown]:
+        text = f"{e(f.function)} ({e(f.file)}:{f.line})"
+        lines.append(text if f.user else f"<span class='lib'>{text}</span>")
+    if len(frames) > shown:
+        lines.append(f"… {len(frames) - shown} outer frames in /api/v1/runs")
+    return "\n".join(lines)
+
+
+def _rank_hang(r: RankView) -> str:
+    """One rank's capture: its status, notes, GPU, process groups, other threads."""
+    e, h = _text, r.hang
+    assert h is not None
+    parts = [f"<h4>rank {r.rank} · {e(h.status.replace('_', ' '))}"]
+    if h.step is not None:
+        parts.append(f" · last step {h.step}")
+    parts.append("</h4>")
+    gpu = hang_views.gpu_words(r)
+    if gpu:
+        parts.append(f"<p>GPU when asked: {e(gpu)}</p>")
+    for note in h.notes:
+        parts.append(f"<p class='note'>{e(note)}</p>")
+    if h.groups:
+        rows = "".join(
+            f"<tr><td>{e(g.id)}</td><td>{e(g.name)}</td><td>{g.enqueued}</td>"
+            f"<td>{'' if g.started < 0 else g.started}</td><td>{g.completed}</td>"
+            f"<td>{'' if g.pending is None else e(g.pending.op)}</td>"
+            f"<td>{'' if g.pending is None else g.pending.seq}</td>"
+            f"<td>{'' if g.pending is None else e(str(g.pending.sizes))}</td></tr>"
+            for g in h.groups
+        )
+        parts.append(
+            "<table class='groups'><tr><th>group</th><th>name</th><th>enqueued</th>"
+            "<th>started</th><th>completed</th><th>pending</th><th>seq</th><th>sizes</th></tr>"
+            f"{rows}</table>"
+        )
+    for t in h.threads:
+        cpu = "" if t.cpu is None else f", CPU {t.cpu:.0%}"
+        what = "training thread" if t.training else "thread"
+        parts.append(
+            f"<details><summary>{what} {e(t.name)} ({e(t.state or '?')}{cpu})</summary>"
+            f"<pre>{_frames(t.frames)}</pre></details>"
+        )
+    if h.native:
+        parts.append(
+            f"<details><summary>native stacks (py-spy)</summary><pre>{e(h.native)}</pre></details>"
+        )
+    return "".join(parts)
+
+
+def _hang_sections(page: StatusPage) -> str:
+    """One merged view per run with hang evidence: each distinct stack once, suspects first."""
+    e = _text
+    out = []
+    for run in page.hangs:
+        v = run.hang
+        if v is None:
+            continue
+        rows = []
+        for st in v.stacks:
+            ranks = ", ".join(str(r) for r in st.ranks)
+            where = "" if st.frame is None else e(st.frame)
+            rows.append(
+                f"<tr class='{'suspect' if st.suspect else ''}'>"
+                f"<td class='headline'>{e(st.headline)}"
+                f"{' · <b>suspect</b>' if st.suspect else ''}</td>"
+                f"<td>{ranks}</td><td>{where}</td><td>{e(st.collective)}</td>"
+                f"<td class='stack'><details{' open' if st.suspect else ''}><summary>"
+                f"{len(st.frames)} frames, innermost first</summary>"
+                f"<pre>{_frames(st.frames)}</pre></details></td></tr>"
+            )
+        ranks = "".join(_rank_hang(r) for r in run.ranks if r.hang is not None)
+        head = e(hang_views.summary(run, page.runs.time))
+        out.append(
+            f"<h2 class='hang {e(v.state)}'>Hang · {head}</h2>"
+            "<table class='stacks'><thead><tr><th>stack</th><th>ranks</th>"
+            "<th>innermost frame in user code</th><th>waiting in</th><th>frames</th></tr>"
+            f"</thead><tbody>{''.join(rows)}</tbody></table>"
+            f"<details><summary>each rank's capture</summary>{ranks}</details>"
+        )
+    for problem in page.peer_problems:
+        out.append(f"<p class='note'>{e(problem)}</p>")
+    return "\n".join(out)
+
+
 def _legend() -> str:
     """What the sparklines show and what their marks mean."""
     marks = ", ".join(
@@ -229,6 +327,9 @@ td:first-child,th:first-child,td:nth-child(3),td:nth-child(4),td:last-child,th:l
 svg.spark{{display:block}} svg.time{{display:inline-block;vertical-align:middle}}
 .range{{font-size:75%;color:#555}}
 .key span{{font-weight:bold;padding:0 .2em}}
+h2.hang.hung{{color:#b00}} table.stacks td{{text-align:left;white-space:normal;vertical-align:top}}
+tr.suspect td.headline{{color:#b00}} pre{{margin:0;font-size:85%}} .lib{{color:#777}}
+.note{{color:#960}} table.groups td{{text-align:right}}
 </style></head><body>
 <h1>trainmon exporter {e(__version__)}</h1>
 <p>Ingest socket <code>{e(page.socket)}</code>:
@@ -236,6 +337,7 @@ svg.spark{{display:block}} svg.time{{display:inline-block;vertical-align:middle}
 {collectors} ·
 <a href="/metrics">/metrics</a> · <a href="/api/v1/runs">/api/v1/runs</a> ·
 <a href="/openapi.json">API schema (OpenAPI)</a></p>
+{_hang_sections(page)}
 {_legend()}
 {_job_lines(page)}
 <table class='ranks'><thead><tr><th>run</th><th>rank</th><th>host</th><th>status</th>

@@ -17,12 +17,14 @@ import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from trainmon_exporter._defaults import DEFAULT_PORT
-from trainmon_exporter.views.api import GpusResponse, RunsResponse
+from trainmon_exporter.views.api import GpusResponse, RunsResponse, RunView
 from trainmon_exporter.views.cells import printable
 
 DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
@@ -107,24 +109,75 @@ def access_from(args: argparse.Namespace, environ: dict[str, str] | None = None)
     Raises:
         StatusError: the CA or password file cannot be read, or a user has no password.
     """
+    return access(args.ca_file, args.user, args.password_file, environ)
+
+
+def access(
+    ca_file: str | os.PathLike[str] | None,
+    user: str | None,
+    password_file: str | os.PathLike[str] | None,
+    environ: dict[str, str] | None = None,
+) -> Access:
+    """TLS trust from ``ca_file``, and basic auth as ``user`` (``trainmon status``, peers).
+
+    The password is read from ``password_file``, else :data:`PASSWORD_VARIABLE`.
+
+    Raises:
+        StatusError: the CA or password file cannot be read, or a user has no password.
+    """
     environ = dict(os.environ) if environ is None else environ
     context = None
-    if args.ca_file:
+    if ca_file:
         try:
-            context = ssl.create_default_context(cafile=args.ca_file)
+            context = ssl.create_default_context(cafile=ca_file)
         except (OSError, ssl.SSLError) as exc:
-            raise StatusError(f"--ca-file {args.ca_file}: {exc.strerror or exc}") from None
-    if args.user is None:
+            raise StatusError(f"--ca-file {ca_file}: {exc.strerror or exc}") from None
+    if user is None:
         return Access(context)
-    if args.password_file:
+    if password_file:
         try:
-            with open(args.password_file, encoding="utf-8") as f:
+            with open(password_file, encoding="utf-8") as f:
                 password = f.read().rstrip("\n")
         except (OSError, UnicodeDecodeError) as exc:
-            raise StatusError(f"--password-file {args.password_file}: {exc}") from None
+            raise StatusError(f"--password-file {password_file}: {exc}") from None
     elif PASSWORD_VARIABLE in environ:
         password = environ[PASSWORD_VARIABLE]
     else:
         raise StatusError(f"--user needs a password: set {PASSWORD_VARIABLE} or --password-file")
-    token = base64.b64encode(f"{args.user}:{password}".encode()).decode()
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
     return Access(context, f"Basic {token}")
+
+
+def fetch_runs(url: str, timeout: float = 5.0, access: Access = PLAIN) -> RunsResponse:
+    """The body of ``/api/v1/runs``, parsed (raises :class:`StatusError` as :func:`fetch`)."""
+    return _get(url, "/api/v1/runs", RunsResponse, timeout, access)
+
+
+PEER_TIMEOUT_S = 2.0
+"""Seconds the status page waits for each of its peers (read in parallel)."""
+
+
+def with_peers(
+    local: RunsResponse, peers: Sequence[str], access: Access, timeout: float = PEER_TIMEOUT_S
+) -> tuple[list[RunView], list[str]]:
+    """The runs of ``local`` that have hang evidence, with their ranks on ``peers`` merged in.
+
+    Peers are read only when a local run has evidence, in parallel, each within ``timeout``;
+    only runs that have ranks in ``local`` are taken from them. Returns the merged runs and
+    one line per peer that could not be read.
+    """
+    from trainmon_exporter.views.hangs import merge_runs
+
+    mine = RunsResponse(time=local.time, runs=[r for r in local.runs if r.hang is not None])
+    if not mine.runs or not peers:
+        return merge_runs([mine]), []
+    problems: list[str] = []
+    answers = [mine]
+    with ThreadPoolExecutor(max_workers=min(16, len(peers))) as pool:
+        futures = [pool.submit(fetch_runs, url, timeout, access) for url in peers]
+        for url, future in zip(peers, futures, strict=True):
+            try:
+                answers.append(future.result())
+            except StatusError as exc:
+                problems.append(f"status peer {printable(url)}: {exc}")
+    return merge_runs(answers, only=mine), problems

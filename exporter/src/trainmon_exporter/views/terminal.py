@@ -1,14 +1,16 @@
 """``trainmon status``: runs, ranks and GPUs in a terminal, for a node with no Grafana.
 
-Why this module is one module of about 570 lines: it is everything the command prints and
+Why this module is one module of about 620 lines: it is everything the command prints and
 parses (the ``--once`` table, the live view's fitted tables of ranks, of where their time
-went and of GPUs, the commands and flags with their suggestions), and the tables share one
+went and of GPUs, the hang section over every exporter read, the commands and flags with their
+suggestions), and the tables share one
 fitting rule and one set of cells; what the page shares with it is in
 :mod:`~trainmon_exporter.views.cells`, the sparklines in :mod:`~trainmon_exporter.views.sparkline`.
 
     trainmon status [--url http://127.0.0.1:9478] [--interval 2]   # live view (rich), Ctrl-C
     trainmon status --once                                         # one plain snapshot
     trainmon status --url https://node1:9478 --ca-file ca.crt --user prometheus  # TLS, auth
+    trainmon status --url node1:9478 --url node2:9478 --once    # a multi-node job's hangs
 
 Reads ``/api/v1/runs`` and ``/api/v1/gpus`` of a running exporter (also reachable as
 ``trainmon-exporter status``) into the API's own models (:mod:`trainmon_exporter.views.api`)
@@ -46,12 +48,14 @@ from trainmon_exporter.views.cells import (
     time_shares,
     time_words,
 )
+from trainmon_exporter.views.hangs import merge_runs, text_lines
 from trainmon_exporter.views.remote import (
     DEFAULT_URL,
     PASSWORD_VARIABLE,
     StatusError,
     access_from,
     fetch,
+    fetch_runs,
     normalise_url,
 )
 
@@ -143,11 +147,31 @@ def gpu_rows(gpus: GpusResponse) -> list[dict[str, str]]:
     return [_gpu_row(g) for g in sorted(gpus.gpus, key=lambda g: g.index)]
 
 
-def plain(runs: RunsResponse, gpus: GpusResponse) -> str:
-    """The ``--once`` snapshot: a ranks section, then a GPUs section.
+def hang_lines(nodes: Sequence[RunsResponse]) -> list[str]:
+    """The ``# hangs`` section: one merged view per run with hang evidence, over ``nodes``.
+
+    Each run's ranks from every exporter read (one ``--url`` per node of a multi-node job)
+    are merged (:func:`~trainmon_exporter.views.hangs.merge_runs`); [] when no run has any.
+    """
+    runs = merge_runs(nodes)
+    if not runs:
+        return []
+    now = max(n.time for n in nodes)
+    out = ["# hangs"]
+    for run in runs:
+        out += [printable(line) for line in text_lines(run, now)]
+    return out
+
+
+def plain(
+    runs: RunsResponse, gpus: GpusResponse, more: Sequence[tuple[RunsResponse, GpusResponse]] = ()
+) -> str:
+    """The ``--once`` snapshot: a ranks section, then a GPUs section, then hangs if any.
 
     Columns are separated by two spaces or more (values never contain two spaces); ``-``
-    stands for a missing value.
+    stands for a missing value. ``more``: the other exporters read (``--url`` again): their
+    ranks follow in the same table, their GPUs each in a section of its own, and the hangs
+    section merges every exporter's ranks of a run.
     """
 
     def table(columns: Sequence[str], rows: list[dict[str, str]]) -> list[str]:
@@ -158,17 +182,26 @@ def plain(runs: RunsResponse, gpus: GpusResponse) -> str:
             for line in cells
         ]
 
-    lines = ["# ranks", *table(RANK_COLUMNS, rank_rows(runs, gpus))]
-    lines.append("")
-    jobs = [printable(line) for run in runs.runs if (line := TERMINAL.job(run))]
-    if jobs:
-        lines += ["# jobs", *jobs, ""]
-    if gpus.ok:
-        driver = printable(gpus.driver_version) or "?"
-        lines.append(f"# gpus (driver {driver}, {gpus.lost_total} lost)")
-        lines += table(GPU_COLUMNS, gpu_rows(gpus))
-    else:
-        lines.append(f"# gpus: none ({printable(gpus.error) or 'GPU sampling off'})")
+    nodes = [(runs, gpus), *more]
+    rows = [row for r, g in nodes for row in rank_rows(r, g)]
+    lines = ["# ranks", *table(RANK_COLUMNS, rows)]
+    for i, (r, _) in enumerate(nodes):
+        which = f" of exporter {i + 1}" if more else ""
+        jobs = [printable(line) for run in r.runs if (line := TERMINAL.job(run))]
+        if jobs:
+            lines += ["", f"# jobs{which}", *jobs]
+    for i, (_, g) in enumerate(nodes):
+        which = f" of exporter {i + 1}" if more else ""
+        lines.append("")
+        if g.ok:
+            driver = printable(g.driver_version) or "?"
+            lines.append(f"# gpus{which} (driver {driver}, {g.lost_total} lost)")
+            lines += table(GPU_COLUMNS, gpu_rows(g))
+        else:
+            lines.append(f"# gpus{which}: none ({printable(g.error) or 'GPU sampling off'})")
+    hangs = hang_lines([r for r, _ in nodes])
+    if hangs:
+        lines += ["", *hangs]
     return "\n".join(lines) + "\n"
 
 
@@ -421,13 +454,16 @@ def gpu_line(gpus: GpusResponse) -> str | None:
     return None
 
 
-def rich_view(runs: RunsResponse, gpus: GpusResponse, url: str) -> Any:
+def rich_view(
+    runs: RunsResponse, gpus: GpusResponse, url: str, others: Sequence[RunsResponse] = ()
+) -> Any:
     """The live view: the ranks, then the GPUs, problems in colour, fitted to the terminal.
 
     At any width every number shown is whole: columns that do not fit are dropped by
     priority and named in the caption; run, rank, status and anomalies are never dropped (a
     long run id loses its middle instead). Without GPU metrics (a CPU node, NVML failing) the
-    GPU table is one line saying why.
+    GPU table is one line saying why. A hung run's merged view follows the ranks (with the
+    ranks ``others``, the other exporters read, hold of it).
     """
     from rich.console import Group
 
@@ -460,17 +496,21 @@ def rich_view(runs: RunsResponse, gpus: GpusResponse, url: str) -> Any:
     times = TimeTable(runs, SHORT_RUN)
     trends = sparkline.TerminalTrends(runs, SHORT_RUN)
     jobs = [_line(printable(line)) for run in runs.runs if (line := TERMINAL.job(run))]
+    hangs = [
+        _line(text, "bold red" if i == 0 or "SUSPECT" in text else "")
+        for i, text in enumerate(hang_lines([runs, *others]))
+    ]
     line = gpu_line(gpus)
     if line is not None:
         gpu = _line(line, "" if gpus.ok or not gpus.hint else "yellow")
-        return Group(ranks, *jobs, times, trends, gpu)
+        return Group(ranks, *jobs, times, trends, *hangs, gpu)
     grows = gpu_rows(gpus)
     gstyles: list[tuple[str, dict[str, str]]] = [
         ("bold red" if r["xids"] != "0" else ("yellow" if r["slowdown"] != "none" else ""), {})
         for r in grows
     ]
     gpu_table = _FittedTable("GPUs", LIVE_GPU_COLUMNS, grows, gstyles, None)
-    return Group(ranks, *jobs, times, trends, gpu_table)
+    return Group(ranks, *jobs, times, trends, *hangs, gpu_table)
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
@@ -479,8 +519,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     )
     ap.add_argument(
         "--url",
-        default=DEFAULT_URL,
-        help=f"exporter address, HOST:PORT or http(s)://HOST:PORT (default {DEFAULT_URL})",
+        action="append",
+        help=f"exporter address, HOST:PORT or http(s)://HOST:PORT (default {DEFAULT_URL}); "
+        "again for each node of a multi-node job: a hung run's view merges their ranks",
     )
     ap.add_argument("--once", action="store_true", help="print one plain snapshot and exit")
     ap.add_argument("--interval", type=float, default=2.0, help="live refresh period (s)")
@@ -514,27 +555,31 @@ def main(argv: Sequence[str] | None = None, prog: str = "trainmon status") -> in
         print(f"{prog}: error: unrecognized arguments: {' '.join(unknown)}{hints}", file=sys.stderr)
         return 2
     try:
-        url = normalise_url(args.url)
+        urls = [normalise_url(u) for u in args.url or [DEFAULT_URL]]
+        url, others = urls[0], urls[1:]
         how = access_from(args)
         runs, gpus = fetch(url, access=how)
+        more = [fetch(u, access=how) for u in others]
     except StatusError as exc:
         print(f"trainmon status: {exc}", file=sys.stderr)
         return 2
     if args.once:
-        sys.stdout.write(plain(runs, gpus))
+        sys.stdout.write(plain(runs, gpus, more))
         return 0
     from rich.live import Live
 
-    with Live(rich_view(runs, gpus, url), refresh_per_second=4, screen=False) as live:
+    view = rich_view(runs, gpus, url, [r for r, _ in more])
+    with Live(view, refresh_per_second=4, screen=False) as live:
         try:
             while True:
                 time.sleep(max(0.2, args.interval))
                 try:
                     runs, gpus = fetch(url, access=how)
+                    nodes = [fetch_runs(u, access=how) for u in others]
                 except StatusError as exc:
                     live.console.print(str(exc), style="red", markup=False)
                     continue
-                live.update(rich_view(runs, gpus, url))
+                live.update(rich_view(runs, gpus, url, nodes))
         except KeyboardInterrupt:
             return 0
 
