@@ -174,9 +174,7 @@ def assert_every_step_arrived(command: str, metrics: dict[Any, float]) -> None:
     sent = [v for (name, _), v in metrics.items() if name == "trainmon_client_sent_messages_total"]
     assert sent and min(sent) >= steps, sent
     dropped = {
-        k: v
-        for k, v in metrics.items()
-        if k[0] == "trainmon_client_dropped_messages_total" and v
+        k: v for k, v in metrics.items() if k[0] == "trainmon_client_dropped_messages_total" and v
     }
     assert dropped == {}, dropped
 
