@@ -181,7 +181,10 @@ class SlurmLab:
         self.prefix = f"tm{os.getpid() % 100000:05d}"
         self.net = _free_subnet()
         self.ctl = f"{self.prefix}ctl"
-        self.env = {**os.environ, "SLURM_CONF": str(self.dir / "slurm.conf")}
+        # A user's shell: sbatch exports it to the job, and the suite's own TRAINMON_SOCKET
+        # (where nobody listens) would win over the task prolog's node socket.
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINMON_")}
+        self.env["SLURM_CONF"] = str(self.dir / "slurm.conf")
         self.procs: list[subprocess.Popen[bytes]] = []
         self.links: list[str] = []
         self.netns: list[str] = []

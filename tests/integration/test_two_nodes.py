@@ -50,6 +50,8 @@ def test_two_nodes_two_exporters_one_run(
         once = trainmon_status("--url", ex.url, "--once")
         assert once.returncode == 0, once.stderr
         rows = [
-            line.split()[:2] for line in once.stdout.splitlines() if line.startswith("two-node-job")
+            line.split()[:2]
+            for line in once.stdout.splitlines()
+            if line.startswith("two-node-job ")  # the ranks table, not the goodput line
         ]
         assert rows == [["two-node-job", f"{2 * node}/4"], ["two-node-job", f"{2 * node + 1}/4"]]
