@@ -33,6 +33,9 @@ torch = pytest.importorskip("torch")
 with warnings.catch_warnings():  # torch.utils.mkldnn's, imported by torchtitan's modules
     warnings.simplefilter("ignore", DeprecationWarning)
     metrics = pytest.importorskip("torchtitan.components.metrics")
+    pytest.importorskip(
+        "triton", reason="torchtitan's trainer imports it (CUDA builds of torch bring it)"
+    )
     from torchtitan.config import ConfigManager
     from torchtitan.distributed import ParallelDims
     from torchtitan.distributed import utils as dist_utils

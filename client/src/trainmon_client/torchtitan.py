@@ -24,7 +24,8 @@ with ``/`` and brackets as ``_`` (``mfu(%)`` is ``mfu_pct``, ``memory/max_reserv
 ``memory_max_reserved_GiB``). The FLOPs per token torchtitan computes for its MFU go to the
 exporter for its own. Validation (``validation_metrics/...``) goes to :meth:`Run.eval`
 (``loss`` as ``val_loss``). Under pipeline parallelism only the rank torchtitan logs the loss
-from sends ``loss``: the other stages log a placeholder.
+from sends ``loss``: the other stages log a placeholder. Checkpoints and validation time are not
+given to a metrics processor: not reported.
 
 Under ``trainmon-run`` the logger takes over from the PyTorch hooks in its process: the loss a
 torchtitan rank calls ``backward()`` on is its share of the global sum (its tokens' loss
