@@ -21,11 +21,13 @@ import inspect
 import json
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+
+from trainmon_client._autorun import Instrumenter
 
 from ..conftest import InProcessExporter, sample, wait_for
 
@@ -152,15 +154,13 @@ def train(config: Any, processor: Any) -> list[tuple[int, dict[str, float]]]:
     return logged
 
 
-def finished(ex: InProcessExporter, run: str, status: str = "finished") -> None:
-    wait_for(lambda: (r := ex.rank(run, 0)) is not None and r["status"] == status)
+def finished(exporter: InProcessExporter, run: str, status: str = "finished") -> None:
+    wait_for(lambda: (r := exporter.rank(run, 0)) is not None and r["status"] == status)
 
 
 def test_every_logged_step_with_torchtitans_values(
-    make_exporter: Callable[..., InProcessExporter], monkeypatch: pytest.MonkeyPatch
+    exporter: InProcessExporter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ex = make_exporter(**{"collectors": {"gpu": False, "rank_gpu": False}})
-    monkeypatch.setenv("TRAINMON_SOCKET", ex.socket)
     config, processor = build(monkeypatch, "--metrics.log_freq", "2", "--training.steps", "6")
     assert type(processor).__name__ == "TrainmonMetricsProcessor"  # the CLI kept its config
     assert processor.config.log_freq == 2 and processor.config.run == "titan"
@@ -168,11 +168,11 @@ def test_every_logged_step_with_torchtitans_values(
     assert [step for step, _ in logged] == [1, 2, 4, 6]  # torchtitan's should_log
     run = processor.trainmon.run
     processor.close()
-    finished(ex, "titan")
+    finished(exporter, "titan")
     assert run.dropped == dict.fromkeys(run.dropped, 0)
     assert (run.refused, run.internal_errors) == (0, 0)
     assert run.flops_per_token == processor.num_flops_per_token
-    m = ex.metrics()
+    m = exporter.metrics()
     lbl = {"run": "titan", "rank": "0"}
     last = logged[-1][1]
     assert sample(m, "trainmon_train_steps_total", **lbl) == 4
@@ -195,37 +195,26 @@ def test_every_logged_step_with_torchtitans_values(
 
 
 def test_under_trainmon_run_the_processor_takes_over_from_the_hooks(
-    make_exporter: Callable[..., InProcessExporter], monkeypatch: pytest.MonkeyPatch
+    exporter: InProcessExporter, monkeypatch: pytest.MonkeyPatch, hooks: Instrumenter
 ) -> None:
     """The hooks would count every optimizer step, with each rank's share of the loss."""
-    from trainmon_client import _autorun
-
-    ex = make_exporter(**{"collectors": {"gpu": False, "rank_gpu": False}})
-    monkeypatch.setenv("TRAINMON_SOCKET", ex.socket)
-    ins = _autorun.install({"TRAINMON_AUTORUN": "1"})
-    assert ins is not None
-    try:
-        config, processor = build(monkeypatch, "--metrics.log_freq", "3", "--training.steps", "6")
-        assert not ins.active and ins.framework == "torchtitan"
-        logged = train(config, processor)
-        processor.close()
-    finally:
-        ins.uninstall()
-    finished(ex, "titan")
-    m = ex.metrics()
+    config, processor = build(monkeypatch, "--metrics.log_freq", "3", "--training.steps", "6")
+    assert not hooks.active and hooks.framework == "torchtitan"
+    logged = train(config, processor)
+    processor.close()
+    finished(exporter, "titan")
+    m = exporter.metrics()
     lbl = {"run": "titan", "rank": "0"}
     assert [step for step, _ in logged] == [1, 3, 6]
     assert sample(m, "trainmon_train_steps_total", **lbl) == 3  # not the 6 optimizer steps
     assert sample(m, "trainmon_train_loss", **lbl) == pytest.approx(logged[-1][1]["loss"])
-    assert len(ex.runs()["runs"]) == 1
+    assert len(exporter.runs()["runs"]) == 1
 
 
 def test_a_pipeline_stage_without_the_loss_sends_none_and_an_exception_fails_the_run(
-    make_exporter: Callable[..., InProcessExporter], monkeypatch: pytest.MonkeyPatch
+    exporter: InProcessExporter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Rank 0 of two pipeline stages (1F1B): torchtitan's loss there is a placeholder."""
-    ex = make_exporter(**{"collectors": {"gpu": False, "rank_gpu": False}})
-    monkeypatch.setenv("TRAINMON_SOCKET", ex.socket)
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
     _, processor = build(monkeypatch, "--parallelism.pipeline_parallel_schedule", "1F1B", pp=2)
@@ -237,8 +226,8 @@ def test_a_pipeline_stage_without_the_loss_sends_none_and_an_exception_fails_the
         raise RuntimeError("Loss is not finite")
     except RuntimeError:
         processor.close()  # as torchtitan's train.py closes the trainer before re-raising
-    finished(ex, "titan", "failed")
-    m = ex.metrics()
+    finished(exporter, "titan", "failed")
+    m = exporter.metrics()
     lbl = {"run": "titan", "rank": "0"}
     assert sample(m, "trainmon_train_loss", **lbl) is None
     assert sample(m, "trainmon_train_grad_norm", **lbl) == 0.75
