@@ -166,6 +166,7 @@ def test_every_logged_step_with_torchtitans_values(
     assert processor.config.log_freq == 2 and processor.config.run == "titan"
     logged = train(config, processor)
     assert [step for step, _ in logged] == [1, 2, 4, 6]  # torchtitan's should_log
+    processor.log_validation(loss=2.5, step=6)  # as torchtitan's Validator.validate ends
     run = processor.trainmon.run
     processor.close()
     finished(exporter, "titan")
@@ -190,6 +191,8 @@ def test_every_logged_step_with_torchtitans_values(
     assert custom["memory_max_reserved_GiB"] == 5.0
     assert custom["throughput_tps"] and custom["throughput_tps"] > 0
     assert custom["mfu_pct"] and custom["mfu_pct"] > 0
+    assert sample(m, "trainmon_eval_loss", **lbl) == 2.5
+    assert sample(m, "trainmon_eval_value", name="memory_max_reserved_GiB", **lbl) == 5.0
     dropped = [v for (name, _), v in m.items() if name == "trainmon_ingest_values_dropped_total"]
     assert sum(dropped) == 0
 
