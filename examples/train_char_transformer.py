@@ -121,8 +121,13 @@ def evaluate(model: nn.Module, data: torch.Tensor, batch_size: int, seq_len: int
     return sum(losses) / len(losses)
 
 
-def trainmon_summary(run: trainmon_client.Run | None) -> str:
-    """One closing line: what trainmon sent, to which socket, and where to look at it."""
+STATUS_URL = "http://127.0.0.1:9478"
+"""The exporter's address when it runs with its defaults (``trainmon-exporter``)."""
+
+
+def trainmon_summary(run: trainmon_client.Run | None, status_url: str = STATUS_URL) -> str:
+    """One closing line: what trainmon sent, to which socket, and where to look at it
+    (``status_url``: the exporter's HTTP address, ``--status-url``)."""
     if run is None or (run.closed and run.sent == 0 and not any(run.dropped.values())):
         return "trainmon: off"
     dropped = sum(run.dropped.values())
@@ -148,7 +153,8 @@ def trainmon_summary(run: trainmon_client.Run | None) -> str:
                 + " (permission denied: this user may not connect there; see the warning above)"
             )
         return line + " (no exporter listened there: start `trainmon-exporter` first)"
-    return line + "; see the exporter's status page (http://127.0.0.1:9478/) or `trainmon status`"
+    status = "trainmon status" + ("" if status_url == STATUS_URL else f" --url {status_url}")
+    return line + f"; see the exporter's status page ({status_url}/) or `{status}`"
 
 
 def framework_parser(doc: str) -> argparse.ArgumentParser:
@@ -166,6 +172,11 @@ def framework_parser(doc: str) -> argparse.ArgumentParser:
     p.add_argument("--output-dir", default=None)
     p.add_argument("--inject-nan-at", type=int, default=0, help="a NaN loss at this step")
     p.add_argument("--no-trainmon", action="store_true", help="the same run without trainmon")
+    p.add_argument(
+        "--status-url",
+        default=STATUS_URL,
+        help="the exporter's HTTP address, for the closing line (default %(default)s)",
+    )
     return p
 
 
@@ -188,6 +199,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-trainmon", action="store_true", help="train without reporting")
     p.add_argument("--inject-nan-at", type=int, default=-1, help="report a NaN loss at this step")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--status-url",
+        default=STATUS_URL,
+        help="the exporter's HTTP address, for the closing line (default %(default)s)",
+    )
     p.add_argument(
         "--watch", type=int, default=0, help="per-layer statistics every N steps (0: off)"
     )
@@ -269,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
             f"trainmon dropped {sum(run.dropped.values())} messages",
             flush=True,
         )
-        print(trainmon_summary(None if args.no_trainmon else run), flush=True)
+        print(trainmon_summary(None if args.no_trainmon else run, args.status_url), flush=True)
     shutil.rmtree(ckpt_dir, ignore_errors=True)
     if world > 1:
         dist.destroy_process_group()

@@ -118,7 +118,9 @@ def main(argv: list[str] | None = None) -> Trainer:
     trainer = build(args, callbacks)
     trainer.train()
     if trainer.is_world_process_zero():
-        print(trainmon_summary(callbacks[0].run if callbacks else None), flush=True)
+        print(
+            trainmon_summary(callbacks[0].run if callbacks else None, args.status_url), flush=True
+        )
     return trainer
 
 

@@ -131,7 +131,9 @@ def main(argv: list[str] | None = None) -> lightning.Trainer:
     trainer, (module, train, val) = build(args, callbacks)
     trainer.fit(module, train, val if args.eval_every else None)
     if trainer.global_rank == 0:
-        print(trainmon_summary(callbacks[0].run if callbacks else None), flush=True)
+        print(
+            trainmon_summary(callbacks[0].run if callbacks else None, args.status_url), flush=True
+        )
     return trainer
 
 

@@ -92,7 +92,7 @@ def main() -> int:
             flush=True,
         )
         env = dict(os.environ, TRAINMON_SOCKET=str(sock), TRAINMON_RUN=f"demo-{int(time.time())}")
-        cmd = [sys.executable, str(EXAMPLE), "--steps", str(args.steps)]
+        cmd = [sys.executable, str(EXAMPLE), "--steps", str(args.steps), "--status-url", url]
         if args.ranks > 1:
             cmd = [
                 sys.executable,

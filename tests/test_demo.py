@@ -54,6 +54,9 @@ def test_the_demo_shows_live_values_and_ends_by_itself_outside_a_terminal() -> N
     live = out.stdout.split("after training:")[0]
     assert LIVE.search(live), out.stdout  # a step and its loss while training ran
     assert re.search(r"^  trainmon_train_steps_total\{.*\} 30\.0$", out.stdout, re.M), out.stdout
+    # The trainer's closing line points at this exporter, not the default address (where
+    # another exporter may serve, as on a node that runs one for everybody).
+    assert f"status page ({url}/) or `trainmon status --url {url}`" in out.stdout, out.stdout
     assert f"the exporter stops now, so {url}/ no longer answers" in out.stdout
     assert not answers(url)
     assert "Traceback" not in out.stderr, out.stderr

@@ -85,3 +85,13 @@ def test_import_does_not_pull_heavy_modules() -> None:
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_config_named_adapters_import_nothing_of_their_framework() -> None:
+    """torchtune's and torchtitan's adapters are named in a config: importing them is cheap."""
+    code = (
+        "import sys, trainmon_client.torchtune, trainmon_client.torchtitan\n"
+        "heavy = {'torch', 'numpy', 'torchtune', 'torchtitan'} & set(sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

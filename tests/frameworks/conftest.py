@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
+
+from trainmon_client import _autorun
+
+from ..conftest import InProcessExporter
 
 
 @pytest.fixture(autouse=True)
@@ -22,3 +26,23 @@ def restore_process_state() -> Iterator[None]:
     os.environ.clear()
     os.environ.update(env)
     signal.signal(signal.SIGINT, handler)
+
+
+@pytest.fixture
+def hooks() -> Iterator[_autorun.Instrumenter]:
+    """``trainmon-run``'s instrumentation in this process (as its ``sitecustomize`` installs
+    it), removed after the test."""
+    ins = _autorun.install({_autorun.ENV_AUTORUN: "1"})
+    assert ins is not None
+    yield ins
+    ins.uninstall()
+
+
+@pytest.fixture
+def exporter(
+    make_exporter: Callable[..., InProcessExporter], monkeypatch: pytest.MonkeyPatch
+) -> InProcessExporter:
+    """An exporter without GPU collectors, which this process's runs report to."""
+    ex = make_exporter(**{"collectors": {"gpu": False, "rank_gpu": False}})
+    monkeypatch.setenv("TRAINMON_SOCKET", ex.socket)
+    return ex

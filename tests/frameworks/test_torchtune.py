@@ -9,9 +9,9 @@ against a real exporter. Needs ``requirements-frameworks.txt``; skips without to
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
+
+from trainmon_client._autorun import Instrumenter
 
 from ..conftest import InProcessExporter, sample, wait_for
 
@@ -21,11 +21,7 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
-def test_the_recipes_log_dict_becomes_steps(
-    make_exporter: Callable[..., InProcessExporter], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    ex = make_exporter(**{"collectors": {"gpu": False, "rank_gpu": False}})
-    monkeypatch.setenv("TRAINMON_SOCKET", ex.socket)
+def test_the_recipes_log_dict_becomes_steps(exporter: InProcessExporter) -> None:
     cfg = omegaconf.OmegaConf.create(
         {"metric_logger": {"_component_": "trainmon_client.torchtune.TrainmonLogger", "run": "tt"}}
     )
@@ -40,8 +36,8 @@ def test_the_recipes_log_dict_becomes_steps(
         }
         logger.log_dict(payload, step=step)
     logger.close()
-    wait_for(lambda: (r := ex.rank("tt", 0)) is not None and r["status"] == "finished")
-    m = ex.metrics()
+    wait_for(lambda: (r := exporter.rank("tt", 0)) is not None and r["status"] == "finished")
+    m = exporter.metrics()
     lbl = {"run": "tt", "rank": "0"}
     assert sample(m, "trainmon_train_steps_total", **lbl) == 5
     assert sample(m, "trainmon_train_loss", **lbl) == pytest.approx(0.4)
@@ -52,23 +48,14 @@ def test_the_recipes_log_dict_becomes_steps(
 
 
 def test_under_trainmon_run_the_logger_takes_over_from_the_hooks(
-    make_exporter: Callable[..., InProcessExporter], monkeypatch: pytest.MonkeyPatch
+    exporter: InProcessExporter, hooks: Instrumenter
 ) -> None:
     """A recipe backpropagates the token-summed loss: the hooks' loss would be the wrong one."""
-    from trainmon_client import _autorun
-
-    ex = make_exporter(**{"collectors": {"gpu": False, "rank_gpu": False}})
-    monkeypatch.setenv("TRAINMON_SOCKET", ex.socket)
-    ins = _autorun.install({"TRAINMON_AUTORUN": "1"})
-    assert ins is not None
-    try:
-        cfg = omegaconf.OmegaConf.create(
-            {"_component_": "trainmon_client.torchtune.TrainmonLogger", "run": "tt2"}
-        )
-        logger = config.instantiate(cfg)
-        assert not ins.active and ins.framework == "torchtune"
-        logger.log_dict({"loss": 1.5}, step=1)
-        logger.close()
-    finally:
-        ins.uninstall()
-    wait_for(lambda: (r := ex.rank("tt2", 0)) is not None and r["status"] == "finished")
+    cfg = omegaconf.OmegaConf.create(
+        {"_component_": "trainmon_client.torchtune.TrainmonLogger", "run": "tt2"}
+    )
+    logger = config.instantiate(cfg)
+    assert not hooks.active and hooks.framework == "torchtune"
+    logger.log_dict({"loss": 1.5}, step=1)
+    logger.close()
+    wait_for(lambda: (r := exporter.rank("tt2", 0)) is not None and r["status"] == "finished")
