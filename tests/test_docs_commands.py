@@ -218,7 +218,8 @@ def test_doc_command_runs(cmd: Command, tmp_path: Path, request: pytest.FixtureR
             else docs_exporter(request)
         )
     out = subprocess.run(
-        ["bash", "-c", cmd.text],
+        # Paths under /tmp go to the test's own directory: /tmp/ckpt may be another user's.
+        ["bash", "-c", re.sub(r"(?<![\w/.])/tmp/", f"{tmp_path}/", cmd.text)],
         cwd=cwd,
         env=environment(None if ex is None else ex.socket),
         capture_output=True,

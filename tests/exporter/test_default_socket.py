@@ -136,7 +136,12 @@ def test_a_runtime_directory_is_used_only_where_it_is_this_users_own(tmp_path: P
     )
 
 
-def test_the_exporter_default_is_the_clients(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_exporter_default_is_the_clients(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A stand-in for /run/trainmon that does not exist: the host's own may hold a shared
+    # exporter this user may connect to but not replace, where the two sides differ by design.
+    monkeypatch.setattr(client_env, "DEFAULT_SOCKET", str(tmp_path / "run" / "trainmon.sock"))
     monkeypatch.delenv("TRAINMON_SOCKET", raising=False)
     assert str(Settings().socket) == client_env.default_socket()
 
