@@ -150,7 +150,10 @@ PartitionName=lab Nodes=tmn1,tmn2 Default=YES MaxTime=INFINITE State=UP OverSubs
 """
 
 # A node: private /etc/hosts, hostname, /run (so /run/trainmon is the node's own, as systemd's
-# RuntimeDirectory=trainmon would make it), the exporter as the unit runs it, then slurmd.
+# RuntimeDirectory=trainmon would make it), the exporter as the unit runs it, then slurmd. The
+# unit's state file (/var/lib/trainmon, each node's own disk) is the lab's, one per node: on
+# the host's it would be shared by both nodes and outlive the lab, so that a later lab's
+# exporters restore the ranks of an earlier job 1.
 NODE_SH = """\
 #!/bin/bash
 set -e
@@ -158,7 +161,7 @@ mount --bind {lab}/hosts /etc/hosts
 hostname "$1"
 mount -t tmpfs -o mode=0755 tmpfs /run
 mkdir -m 0755 /run/trainmon
-{exporter} > {lab}/log/exporter-$1.log 2>&1 &
+{exporter} --state-file {lab}/state-"$1".json > {lab}/log/exporter-$1.log 2>&1 &
 echo $! > {lab}/exporter-$1.pid
 exec slurmd -D -f {lab}/slurm.conf -N "$1"
 """
