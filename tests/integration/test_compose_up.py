@@ -46,7 +46,6 @@ from .stack import Receiver, query, require_binaries
 
 pytestmark = pytest.mark.slow
 
-PROM = "http://127.0.0.1:9090"
 RUN = "compose-demo"
 NAN_STEP = 40
 
@@ -80,6 +79,13 @@ class Up:
     receiver: Receiver | None = None
     compose_cmd: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    ports: dict[str, int] = field(default_factory=dict)
+    """Each published service's host port: the shipped one may be taken on this host (a
+    node's own exporter on 9478), so the test publishes on free ones."""
+
+    @property
+    def prom(self) -> str:
+        return f"http://127.0.0.1:{self.ports['prometheus']}"
 
     def compose(self, *args: str, capture: bool = False, timeout: float = 300) -> str:
         out = subprocess.run(
@@ -198,7 +204,17 @@ def up() -> Iterator[Up]:
             },
             "networks": {"default": {"ipam": {"config": [{"subnet": f"{subnet}.0/24"}]}}},
         }
-        (tmp / "override.yml").write_text(yaml.safe_dump(override))
+        # The shipped bindings (address and container port), each on a free host port.
+        shipped = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+        for service in ("exporter", "prometheus", "alertmanager"):
+            (binding,) = shipped[service]["ports"]
+            address, _, target = binding.rsplit(":", 2)
+            st.ports[service] = free_port()
+            services: dict[str, Any] = override["services"]  # type: ignore[assignment]
+            services.setdefault(service, {})["ports"] = [f"{address}:{st.ports[service]}:{target}"]
+        # `!override` replaces the shipped list instead of adding to it (compose merges lists).
+        text = yaml.safe_dump(override).replace("  ports:\n", "  ports: !override\n")
+        (tmp / "override.yml").write_text(text)
         st.compose_cmd = [
             str(compose),
             "-p",
@@ -237,9 +253,9 @@ def up() -> Iterator[Up]:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def targets() -> list[dict[str, Any]]:
+def targets(up: Up) -> list[dict[str, Any]]:
     try:
-        with urllib.request.urlopen(f"{PROM}/api/v1/targets", timeout=5) as r:
+        with urllib.request.urlopen(f"{up.prom}/api/v1/targets", timeout=5) as r:
             return json.loads(r.read())["data"]["activeTargets"]  # type: ignore[no-any-return]
     except OSError:
         return []
@@ -247,16 +263,16 @@ def targets() -> list[dict[str, Any]]:
 
 def test_every_prometheus_target_is_up(up: Up) -> None:
     def all_up() -> list[dict[str, Any]]:
-        ts = targets()
+        ts = targets(up)
         return ts if ts and all(t["health"] == "up" for t in ts) else []
 
     try:
         ts = wait_for(all_up, timeout=90, interval=1)
     except AssertionError:
-        state = [(t["scrapeUrl"], t["health"], t["lastError"]) for t in targets()]
+        state = [(t["scrapeUrl"], t["health"], t["lastError"]) for t in targets(up)]
         pytest.fail(f"targets not all up: {state}")
     assert {t["labels"]["job"] for t in ts} == {"trainmon"}
-    with urllib.request.urlopen(f"{PROM}/api/v1/alertmanagers", timeout=5) as r:
+    with urllib.request.urlopen(f"{up.prom}/api/v1/alertmanagers", timeout=5) as r:
         assert json.loads(r.read())["data"]["activeAlertmanagers"]
 
 
@@ -264,7 +280,7 @@ def test_demo_steps_reach_prometheus(up: Up) -> None:
     res = wait_for(
         lambda: [
             r
-            for r in query(PROM, f'trainmon_train_step{{run="{RUN}"}}')
+            for r in query(up.prom, f'trainmon_train_step{{run="{RUN}"}}')
             if float(r["value"][1]) > 0
         ],
         timeout=120,
@@ -282,9 +298,12 @@ def test_a_nan_in_the_demo_pages_through_alertmanager(up: Up) -> None:
             interval=1,
         )
     except AssertionError:
-        print("nonfinite:", query(PROM, "trainmon_train_nonfinite_values_total"))
-        print("step:", query(PROM, f'trainmon_train_step{{run="{RUN}"}}'))
-        for url in (f"{PROM}/api/v1/alerts", "http://127.0.0.1:9093/api/v2/alerts"):
+        print("nonfinite:", query(up.prom, "trainmon_train_nonfinite_values_total"))
+        print("step:", query(up.prom, f'trainmon_train_step{{run="{RUN}"}}'))
+        for url in (
+            f"{up.prom}/api/v1/alerts",
+            f"http://127.0.0.1:{up.ports['alertmanager']}/api/v2/alerts",
+        ):
             try:
                 with urllib.request.urlopen(url, timeout=5) as r:
                     print(url, r.read()[:3000])
@@ -324,7 +343,7 @@ def test_a_trainer_on_the_host_reaches_the_exporter_through_the_socket_directory
     wait_for(
         lambda: [
             r
-            for r in query(PROM, 'trainmon_train_step{run="host-trainer"}')
+            for r in query(up.prom, 'trainmon_train_step{run="host-trainer"}')
             if r["value"][1] == "20"
         ],
         timeout=60,
@@ -354,6 +373,9 @@ def test_secrets_are_readable_by_the_alertmanager_user_with_the_documented_modes
 
 def test_published_ports_answer_on_loopback_only(up: Up) -> None:
     for service, port in (("prometheus", 9090), ("alertmanager", 9093), ("exporter", 9478)):
-        assert up.compose("port", service, str(port), capture=True).strip() == f"127.0.0.1:{port}"
-        with socket.create_connection(("127.0.0.1", port), timeout=5):
+        published = up.ports[service]
+        assert up.compose("port", service, str(port), capture=True).strip() == (
+            f"127.0.0.1:{published}"
+        )
+        with socket.create_connection(("127.0.0.1", published), timeout=5):
             pass
