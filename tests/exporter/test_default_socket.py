@@ -65,7 +65,7 @@ def test_the_rule(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     uid = os.geteuid() or 1000  # a normal user's: this process's own, or 1000 for root
     home = tmp_path / "user"
     home.mkdir(mode=0o700)
-    os.chown(home, uid, uid)
+    os.chown(home, uid, -1)  # its owner; the group is of no account (and may not be uid)
     user_env = {"XDG_RUNTIME_DIR": str(home)}
     runtime = str(home / "trainmon" / "trainmon.sock")
     # No node-wide directory: root keeps the system path, a user gets the runtime dir.
