@@ -29,6 +29,10 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+import pytest
+
+from .stack import require_binaries
+
 BOOKWORM_MIRROR = "http://deb.debian.org/debian"
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 HOST_WHEELS = Path("/opt/wheels")
@@ -72,6 +76,15 @@ WORKDIR /alertmanager
 ENTRYPOINT ["/usr/bin/prometheus-alertmanager"]
 CMD ["--config.file=/etc/alertmanager/alertmanager.yml", "--storage.path=/alertmanager"]
 """
+
+
+def require_engine() -> None:
+    """Skip unless a private Docker engine can be started here: dockerd and docker
+    (``docker.io``), debootstrap for the stand-in base images, and root."""
+    require_binaries("dockerd", "docker", package="docker.io")
+    require_binaries("debootstrap", package="debootstrap")
+    if os.geteuid() != 0:
+        pytest.skip("dockerd needs root")
 
 
 def cache_dir() -> Path:

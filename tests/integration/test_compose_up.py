@@ -41,8 +41,8 @@ import pytest
 import yaml
 
 from ..conftest import ROOT, child_env, free_port, short_tmpdir, wait_for
-from .docker_engine import Engine, EngineUnavailable, build_standins
-from .stack import Receiver, query, require_binaries
+from .docker_engine import Engine, EngineUnavailable, build_standins, require_engine
+from .stack import Receiver, query
 
 pytestmark = pytest.mark.slow
 
@@ -120,10 +120,7 @@ class GatewayReceiver(Receiver):
 
 @pytest.fixture(scope="module")
 def up() -> Iterator[Up]:
-    require_binaries("dockerd", "docker", package="docker.io")
-    require_binaries("debootstrap", package="debootstrap")
-    if os.geteuid() != 0:
-        pytest.skip("dockerd needs root")
+    require_engine()
     compose = compose_binary()
     tmp = short_tmpdir()
     tmp.chmod(0o755)

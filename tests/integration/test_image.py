@@ -38,8 +38,7 @@ from typing import IO, Any
 import pytest
 
 from ..conftest import ROOT, short_tmpdir
-from .docker_engine import Engine, EngineUnavailable, build_standins
-from .stack import require_binaries
+from .docker_engine import Engine, EngineUnavailable, build_standins, require_engine
 
 pytestmark = [pytest.mark.slow, pytest.mark.release]
 
@@ -62,10 +61,7 @@ builds always differ there, and nowhere else. BuildKit, which the release uses, 
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Engine]:
-    require_binaries("dockerd", "docker", package="docker.io")
-    require_binaries("debootstrap", package="debootstrap")
-    if os.geteuid() != 0:
-        pytest.skip("dockerd needs root")
+    require_engine()
     tmp = short_tmpdir()
     tmp.chmod(0o755)
     log = (tmp / "docker.log").open("wb")
